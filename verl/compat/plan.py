@@ -1,0 +1,67 @@
+"""The compat plan: every hardware decision for one run, each with a one-line reason.
+
+Produced by `verl.compat.planner.make_plan(profile, config, software, model)` (a pure function) and
+handed to the trainer and every worker. Workers read these fields; they never inspect the GPU.
+Dtypes are written as torch attribute names ("float32", "float16", "bfloat16"); turn them into
+torch dtypes with `verl.compat.torch_dtype(name)`.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from verl.compat.profile import DeviceProfile, SoftwareInfo
+
+
+@dataclass
+class RolePlan:
+    """Decisions for one model role (actor, critic or ref)."""
+
+    param_dtype: str            # dtype the FSDP-sharded master weights are kept in
+    compute_dtype: str          # autocast / mixed-precision compute dtype
+    grad_scaler: bool           # True for float16 compute (dynamic loss scaling)
+    attn_implementation: str    # "eager" | "sdpa" | "xformers" | "flash_attention_2"
+    use_remove_padding: bool    # pack sequences (only with a kernel that handles packed input)
+    gradient_checkpointing: bool
+    param_offload: bool
+    optimizer_offload: bool
+    micro_batch_size_per_gpu: int | None = None   # None when use_dynamic_bsz
+    max_token_len_per_gpu: int | None = None      # token budget when use_dynamic_bsz
+    predicted_peak_gb: float = 0.0
+
+
+@dataclass
+class RolloutPlan:
+    name: str                    # "vllm" | "hf" (built-in engine)
+    dtype: str
+    gpu_memory_utilization: float
+    enforce_eager: bool
+    attn_implementation: str
+    predicted_peak_gb: float = 0.0
+
+
+@dataclass
+class Plan:
+    device: DeviceProfile
+    software: SoftwareInfo
+    device_type: str             # torch device type workers place tensors on: "cuda" | "cpu"
+    dist_backend: str            # "nccl" | "gloo"
+    torch_compile: bool
+    tf32: bool
+    actor: RolePlan
+    critic: RolePlan | None
+    ref: RolePlan | None
+    rollout: RolloutPlan
+    predicted_peak_gb: float     # the largest per-device peak across phases
+    memory_limit_gb: float       # what the plan had to fit in (simulated cap or real total)
+    reasons: dict[str, str] = field(default_factory=dict)   # "actor.compute_dtype" -> why
+    warnings: list[str] = field(default_factory=list)       # user settings that were adapted
+
+    @property
+    def use_remove_padding(self) -> bool:
+        return self.actor.use_remove_padding
+
+    def to_dict(self) -> dict:
+        """JSON-ready form (the doctor's `--json` output is built on this)."""
+        out = asdict(self)
+        out["use_remove_padding"] = self.use_remove_padding
+        return out
