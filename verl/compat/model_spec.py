@@ -1,0 +1,90 @@
+"""A model's sizes, read from its config.json alone, so planning never loads weights."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+# model_type -> (bias on q/k/v, bias on o, per-head q/k norms); others follow `attention_bias`.
+_ATTENTION_LAYOUT = {
+    "qwen2": (True, False, False),
+    "qwen3": (None, None, True),
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The numbers the memory model needs about a decoder-only transformer."""
+
+    num_params: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    model_type: str = ""
+
+    @property
+    def lm_head_params(self) -> int:
+        """Parameters the untied output projection adds (0 when tied to the embedding)."""
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    @property
+    def critic_params(self) -> int:
+        """A value model: same trunk, the vocab head replaced by a scalar head (weight + bias)."""
+        return self.num_params - self.lm_head_params + self.hidden_size + 1
+
+    @classmethod
+    def from_hf_config(cls, cfg: Any) -> ModelSpec:
+        """From a transformers `PretrainedConfig` or a config.json dict."""
+        get = cfg.get if isinstance(cfg, Mapping) else (lambda k, d=None: getattr(cfg, k, d))
+        if get("text_config") is not None and get("hidden_size") is None:
+            return cls.from_hf_config(get("text_config"))   # multimodal wrapper: plan the LM
+        hidden = int(get("hidden_size"))
+        heads = int(get("num_attention_heads"))
+        kv_heads = int(get("num_key_value_heads") or heads)
+        head_dim = int(get("head_dim") or hidden // heads)
+        layers = int(get("num_hidden_layers"))
+        inter = int(get("intermediate_size"))
+        vocab = int(get("vocab_size"))
+        tied = bool(get("tie_word_embeddings", False))
+        model_type = str(get("model_type") or "")
+        qkv_bias, o_bias, qk_norm = _ATTENTION_LAYOUT.get(model_type, (None, None, False))
+        attention_bias = bool(get("attention_bias", False))
+        qkv_bias = attention_bias if qkv_bias is None else qkv_bias
+        o_bias = attention_bias if o_bias is None else o_bias
+        mlp_bias = bool(get("mlp_bias", False))
+
+        q, kv = heads * head_dim, kv_heads * head_dim
+        attn = hidden * (q + 2 * kv) + q * hidden
+        attn += (q + 2 * kv) * qkv_bias + hidden * o_bias + 2 * head_dim * qk_norm
+        mlp = 3 * hidden * inter + (2 * inter + hidden) * mlp_bias
+        per_layer = attn + mlp + 2 * hidden                     # two RMSNorm weights
+        total = vocab * hidden + layers * per_layer + hidden    # embedding, layers, final norm
+        total += 0 if tied else vocab * hidden
+        return cls(num_params=total, hidden_size=hidden, num_layers=layers, num_heads=heads,
+                   num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=inter,
+                   vocab_size=vocab, tie_word_embeddings=tied,
+                   max_position_embeddings=int(get("max_position_embeddings") or 0),
+                   model_type=model_type)
+
+    @classmethod
+    def from_pretrained(cls, path: str) -> ModelSpec:
+        """Read `<path>/config.json` (a local model directory, or the config file itself)."""
+        path = os.path.expanduser(str(path))
+        config_file = path if path.endswith(".json") else os.path.join(path, "config.json")
+        if not os.path.isfile(config_file):
+            raise FileNotFoundError(
+                f"The planner needs the model's config.json to size memory, but there is none at "
+                f"'{config_file}' (model path given: '{path}'). Point actor_rollout_ref.model.path "
+                f"(or critic.model.path) at a local directory holding config.json.")
+        with open(config_file) as f:
+            return cls.from_hf_config(json.load(f))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
