@@ -1,0 +1,199 @@
+"""verl.utils.torch_functional against plain float64 references written out with Python loops.
+
+Tolerances: float64 inputs are compared at 1e-10; float32 paths at 1e-5 relative; float16 logits
+(upcast inside) at 1e-3 against the float64 value of the same half-precision numbers.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import verl.utils.torch_functional as F
+
+torch.set_num_threads(1)
+
+
+def _rand(*shape, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+
+
+def _mask(rows, cols, lengths):
+    m = torch.zeros(rows, cols)
+    for i, n in enumerate(lengths):
+        m[i, :n] = 1
+    return m
+
+
+# ---------------------------------------------------------------- masked statistics
+
+
+def test_masked_sum_mean_ignore_nan_outside_mask():
+    x = _rand(3, 5)
+    m = _mask(3, 5, [5, 2, 0]).double()
+    x[1, 3] = float("nan")
+    x[2, :] = float("inf")
+    total = sum(float(x[i, j]) for i in range(3) for j in range(5) if m[i, j])
+    count = float(m.sum())
+    assert F.masked_sum(x, m).item() == pytest.approx(total, abs=1e-10)
+    assert F.masked_mean(x, m).item() == pytest.approx(total / count, rel=1e-7)
+    rows = F.masked_mean(x, m, axis=-1)
+    assert rows[0].item() == pytest.approx(float(x[0].sum()) / 5, rel=1e-7)  # 1e-8 guard in the denominator
+    assert rows[1].item() == pytest.approx(float(x[1, :2].sum()) / 2, rel=1e-7)
+    assert rows[2].item() == 0.0  # an all-masked row gives 0, not NaN
+
+
+def test_masked_var_and_whiten_match_numpy():
+    x = _rand(4, 6, seed=1)
+    m = _mask(4, 6, [6, 3, 1, 4]).double()
+    vals = np.array([float(x[i, j]) for i in range(4) for j in range(6) if m[i, j]])
+    assert F.masked_var(x, m).item() == pytest.approx(vals.var(ddof=1), rel=1e-7)
+    assert F.masked_var(x, m, unbiased=False).item() == pytest.approx(vals.var(ddof=0), rel=1e-7)
+    w = F.masked_whiten(x, m)
+    ref = (x.numpy() - vals.mean()) / math.sqrt(vals.var(ddof=1) + 1e-8)
+    np.testing.assert_allclose(w.numpy(), ref, rtol=1e-7, atol=1e-9)
+    w2 = F.masked_whiten(x, m, shift_mean=False)
+    np.testing.assert_allclose(w2.numpy(), ref + vals.mean(), rtol=1e-7, atol=1e-9)
+
+
+def test_masked_var_needs_two_elements():
+    with pytest.raises(ValueError, match="at least 2"):
+        F.masked_var(torch.ones(1, 3), torch.tensor([[1.0, 0.0, 0.0]]))
+
+
+def test_clip_by_value_tensor_bounds():
+    x = torch.tensor([-3.0, 0.5, 4.0])
+    out = F.clip_by_value(x, torch.tensor([-1.0, 1.0, 0.0]), torch.tensor([1.0, 2.0, 3.0]))
+    assert out.tolist() == [-1.0, 1.0, 3.0]
+
+
+# ---------------------------------------------------------------- log-probs and entropy
+
+
+def _ref_logprob(logits64, labels):
+    out = torch.empty(labels.shape, dtype=torch.float64)
+    for idx in np.ndindex(*labels.shape):
+        row = [float(v) for v in logits64[idx]]
+        top = max(row)
+        lse = top + math.log(sum(math.exp(v - top) for v in row))
+        out[idx] = row[int(labels[idx])] - lse
+    return out
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 1e-3), (torch.float64, 1e-10)])
+def test_logprobs_from_logits_forward(dtype, tol):
+    logits = (_rand(2, 3, 17, seed=2) * 4).to(dtype)
+    labels = torch.randint(0, 17, (2, 3), generator=torch.Generator().manual_seed(3))
+    out = F.logprobs_from_logits(logits, labels)
+    assert out.shape == (2, 3)
+    assert out.dtype in (torch.float32, torch.float64)  # never half precision
+    ref = _ref_logprob(logits.double(), labels)
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+
+
+def test_logprobs_from_logits_gradient_and_chunking(monkeypatch):
+    monkeypatch.setattr(F, "_ROWS_PER_CHUNK", 4)  # force several chunks
+    base = _rand(3, 5, 11, seed=4)
+    labels = torch.randint(0, 11, (3, 5), generator=torch.Generator().manual_seed(5))
+    weights = _rand(3, 5, seed=6)
+
+    x32 = base.float().requires_grad_(True)
+    (F.logprobs_from_logits(x32, labels) * weights.float()).sum().backward()
+
+    # float64 reference gradient: d/dx_k [w * (x_y - lse)] = w * (1[k=y] - softmax_k)
+    ref = torch.zeros_like(base)
+    for i in range(3):
+        for t in range(5):
+            row = [float(v) for v in base[i, t]]
+            top = max(row)
+            z = sum(math.exp(v - top) for v in row)
+            for k in range(11):
+                ref[i, t, k] = float(weights[i, t]) * ((k == int(labels[i, t])) - math.exp(row[k] - top) / z)
+    torch.testing.assert_close(x32.grad.double(), ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(F.logprobs_from_logits(base.float(), labels).double(), _ref_logprob(base, labels),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_log_probs_from_logits_response_shifts_by_one():
+    logits = _rand(2, 6, 9, seed=7).float()
+    ids = torch.randint(0, 9, (2, 6), generator=torch.Generator().manual_seed(8))
+    out = F.log_probs_from_logits_response(ids, logits, response_length=3)
+    for i in range(2):
+        for r in range(3):
+            pos = 6 - 3 + r  # token at pos is predicted by logits at pos - 1
+            expected = torch.log_softmax(logits[i, pos - 1].double(), -1)[ids[i, pos]]
+            assert out[i, r].item() == pytest.approx(expected.item(), abs=1e-5)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 1e-3)])
+def test_entropy_from_logits(dtype, tol):
+    logits = (_rand(4, 13, seed=9) * 3).to(dtype)
+    ref = []
+    for row in logits.double():
+        p = torch.softmax(row, -1)
+        ref.append(-sum(float(pk) * math.log(float(pk)) for pk in p))
+    out = F.entropy_from_logits(logits)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), torch.tensor(ref, dtype=torch.float64), rtol=tol, atol=tol)
+    chunked = F.entropy_from_logits_with_chunking(logits, chunk_size=3)
+    torch.testing.assert_close(chunked, out)
+
+
+# ---------------------------------------------------------------- masks and padding
+
+
+def test_get_response_mask_single_and_multiple_eos():
+    resp = torch.tensor([[5, 6, 1, 0, 0], [7, 2, 8, 1, 0], [3, 4, 5, 6, 7], [1, 1, 1, 0, 0]])
+    assert F.get_response_mask(resp, eos_token=1).tolist() == [
+        [1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 0],
+        [1, 1, 1, 1, 1],
+        [1, 0, 0, 0, 0],
+    ]
+    assert F.get_response_mask(resp, eos_token=[1, 2])[1].tolist() == [1, 1, 0, 0, 0]
+    assert F.get_response_mask(resp, eos_token=1, dtype=torch.bool).dtype == torch.bool
+
+
+def test_position_ids_skip_left_padding():
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    assert F.compute_position_id_with_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+
+
+def test_pad_helpers():
+    t = torch.tensor([[1, 2], [3, 4]])
+    assert F.pad_sequence_to_length(t, 4, 9).tolist() == [[1, 2, 9, 9], [3, 4, 9, 9]]
+    assert F.pad_sequence_to_length(t, 4, 9, left_pad=True).tolist() == [[9, 9, 1, 2], [9, 9, 3, 4]]
+    assert F.pad_sequence_to_length(t, 1, 9) is t
+    assert F.pad_2d_list_to_length([[1], [2, 3]], 0).tolist() == [[1, 0], [2, 3]]
+    assert F.pad_2d_list_to_length([[1], [2, 3]], 0, max_length=3).tolist() == [[1, 0, 0], [2, 3, 0]]
+
+
+def test_postprocess_data_pad_and_truncate():
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    am = torch.ones_like(ids)
+    out, m = F.postprocess_data(ids, am, 7, pad_token_id=0)
+    assert out.tolist() == [[0, 0, 1, 2, 3, 4, 5]] and m.tolist() == [[0, 0, 1, 1, 1, 1, 1]]
+    assert F.postprocess_data(ids, am, 3, 0, truncation="left")[0].tolist() == [[3, 4, 5]]
+    assert F.postprocess_data(ids, am, 3, 0, truncation="right")[0].tolist() == [[1, 2, 3]]
+    assert F.postprocess_data(ids, am, 3, 0, truncation="middle")[0].tolist() == [[1, 4, 5]]
+    with pytest.raises(ValueError, match="max_prompt_length"):
+        F.postprocess_data(ids, am, 3, 0, truncation="error")
+
+
+def test_lr_schedules():
+    def lrs(make, steps):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        sched = make(opt)
+        out = []
+        for _ in range(steps):
+            out.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        return out
+
+    assert lrs(lambda o: F.get_constant_schedule_with_warmup(o, 2), 4) == pytest.approx([0.0, 0.5, 1.0, 1.0])
+    cos = lrs(lambda o: F.get_cosine_schedule_with_warmup(o, 2, 6, min_lr_ratio=0.1), 7)
+    ref = [0.0, 0.5] + [0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - 2) / 4)) for s in range(2, 7)]
+    assert cos == pytest.approx(ref)

@@ -1,0 +1,241 @@
+"""Tensor helpers shared by the actor, critic, rollout and trainer.
+
+Everything that turns logits into probabilities runs in float32 whatever dtype the model computes
+in: log-probs, entropies and losses drive the PPO ratio, and half-precision rounding there biases it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+# Rows of (tokens, vocab) handled per step when upcasting logits; bounds the float32 scratch memory
+# at about this many rows times the vocabulary size.
+_ROWS_PER_CHUNK = 1024
+
+
+# --------------------------------------------------------------------------- masked statistics
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis=None) -> torch.Tensor:
+    """Sum of `values` where `mask` is non-zero; NaN/inf outside the mask cannot leak in."""
+    kept = torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
+    kept = kept * mask
+    return kept.sum() if axis is None else kept.sum(dim=axis)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis=None) -> torch.Tensor:
+    """Mean over masked elements; an all-masked slice gives 0 instead of NaN."""
+    count = mask.sum() if axis is None else mask.sum(dim=axis)
+    return masked_sum(values, mask, axis) / (count + 1e-8)
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance over all masked elements (Bessel-corrected by default)."""
+    mean = masked_mean(values, mask)
+    var = masked_mean((values - mean) ** 2, mask)
+    if unbiased:
+        count = mask.sum()
+        if count <= 1:
+            raise ValueError(
+                f"masked_var needs at least 2 unmasked elements for an unbiased variance, got {int(count)}; "
+                "use a larger mini-batch or pass unbiased=False."
+            )
+        var = var * count / (count - 1)
+    return var
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """Normalise to unit variance using statistics of the masked elements only."""
+    mean = masked_mean(values, mask)
+    var = masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    return whitened if shift_mean else whitened + mean
+
+
+def clip_by_value(x: torch.Tensor, tensor_min: torch.Tensor, tensor_max: torch.Tensor) -> torch.Tensor:
+    """Element-wise clamp with tensor bounds (used for the clipped value loss)."""
+    return torch.max(torch.min(x, tensor_max), tensor_min)
+
+
+# --------------------------------------------------------------------------- logits -> log-probs
+
+
+class _TokenLogProb(torch.autograd.Function):
+    """log softmax(logits)[label], computed in float32 chunk by chunk.
+
+    Autograd through a plain `logits.float().log_softmax()` keeps a float32 copy of the whole
+    (tokens, vocab) tensor alive until backward. Here only the input logits (already held by the
+    model's graph) and one log-sum-exp per row are saved; the softmax is recomputed in chunks.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        lse = torch.empty_like(out)
+        for start in range(0, logits.shape[0], _ROWS_PER_CHUNK):
+            rows = slice(start, start + _ROWS_PER_CHUNK)
+            chunk = logits[rows].float()
+            lse[rows] = torch.logsumexp(chunk, dim=-1)
+            out[rows] = chunk.gather(-1, labels[rows].unsqueeze(-1)).squeeze(-1) - lse[rows]
+        ctx.save_for_backward(logits, labels, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, labels, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], _ROWS_PER_CHUNK):
+            rows = slice(start, start + _ROWS_PER_CHUNK)
+            probs = torch.exp(logits[rows].float() - lse[rows].unsqueeze(-1))
+            g = -probs * grad_out[rows].unsqueeze(-1)
+            g.scatter_add_(-1, labels[rows].unsqueeze(-1), grad_out[rows].unsqueeze(-1).float())
+            grad[rows] = g.to(logits.dtype)
+        return grad, None
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = True) -> torch.Tensor:
+    """Log-probability of each label under softmax(logits), in float32 (or float64 for float64 input).
+
+    `logits` is (..., vocab) and `labels` is (...). `inplace_backward` is accepted for upstream
+    call compatibility; the memory saving it stood for is always on here.
+    """
+    del inplace_backward
+    if logits.dtype == torch.float64:
+        return torch.log_softmax(logits, dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    lead = logits.shape[:-1]
+    flat = _TokenLogProb.apply(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).long())
+    return flat.view(lead)
+
+
+def log_probs_from_logits_response(input_ids: torch.Tensor, logits: torch.Tensor, response_length: int):
+    """Log-probs of the last `response_length` tokens, given logits of the full sequence."""
+    response_logits = logits[:, -response_length - 1 : -1]
+    return logprobs_from_logits(response_logits, input_ids[:, -response_length:])
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) over the last dimension, in float32: lse(x) - sum(p * x)."""
+    x = logits if logits.dtype == torch.float64 else logits.float()
+    probs = torch.softmax(x, dim=-1)
+    return torch.logsumexp(x, dim=-1) - (probs * x).sum(dim=-1)
+
+
+def entropy_from_logits_with_chunking(logits: torch.Tensor, chunk_size: int = 2048) -> torch.Tensor:
+    """`entropy_from_logits` over the first dimension in chunks, to bound the float32 scratch memory."""
+    return torch.cat([entropy_from_logits(part) for part in logits.split(chunk_size, dim=0)], dim=0)
+
+
+# --------------------------------------------------------------------------- sequences and masks
+
+
+def get_response_mask(response_id: torch.Tensor, eos_token: int | list[int] = 2, dtype=torch.int64) -> torch.Tensor:
+    """1 for every response token up to and including the first EOS, 0 after it.
+
+    `eos_token` may be one id or a list of ids (chat models often stop on several).
+    """
+    eos_ids = torch.as_tensor(eos_token, device=response_id.device).reshape(-1)
+    is_eos = torch.isin(response_id, eos_ids).int()
+    eos_before = is_eos.cumsum(dim=-1) - is_eos
+    return (eos_before == 0).to(dtype)
+
+
+def compute_position_id_with_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that skip padding: 0 for the first real token, left padding clamped to 0."""
+    return torch.clamp(torch.cumsum(mask, dim=-1) - 1, min=0)
+
+
+def pad_sequence_to_length(tensors: torch.Tensor, max_seq_len: int, pad_token_id, left_pad: bool = False):
+    """Pad the last dimension up to `max_seq_len` (never truncates)."""
+    missing = max_seq_len - tensors.shape[-1]
+    if missing <= 0:
+        return tensors
+    return F.pad(tensors, (missing, 0) if left_pad else (0, missing), value=pad_token_id)
+
+
+def pad_2d_list_to_length(response, pad_token_id, max_length=None) -> torch.Tensor:
+    """Right-pad a list of token lists into one tensor, at least `max_length` wide."""
+    width = max(len(row) for row in response)
+    if max_length is not None:
+        width = max(width, max_length)
+    return torch.tensor([list(row) + [pad_token_id] * (width - len(row)) for row in response])
+
+
+def postprocess_data(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    max_length: int,
+    pad_token_id: int,
+    left_pad: bool = True,
+    truncation: str = "error",
+):
+    """Bring tokenised prompts to exactly `max_length`: pad, or truncate left/right/middle, or fail."""
+    if truncation not in ("left", "right", "middle", "error"):
+        raise ValueError(f"truncation must be one of left/right/middle/error, got {truncation!r}")
+    length = input_ids.shape[-1]
+    if length < max_length:
+        input_ids = pad_sequence_to_length(input_ids, max_length, pad_token_id, left_pad=left_pad)
+        attention_mask = pad_sequence_to_length(attention_mask, max_length, 0, left_pad=left_pad)
+    elif length > max_length:
+        if truncation == "error":
+            raise ValueError(
+                f"prompt is {length} tokens, longer than max_length={max_length}; raise data.max_prompt_length, "
+                "set data.filter_overlong_prompts=True, or choose data.truncation=left/right/middle."
+            )
+        if truncation == "left":
+            keep = slice(length - max_length, length)
+            input_ids, attention_mask = input_ids[..., keep], attention_mask[..., keep]
+        elif truncation == "right":
+            input_ids, attention_mask = input_ids[..., :max_length], attention_mask[..., :max_length]
+        else:
+            head = max_length // 2
+            tail = max_length - head
+            input_ids = torch.cat([input_ids[..., :head], input_ids[..., length - tail :]], dim=-1)
+            attention_mask = torch.cat([attention_mask[..., :head], attention_mask[..., length - tail :]], dim=-1)
+    return input_ids, attention_mask
+
+
+# --------------------------------------------------------------------------- learning-rate schedules
+
+
+def get_constant_schedule_with_warmup(optimizer, num_warmup_steps: int, last_epoch: int = -1):
+    """Linear warm-up from 0 to the base learning rate, then constant."""
+
+    def factor(step: int) -> float:
+        return min(1.0, float(step) / float(max(1, num_warmup_steps)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor, last_epoch)
+
+
+def get_cosine_schedule_with_warmup(
+    optimizer,
+    num_warmup_steps: int,
+    num_training_steps: int,
+    min_lr_ratio: float = 0.0,
+    num_cycles: float = 0.5,
+    last_epoch: int = -1,
+    init_lr_ratio: float | None = None,
+    zero_indexed_step: bool = True,
+):
+    """Linear warm-up from `init_lr_ratio`, then cosine decay down to `min_lr_ratio` of the base rate.
+
+    `zero_indexed_step=False` counts the first step as 1 (torchtitan's convention).
+    """
+    min_lr_ratio = 0.0 if min_lr_ratio is None else min_lr_ratio
+    init_lr_ratio = 0.0 if init_lr_ratio is None else init_lr_ratio
+    for name, value in (("min_lr_ratio", min_lr_ratio), ("init_lr_ratio", init_lr_ratio)):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must be within [0, 1], got {value}")
+
+    def factor(step: int) -> float:
+        if not zero_indexed_step:
+            step += 1
+        if step < num_warmup_steps:
+            return init_lr_ratio + (1.0 - init_lr_ratio) * float(step) / float(max(1, num_warmup_steps))
+        progress = float(step - num_warmup_steps) / float(max(1, num_training_steps - num_warmup_steps))
+        cosine = 0.5 * (1.0 + math.cos(math.pi * num_cycles * 2.0 * progress))
+        return min_lr_ratio + (1.0 - min_lr_ratio) * cosine
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor, last_epoch)
