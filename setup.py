@@ -1,0 +1,67 @@
+"""Packaging for the hardware-adaptive verl fork.
+
+The distribution is named `verl` on purpose: installing it replaces an installed upstream verl, and
+users keep `import verl` and `python -m verl.trainer.main_ppo`.
+
+Dependency floors are the oldest versions whose APIs the code uses (docs/installation.md says how each
+is checked). The torch floor matters most: owners of P40/V100 cards are held to older CUDA builds
+of torch, so nothing here may raise it for convenience (that is why tensordict is not a dependency).
+"""
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+
+
+def read_version() -> str:
+    text = (HERE / "verl" / "__init__.py").read_text()
+    match = re.search(r'^__version__\s*=\s*"([^"]+)"', text, re.MULTILINE)
+    if not match:
+        raise RuntimeError("verl/__init__.py must define __version__")
+    return match.group(1)
+
+
+# torch 2.4: oldest release with everything the workers use (FSDP1 + MixedPrecision, SDPA kernel
+# selection via torch.nn.attention, device-generic torch.amp.GradScaler, public torch.distributed.tensor);
+# FSDP2 `fully_shard` is used where present (public from 2.6) and FSDP1 otherwise.
+# transformers 4.51: first release with the `AttentionInterface` registry (custom attention kernels).
+INSTALL_REQUIRES = [
+    "torch>=2.4",
+    "transformers>=4.51",
+    "ray>=2.10",
+    "hydra-core>=1.3",
+    "omegaconf>=2.3",
+    "datasets>=2.14",
+    "numpy>=1.24",
+    "pandas>=1.5",
+    "pyarrow>=12",
+    "tqdm>=4.60",
+]
+
+EXTRAS_REQUIRE = {
+    # Fast rollout engine; used only where the compat plan finds it installed and supported.
+    "vllm": ["vllm>=0.8.5"],
+    # Memory-efficient attention kernels for GPUs below sm_80 (registered through AttentionInterface).
+    "xformers": ["xformers>=0.0.28"],
+    "tensorboard": ["tensorboard"],
+    "wandb": ["wandb"],
+    "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6"],
+}
+
+setup(
+    name="verl",
+    version=read_version(),
+    description="verl (Volcano Engine RL) with every hardware decision made by a compat planner",
+    long_description=(HERE / "README.md").read_text() if (HERE / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["verl", "verl.*"]),
+    package_data={"verl": ["trainer/config/*.yaml", "trainer/config/**/*.yaml"]},
+    include_package_data=True,
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
+    classifiers=["Programming Language :: Python :: 3"],
+)
