@@ -1,0 +1,129 @@
+"""Build the reward function the trainer calls: a reward manager around a scoring function.
+
+The scoring function is the user's (`custom_reward_function.path` / `.name`) when set, otherwise the
+built-in rules of `verl.utils.reward_score.default_compute_score`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import inspect
+import os
+import sys
+import traceback
+from collections.abc import Mapping
+from typing import Any, Callable
+
+from verl.utils.reward_score import default_compute_score
+from verl.workers.reward_manager import get_reward_manager_cls
+
+DEFAULT_FUNCTION_NAME = "compute_score"
+
+
+def _select(config, dotted: str, default=None):
+    """`config.a.b` for a DictConfig or a plain dict; `default` where any level is missing or null."""
+    node = config
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) and not hasattr(node, "get"):
+            return default
+        node = node.get(part)
+        if node is None:
+            return default
+    return node
+
+
+def load_object_from_file(path: str, name: str, setting: str):
+    """Import the Python file at `path` and return its attribute `name`.
+
+    `setting` is the config key the user set (e.g. "custom_reward_function"), named in every error so the
+    user knows what to fix.
+    """
+    full_path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(full_path):
+        raise FileNotFoundError(f"{setting}.path={path!r}: no such file (looked at {full_path})")
+
+    module_name = f"verl_user_code.{os.path.splitext(os.path.basename(full_path))[0]}"
+    spec = importlib.util.spec_from_file_location(module_name, full_path)
+    module = importlib.util.module_from_spec(spec)
+    # Registered before running so dataclasses and pickling inside the file can find their module.
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        sys.modules.pop(module_name, None)
+        frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == full_path]
+        where = "".join(traceback.format_list(frames)) or "  (raised while importing the file)\n"
+        raise RuntimeError(
+            f"{setting}.path={path!r}: importing the file failed with {type(err).__name__}: {err}\n{where}"
+            "Fix the file, or check that the packages it imports are installed."
+        ) from err
+
+    if not hasattr(module, name):
+        defined = sorted(
+            attr
+            for attr, value in vars(module).items()
+            if callable(value) and not attr.startswith("_") and getattr(value, "__module__", None) == module_name
+        )
+        listing = f"it defines: {', '.join(defined)}" if defined else "it defines no public functions"
+        raise AttributeError(
+            f"{setting}.name={name!r} not found in {full_path}; {listing}. Set {setting}.name to one of them."
+        )
+    return getattr(module, name)
+
+
+def _call_with_kwargs(fn: Callable, fixed_kwargs: dict, *args, **kwargs):
+    """Call `fn` with the config's reward_kwargs on top of the per-sample arguments."""
+    return fn(*args, **{**kwargs, **fixed_kwargs})
+
+
+def get_custom_reward_fn(config) -> Callable | None:
+    """The user's scoring function from `custom_reward_function`, or None when no path is set.
+
+    Read from the top-level `custom_reward_function` (the key of upstream's scripts) or, failing that,
+    `reward.custom_reward_function` (upstream 0.9.1's new home). `reward_kwargs` there are passed to
+    every call.
+    """
+    for setting in ("custom_reward_function", "reward.custom_reward_function"):
+        path = _select(config, f"{setting}.path")
+        if path:
+            break
+    else:
+        return None
+
+    name = _select(config, f"{setting}.name", DEFAULT_FUNCTION_NAME)
+    fn = load_object_from_file(path, name, setting)
+    if not callable(fn):
+        raise TypeError(f"{setting}.name={name!r} in {path} is a {type(fn).__name__}, not a function")
+    print(f"using custom reward function {name!r} from {path}")
+
+    reward_kwargs = dict(_select(config, f"{setting}.reward_kwargs", {}))
+    return functools.partial(_call_with_kwargs, fn, reward_kwargs) if reward_kwargs else fn
+
+
+def load_reward_manager(config, tokenizer, num_examine: int = 0, **reward_kwargs: Any):
+    """The reward manager named in the config, wrapping the custom or built-in scoring function.
+
+    `num_examine` is how many decoded samples per data source it prints each call (upstream uses 0 for
+    training and 1 for validation).
+    """
+    name = _select(config, "reward_model.reward_manager") or _select(config, "reward.reward_manager.name", "naive")
+    manager_cls = get_reward_manager_cls(name)
+    compute_score = get_custom_reward_fn(config) or default_compute_score
+    return manager_cls(
+        tokenizer=tokenizer,
+        num_examine=num_examine,
+        compute_score=compute_score,
+        reward_fn_key=_select(config, "data.reward_fn_key", "data_source"),
+        **reward_kwargs,
+    )
+
+
+def compute_reward(data, reward_fn) -> tuple[Any, dict[str, list]]:
+    """Run `reward_fn` on a batch: (token-level reward tensor, extra per-sample metrics by name)."""
+    params = inspect.signature(reward_fn).parameters.values()
+    takes_return_dict = any(p.name == "return_dict" or p.kind is p.VAR_KEYWORD for p in params)
+    if not takes_return_dict:
+        return reward_fn(data), {}
+    result = reward_fn(data, return_dict=True)
+    return result["reward_tensor"], dict(result.get("reward_extra_info", {}))

@@ -1,0 +1,1 @@
+"""Utilities shared across verl: data sets, reward rules and tensor helpers (see the submodules)."""

@@ -1,0 +1,89 @@
+"""Turn a batch of rollouts into token-level rewards, one rule-scored response at a time."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Callable
+
+import torch
+
+from verl.utils.reward_score import default_compute_score
+
+
+class NaiveRewardManager:
+    """Decode each response, score it, and put the score on its last real token.
+
+    PPO/GRPO treat an outcome reward as arriving when the response ends, so every other position of the
+    reward tensor stays 0 (KL penalties, if any, are added to it later by the trainer).
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        num_examine: int,
+        compute_score: Callable[..., Any] | None = None,
+        reward_fn_key: str = "data_source",
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.num_examine = num_examine  # decoded samples printed per data source and call, for eyeballing
+        self.compute_score = compute_score or default_compute_score
+        self.reward_fn_key = reward_fn_key
+
+    def __call__(self, data, return_dict: bool = False):
+        """`data` is a DataProto with prompts, responses and attention_mask, plus the dataset's columns."""
+        prompts = data.batch["prompts"]
+        responses = data.batch["responses"]
+        prompt_len = prompts.shape[-1]
+        mask = data.batch["attention_mask"]
+        prompt_valid = mask[:, :prompt_len].sum(-1).tolist()
+        response_valid = mask[:, prompt_len:].sum(-1).tolist()
+
+        columns = data.non_tensor_batch
+        for key in (self.reward_fn_key, "reward_model"):
+            if key not in columns:
+                raise KeyError(
+                    f"the batch has no {key!r} column (has {sorted(columns)}); the reward manager reads the data "
+                    f"source from data.reward_fn_key={self.reward_fn_key!r} and the label from "
+                    "reward_model['ground_truth'] - check the columns of your data files"
+                )
+        extra_infos = columns.get("extra_info")
+
+        reward_tensor = torch.zeros_like(responses, dtype=torch.float32)
+        reward_extra_info = defaultdict(list)
+        shown = defaultdict(int)
+
+        for i in range(len(data)):
+            n_prompt, n_response = prompt_valid[i], response_valid[i]
+            prompt_str = self.tokenizer.decode(prompts[i, prompt_len - n_prompt :], skip_special_tokens=True)
+            response_str = self.tokenizer.decode(responses[i, :n_response], skip_special_tokens=True)
+            data_source = columns[self.reward_fn_key][i]
+            ground_truth = columns["reward_model"][i]["ground_truth"]
+            extra_info = dict(extra_infos[i] or {}) if extra_infos is not None else {}
+
+            result = self.compute_score(
+                data_source=data_source, solution_str=response_str, ground_truth=ground_truth, extra_info=extra_info
+            )
+            if isinstance(result, dict):
+                if "score" not in result:
+                    raise KeyError(
+                        f"the reward function returned a dict without a 'score' key (keys: {sorted(result)}); "
+                        "a dict result must carry the reward under 'score', other keys are logged as metrics"
+                    )
+                reward = result["score"]
+                for key, value in result.items():
+                    reward_extra_info[key].append(value)
+            else:
+                reward = result
+            reward_tensor[i, max(n_response - 1, 0)] = reward
+
+            if shown[data_source] < self.num_examine:
+                shown[data_source] += 1
+                print("[prompt]", prompt_str)
+                print("[response]", response_str)
+                print("[ground_truth]", ground_truth)
+                for key, value in (result.items() if isinstance(result, dict) else [("score", result)]):
+                    print(f"[{key}]", value)
+
+        if return_dict:
+            return {"reward_tensor": reward_tensor, "reward_extra_info": reward_extra_info}
+        return reward_tensor
