@@ -29,6 +29,7 @@ class DeviceProfile:
     tf32: bool = False             # compute capability >= 8.0
     host_memory_gb: float = 0.0
     simulated: bool = False        # True when this profile stands in for another device
+    note: str = ""                 # why detection fell back (e.g. an MPS/XPU device planned as cpu)
 
     def to_dict(self) -> dict:
         return asdict(self)
