@@ -1,0 +1,571 @@
+"""The PPO / GRPO training loop, driven from one process over Ray worker groups.
+
+The driver holds no model. Each step it sends the batch to the workers in upstream verl's order:
+
+    generate -> reward -> old_log_prob -> ref -> values -> advantages -> update_critic -> update_actor
+
+Advantages, KL-in-reward and all metrics are computed here on the driver (cheap tensor math); every
+forward/backward pass runs in the workers. Hardware choices arrive in the compat `Plan`; the trainer
+only counts devices through the resource pool.
+"""
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, field
+from enum import Enum
+from pprint import pprint
+from typing import Optional
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf, open_dict
+from torch.utils.data import DataLoader, Dataset, Sampler
+from tqdm import tqdm
+
+from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
+from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.core_algos import AdvantageEstimator, agg_loss
+from verl.trainer.ppo.metric_utils import (
+    compute_data_metrics,
+    compute_throughout_metrics,
+    compute_timing_metrics,
+    process_validation_metrics,
+    reduce_metrics,
+)
+from verl.utils.timer import marked_timer
+from verl.utils.torch_functional import masked_mean
+from verl.utils.tracking import Tracking
+
+
+class Role(Enum):
+    """What a worker group does; its string form names the group (and the colocated method prefix)."""
+
+    Actor = 0
+    Rollout = 1
+    ActorRollout = 2
+    Critic = 3
+    RefPolicy = 4
+    RewardModel = 5
+    ActorRolloutRef = 6
+
+    def __str__(self) -> str:
+        return {
+            Role.Actor: "actor",
+            Role.Rollout: "rollout",
+            Role.ActorRollout: "actor_rollout",
+            Role.Critic: "critic",
+            Role.RefPolicy: "ref",
+            Role.RewardModel: "rm",
+            Role.ActorRolloutRef: "actor_rollout_ref",
+        }[self]
+
+
+class TrainingDivergedError(RuntimeError):
+    """A loss or training statistic became NaN/inf; continuing would only train on garbage."""
+
+
+@dataclass
+class ResourcePoolManager:
+    """Named pools of devices (GPUs, or CPU worker slots when the plan says CPU) and which role uses which.
+
+    `resource_pool_spec` maps a pool name to devices per node, e.g. {"global_pool": [8, 8]} for two
+    nodes of eight. With `use_gpu=False` each entry counts CPU worker processes instead.
+    """
+
+    resource_pool_spec: dict[str, list[int]]
+    mapping: dict[Role, str]
+    use_gpu: bool = True
+    max_colocate_count: int = 1
+    resource_pool_dict: dict[str, RayResourcePool] = field(default_factory=dict)
+
+    def create_resource_pool(self) -> None:
+        self._check_resource_available()
+        for name, process_on_nodes in self.resource_pool_spec.items():
+            self.resource_pool_dict[name] = RayResourcePool(
+                process_on_nodes=process_on_nodes,
+                use_gpu=self.use_gpu,
+                max_colocate_count=self.max_colocate_count,
+                name_prefix=name,
+            )
+
+    def get_resource_pool(self, role: Role) -> RayResourcePool:
+        return self.resource_pool_dict[self.mapping[role]]
+
+    def get_n_gpus(self) -> int:
+        """Devices (or CPU workers) across all pools: the denominator of perf/throughput."""
+        return sum(n for nodes in self.resource_pool_spec.values() for n in nodes)
+
+    def _check_resource_available(self) -> None:
+        import ray
+
+        kind = "GPU" if self.use_gpu else "CPU"
+        needed = self.get_n_gpus()
+        available = int(ray.cluster_resources().get(kind, 0))
+        if available < needed:
+            unit = "GPUs" if self.use_gpu else "CPU slots for worker processes"
+            raise ValueError(
+                f"The run needs {needed} {unit} (trainer.nnodes x trainer.n_gpus_per_node) but the Ray cluster "
+                f"has {available}. Lower trainer.n_gpus_per_node / trainer.nnodes"
+                + (", or start Ray with more CPUs (ray_kwargs.ray_init.num_cpus)." if not self.use_gpu else ".")
+            )
+
+
+# --------------------------------------------------------------------------- step helpers (pure tensor math)
+
+
+def compute_response_mask(data: DataProto) -> torch.Tensor:
+    """1 for every real response token (the response part of the attention mask)."""
+    response_width = data.batch["responses"].shape[-1]
+    return data.batch["attention_mask"][:, -response_width:]
+
+
+def apply_kl_penalty(data: DataProto, kl_ctrl, kl_penalty: str = "kl"):
+    """token_level_rewards = token_level_scores - beta * KL(actor || ref) per token; updates the controller."""
+    response_mask = data.batch["response_mask"]
+    kld = core_algos.kl_penalty(data.batch["old_log_probs"], data.batch["ref_log_prob"], kl_penalty=kl_penalty)
+    kld = kld * response_mask
+    beta = kl_ctrl.value
+    data.batch["token_level_rewards"] = data.batch["token_level_scores"] - beta * kld
+
+    current_kl = masked_mean(kld, mask=response_mask, axis=-1).mean().item()
+    kl_ctrl.update(current_kl=current_kl, n_steps=len(data))
+    return data, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+
+
+def compute_advantage(
+    data: DataProto,
+    adv_estimator,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    num_repeat: int = 1,
+    norm_adv_by_std_in_grpo: bool = True,
+    config=None,
+) -> DataProto:
+    """Fill `advantages` and `returns` with the configured estimator (GAE needs `values`, GRPO needs `uid`)."""
+    if "response_mask" not in data.batch.keys():
+        data.batch["response_mask"] = compute_response_mask(data)
+    rewards, mask = data.batch["token_level_rewards"], data.batch["response_mask"]
+
+    if adv_estimator == AdvantageEstimator.GAE:
+        advantages, returns = core_algos.compute_gae_advantage_return(
+            token_level_rewards=rewards, values=data.batch["values"], response_mask=mask, gamma=gamma, lam=lam
+        )
+    elif adv_estimator == AdvantageEstimator.GRPO:
+        advantages, returns = core_algos.compute_grpo_outcome_advantage(
+            token_level_rewards=rewards,
+            response_mask=mask,
+            index=data.non_tensor_batch["uid"],
+            norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+        )
+    else:
+        kwargs = {"token_level_rewards": rewards, "response_mask": mask, "config": config}
+        if "uid" in data.non_tensor_batch:
+            kwargs["index"] = data.non_tensor_batch["uid"]
+        if "reward_baselines" in data.batch.keys():
+            kwargs["reward_baselines"] = data.batch["reward_baselines"]
+        advantages, returns = core_algos.get_adv_estimator_fn(adv_estimator)(**kwargs)
+
+    data.batch["advantages"] = advantages
+    data.batch["returns"] = returns
+    return data
+
+
+def balanced_partitions(lengths: list[int], k: int) -> list[list[int]]:
+    """Split indices into k equal-size groups with near-equal total length (longest first, greedy)."""
+    size = len(lengths) // k
+    parts: list[list[int]] = [[] for _ in range(k)]
+    totals = [0] * k
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        open_parts = [p for p in range(k) if len(parts[p]) < size]
+        p = min(open_parts, key=lambda p: totals[p])
+        parts[p].append(i)
+        totals[p] += lengths[i]
+    return [sorted(p) for p in parts]
+
+
+def _pop_metrics(output: DataProto) -> dict[str, float]:
+    """Take the workers' metrics out of an output's meta_info (so later unions see no conflict)."""
+    return reduce_metrics(output.meta_info.pop("metrics", {}) or {})
+
+
+def _compute_reward(data: DataProto, reward_fn) -> tuple[torch.Tensor, dict]:
+    """Call a reward manager; it may return a tensor or {"reward_tensor", "reward_extra_info"}."""
+    try:
+        result = reward_fn(data, return_dict=True)
+    except TypeError:
+        result = reward_fn(data)
+    if isinstance(result, dict):
+        return result["reward_tensor"], dict(result.get("reward_extra_info", {}) or {})
+    return result, {}
+
+
+# Metrics that must stay finite. grad_norm is left out on purpose: with fp16 a dynamic loss scaler
+# meets inf gradients routinely and skips that step, which is not a failure.
+_MUST_BE_FINITE = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "critic/vf_loss",
+                   "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/values/mean")
+
+
+class RayPPOTrainer:
+    """PPO/GRPO over Ray worker groups; `init_workers()` then `fit()`."""
+
+    def __init__(
+        self,
+        config,
+        tokenizer,
+        role_worker_mapping: dict,
+        resource_pool_manager: ResourcePoolManager,
+        ray_worker_group_cls=RayWorkerGroup,
+        processor=None,
+        reward_fn=None,
+        val_reward_fn=None,
+        train_dataset: Optional[Dataset] = None,
+        val_dataset: Optional[Dataset] = None,
+        collate_fn=None,
+        train_sampler: Optional[Sampler] = None,
+        device_name: Optional[str] = None,
+        plan=None,
+    ):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.reward_fn = reward_fn
+        self.val_reward_fn = val_reward_fn
+        self.role_worker_mapping = role_worker_mapping
+        self.resource_pool_manager = resource_pool_manager
+        self.ray_worker_group_cls = ray_worker_group_cls
+        self.plan = plan
+        self.device_name = device_name or (plan.device_type if plan is not None else config.trainer.get("device"))
+
+        if not config.actor_rollout_ref.hybrid_engine:
+            raise ValueError("actor_rollout_ref.hybrid_engine=False is not supported: actor and rollout share weights.")
+        if Role.ActorRollout not in role_worker_mapping and Role.ActorRolloutRef not in role_worker_mapping:
+            raise ValueError(f"role_worker_mapping needs Role.ActorRollout or Role.ActorRolloutRef, got {list(role_worker_mapping)}")
+
+        algo = config.algorithm
+        self.use_critic = Role.Critic in role_worker_mapping
+        self.use_reference_policy = bool(algo.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
+        self.kl_ctrl_in_reward = core_algos.get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
+        if reward_fn is None:
+            raise ValueError("RayPPOTrainer needs reward_fn (see verl.trainer.ppo.reward.load_reward_manager).")
+
+        self._create_dataloader(train_dataset, val_dataset, collate_fn, train_sampler)
+
+    # ------------------------------------------------------------------ setup
+
+    def _create_dataloader(self, train_dataset, val_dataset, collate_fn, train_sampler) -> None:
+        data = self.config.data
+        if train_dataset is None or val_dataset is None:
+            from verl.utils.dataset.rl_dataset import create_rl_dataset
+
+            train_dataset = train_dataset or create_rl_dataset(data.train_files, data, self.tokenizer, self.processor)
+            val_dataset = val_dataset or create_rl_dataset(data.val_files, data, self.tokenizer, self.processor)
+        if train_sampler is None:
+            from verl.utils.dataset.rl_dataset import create_rl_sampler
+
+            train_sampler = create_rl_sampler(data, train_dataset)
+        if collate_fn is None:
+            from verl.utils.dataset.rl_dataset import collate_fn
+
+        self.train_dataset, self.val_dataset = train_dataset, val_dataset
+        num_workers = data.get("dataloader_num_workers", 0)
+        self.train_dataloader = DataLoader(
+            train_dataset,
+            batch_size=data.get("gen_batch_size") or data.train_batch_size,
+            sampler=train_sampler,
+            num_workers=num_workers,
+            drop_last=True,
+            collate_fn=collate_fn,
+        )
+        self.val_dataloader = DataLoader(
+            val_dataset,
+            batch_size=data.get("val_batch_size") or len(val_dataset),
+            shuffle=data.get("validation_shuffle", False),
+            num_workers=num_workers,
+            drop_last=False,
+            collate_fn=collate_fn,
+        )
+        if len(self.train_dataloader) == 0:
+            raise ValueError(
+                f"The training set has {len(train_dataset)} prompts, fewer than one batch of "
+                f"data.train_batch_size={data.train_batch_size}: lower the batch size or add data."
+            )
+        if len(self.val_dataloader) == 0:
+            raise ValueError("The validation set (data.val_files) is empty.")
+
+        total_steps = len(self.train_dataloader) * self.config.trainer.total_epochs
+        if self.config.trainer.get("total_training_steps") is not None:
+            total_steps = self.config.trainer.total_training_steps
+        self.total_training_steps = total_steps
+        print(f"Train dataloader: {len(self.train_dataloader)} batches/epoch, "
+              f"val dataloader: {len(self.val_dataloader)}; total training steps: {total_steps}", flush=True)
+
+        # LR schedules (warmup ratio, cosine decay) are sized by the real number of steps, as upstream.
+        with open_dict(self.config):
+            self.config.actor_rollout_ref.actor.optim.total_training_steps = total_steps
+            if OmegaConf.select(self.config, "critic.optim") is not None:
+                self.config.critic.optim.total_training_steps = total_steps
+
+    def init_workers(self) -> None:
+        """Start one process per device holding every colocated role (actor+rollout(+ref), critic)."""
+        self.resource_pool_manager.create_resource_pool()
+        pool_to_classes = {pool: {} for pool in self.resource_pool_manager.resource_pool_dict.values()}
+
+        actor_role = Role.ActorRolloutRef if Role.ActorRolloutRef in self.role_worker_mapping else Role.ActorRollout
+        self._add_class(pool_to_classes, actor_role, config=self.config.actor_rollout_ref, role=str(actor_role))
+        if self.use_critic:
+            self._add_class(pool_to_classes, Role.Critic, config=self.config.critic)
+        if self.use_reference_policy and Role.RefPolicy in self.role_worker_mapping:
+            self._add_class(pool_to_classes, Role.RefPolicy, config=self.config.actor_rollout_ref, role="ref")
+
+        all_wg = {}
+        for pool, class_dict in pool_to_classes.items():
+            if not class_dict:
+                continue
+            colocated = create_colocated_worker_cls(class_dict=class_dict)
+            group = self.ray_worker_group_cls(resource_pool=pool, ray_cls_with_init=colocated)
+            all_wg.update(group.spawn(prefix_set=class_dict.keys()))
+
+        if self.use_critic:
+            self.critic_wg = all_wg[str(Role.Critic)]
+            self.critic_wg.init_model()
+        if self.use_reference_policy:
+            if str(Role.RefPolicy) in all_wg:
+                self.ref_policy_wg = all_wg[str(Role.RefPolicy)]
+                self.ref_policy_wg.init_model()
+            else:
+                self.ref_policy_wg = all_wg[str(actor_role)]
+        # The actor+rollout starts last, so its memory estimate sees everything else already loaded.
+        self.actor_rollout_wg = all_wg[str(actor_role)]
+        self.actor_rollout_wg.init_model()
+
+    def _add_class(self, pool_to_classes, role: Role, **init_kwargs) -> None:
+        pool = self.resource_pool_manager.get_resource_pool(role)
+        if self.plan is not None:
+            init_kwargs["plan"] = self.plan
+        pool_to_classes[pool][str(role)] = RayClassWithInitArgs(cls=self.role_worker_mapping[role], **init_kwargs)
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self) -> None:
+        config = self.config
+        logger = Tracking(
+            project_name=config.trainer.project_name,
+            experiment_name=config.trainer.experiment_name,
+            default_backend=config.trainer.logger,
+            config=OmegaConf.to_container(config, resolve=True),
+        )
+        self.global_steps = 0
+        try:
+            if config.trainer.get("val_before_train", True):
+                val_metrics = self._validate()
+                pprint(f"Initial validation metrics: {val_metrics}")
+                logger.log(data=val_metrics, step=self.global_steps)
+                if config.trainer.get("val_only", False):
+                    return
+
+            progress_bar = tqdm(total=self.total_training_steps, desc="Training Progress")
+            self.global_steps = 1
+            for epoch in range(config.trainer.total_epochs):
+                for batch_dict in self.train_dataloader:
+                    is_last_step = self.global_steps >= self.total_training_steps
+                    metrics, timing_raw = {}, {}
+                    with marked_timer("step", timing_raw):
+                        batch = self._train_step(batch_dict, metrics, timing_raw)
+                    if config.trainer.test_freq > 0 and (is_last_step or self.global_steps % config.trainer.test_freq == 0):
+                        with marked_timer("testing", timing_raw):
+                            metrics.update(self._validate())
+
+                    metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch})
+                    metrics.update(compute_data_metrics(batch=batch, use_critic=self.use_critic))
+                    metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing_raw))
+                    n_devices = self.resource_pool_manager.get_n_gpus()
+                    metrics.update(compute_throughout_metrics(batch=batch, timing_raw=timing_raw, n_gpus=n_devices))
+                    if self.plan is not None:
+                        metrics["perf/predicted_peak_gb"] = self.plan.predicted_peak_gb
+                    logger.log(data=metrics, step=self.global_steps)
+                    self._check_finite(metrics)
+
+                    progress_bar.update(1)
+                    self.global_steps += 1
+                    if is_last_step:
+                        progress_bar.close()
+                        return
+        finally:
+            logger.finish()
+
+    def _train_step(self, batch_dict: dict, metrics: dict, timing_raw: dict) -> DataProto:
+        """One PPO iteration on one batch of prompts, in upstream's order. Returns the full batch."""
+        config = self.config
+        rollout_n = config.actor_rollout_ref.rollout.n
+
+        batch = DataProto.from_single_dict(batch_dict)
+        batch.meta_info["temperature"] = config.actor_rollout_ref.rollout.temperature
+        # One uid per prompt: GRPO/RLOO group the rollout.n responses of a prompt by it.
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        gen_batch = self._pop_gen_batch(batch)
+        gen_batch.meta_info.update(self._generation_meta(validate=False))
+        gen_batch = gen_batch.repeat(repeat_times=rollout_n, interleave=True)
+
+        # 1. generate
+        with marked_timer("gen", timing_raw):
+            gen_output = self.actor_rollout_wg.generate_sequences(gen_batch)
+            metrics.update(_pop_metrics(gen_output))
+            gen_output.meta_info.pop("timing", None)
+        batch = batch.repeat(repeat_times=rollout_n, interleave=True).union(gen_output)
+        if "response_mask" not in batch.batch.keys():
+            batch.batch["response_mask"] = compute_response_mask(batch)
+        if config.trainer.get("balance_batch", False):
+            self._balance_batch(batch, metrics)
+        batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+
+        # 2. reward
+        with marked_timer("reward", timing_raw):
+            reward_tensor, reward_extra_info = _compute_reward(batch, self.reward_fn)
+
+        # 3. log-probs of the sampling policy (the PPO ratio's denominator)
+        with marked_timer("old_log_prob", timing_raw):
+            old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)
+            metrics.update(_pop_metrics(old_log_prob))
+            if "entropys" in old_log_prob.batch.keys():
+                entropys = old_log_prob.batch.pop("entropys")
+                metrics["actor/entropy"] = agg_loss(
+                    loss_mat=entropys, loss_mask=batch.batch["response_mask"],
+                    loss_agg_mode=config.actor_rollout_ref.actor.loss_agg_mode,
+                ).item()
+            batch = batch.union(old_log_prob)
+
+        # 4. reference log-probs (for KL in the reward or as a loss)
+        if self.use_reference_policy:
+            with marked_timer("ref", timing_raw):
+                ref_log_prob = self.ref_policy_wg.compute_ref_log_prob(batch)
+                metrics.update(_pop_metrics(ref_log_prob))
+                batch = batch.union(ref_log_prob)
+
+        # 5. values
+        if self.use_critic:
+            with marked_timer("values", timing_raw):
+                values = self.critic_wg.compute_values(batch)
+                metrics.update(_pop_metrics(values))
+                batch = batch.union(values)
+
+        # 6. advantages (on the driver)
+        with marked_timer("adv", timing_raw):
+            batch.batch["token_level_scores"] = reward_tensor
+            if reward_extra_info:
+                batch.non_tensor_batch.update({k: np.array(v) for k, v in reward_extra_info.items()})
+            if config.algorithm.use_kl_in_reward:
+                batch, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl_in_reward, config.algorithm.kl_penalty)
+                metrics.update(kl_metrics)
+            else:
+                batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+            batch = compute_advantage(
+                batch,
+                adv_estimator=config.algorithm.adv_estimator,
+                gamma=config.algorithm.gamma,
+                lam=config.algorithm.lam,
+                num_repeat=rollout_n,
+                norm_adv_by_std_in_grpo=config.algorithm.get("norm_adv_by_std_in_grpo", True),
+                config=config.algorithm,
+            )
+
+        # 7. critic update
+        if self.use_critic:
+            with marked_timer("update_critic", timing_raw):
+                metrics.update(_pop_metrics(self.critic_wg.update_critic(batch)))
+
+        # 8. actor update, once the critic has warmed up
+        if config.trainer.critic_warmup <= self.global_steps:
+            with marked_timer("update_actor", timing_raw):
+                metrics.update(_pop_metrics(self.actor_rollout_wg.update_actor(batch)))
+        return batch
+
+    # ------------------------------------------------------------------ pieces of a step
+
+    def _pop_gen_batch(self, batch: DataProto) -> DataProto:
+        """Move what the rollout needs (prompt tensors, raw prompt ids) out of the batch."""
+        tensor_keys = [k for k in ("input_ids", "attention_mask", "position_ids") if k in batch.batch.keys()]
+        non_tensor_keys = [k for k in ("raw_prompt_ids", "raw_prompt", "multi_modal_data", "tools_kwargs",
+                                       "interaction_kwargs") if k in batch.non_tensor_batch]
+        return batch.pop(batch_keys=tensor_keys, non_tensor_batch_keys=non_tensor_keys)
+
+    def _generation_meta(self, validate: bool) -> dict:
+        rollout = self.config.actor_rollout_ref.rollout
+        meta = {
+            "eos_token_id": self.tokenizer.eos_token_id,
+            "pad_token_id": self.tokenizer.pad_token_id,
+            "recompute_log_prob": False,
+            "global_steps": self.global_steps,
+        }
+        if validate:
+            meta.update({"do_sample": rollout.val_kwargs.do_sample, "validate": True})
+        return meta
+
+    def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
+        """Reorder so each data-parallel rank receives about the same number of tokens."""
+        world_size = self.actor_rollout_wg.world_size
+        lengths = batch.batch["attention_mask"].sum(-1).tolist()
+        parts = balanced_partitions(lengths, world_size)
+        batch.reorder(torch.tensor([i for part in parts for i in part]))
+        totals = [sum(lengths[i] for i in part) for part in parts]
+        metrics.update({
+            "global_seqlen/min": min(lengths), "global_seqlen/max": max(lengths),
+            "global_seqlen/balanced_min": min(totals), "global_seqlen/balanced_max": max(totals),
+            "global_seqlen/minmax_diff": max(totals) - min(totals), "global_seqlen/mean": sum(totals) / len(totals),
+        })
+
+    def _validate(self) -> dict[str, float]:
+        """Generate on the validation set with rollout.val_kwargs and score with val_reward_fn."""
+        val_n = self.config.actor_rollout_ref.rollout.val_kwargs.n
+        reward_fn = self.val_reward_fn or self.reward_fn
+        data_sources, uids, scores = [], [], []
+        extra_infos: dict[str, list] = {}
+        for batch_dict in self.val_dataloader:
+            batch = DataProto.from_single_dict(batch_dict)
+            batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+            batch = batch.repeat(repeat_times=val_n, interleave=True)
+            gen_batch = self._pop_gen_batch(batch)
+            gen_batch.meta_info.update(self._generation_meta(validate=True))
+
+            padded, pad_size = pad_dataproto_to_divisor(gen_batch, self.actor_rollout_wg.world_size)
+            output = self.actor_rollout_wg.generate_sequences(padded)
+            output.meta_info.pop("metrics", None)
+            output.meta_info.pop("timing", None)
+            batch = batch.union(unpad_dataproto(output, pad_size=pad_size))
+
+            reward_tensor, reward_extra_info = _compute_reward(batch, reward_fn)
+            scores.extend(reward_tensor.sum(-1).tolist())
+            for key, values in reward_extra_info.items():
+                extra_infos.setdefault(key, []).extend(np.asarray(values).tolist())
+            uids.extend(batch.non_tensor_batch["uid"].tolist())
+            data_sources.extend(batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch))).tolist())
+
+        infos = {"reward": scores}
+        infos.update({k: v for k, v in extra_infos.items() if len(v) == len(scores) and k != "reward"})
+        results = process_validation_metrics(data_sources, uids, infos)
+
+        # "val-core" holds the headline numbers (mean/best/maj at the largest n of the main variable),
+        # everything else goes to "val-aux", as upstream.
+        metrics = {}
+        for source, by_var in results.items():
+            core_var = "acc" if "acc" in by_var else "reward"
+            for var, by_metric in by_var.items():
+                n_max = max(int(name.split("@")[-1].split("/")[0]) for name in by_metric)
+                for name, value in by_metric.items():
+                    is_core = var == core_var and name.split("@")[0] in ("mean", "maj", "best") and f"@{n_max}" in name
+                    metrics[f"{'val-core' if is_core else 'val-aux'}/{source}/{var}/{name}"] = value
+        return metrics
+
+    def _check_finite(self, metrics: dict) -> None:
+        bad = {k: metrics[k] for k in _MUST_BE_FINITE if k in metrics and not math.isfinite(metrics[k])}
+        if not bad:
+            return
+        actor = self.config.actor_rollout_ref.actor
+        raise TrainingDivergedError(
+            f"Training stopped at step {self.global_steps}: {bad} is not finite. This step's metrics were "
+            "logged and nothing written before was touched. To fix: lower actor_rollout_ref.actor.optim.lr "
+            f"(now {actor.optim.lr}) and critic.optim.lr, keep actor_rollout_ref.actor.grad_clip small "
+            f"(now {actor.get('grad_clip')}), or run in float32 (the compat plan printed at start-up says which "
+            "dtype was chosen; `python -m verl.compat` explains how to override it)."
+        )

@@ -1,0 +1,143 @@
+"""Wire a resolved config into a running trainer: plan, Ray, tokenizer, data, rewards, workers, fit.
+
+`run_ppo(config)` is what `python -m verl.trainer.main_ppo` calls after the config checks. The trainer
+runs in this (driver) process; workers are Ray actors, one process per device, or per CPU worker when
+the compat plan says CPU.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+from omegaconf import OmegaConf
+
+# Environment every Ray worker starts with (upstream sets the same ones).
+WORKER_ENV = {
+    "TOKENIZERS_PARALLELISM": "true",
+    "NCCL_DEBUG": "WARN",
+    "VLLM_LOGGING_LEVEL": "WARN",
+}
+
+RAY_INIT_TIMEOUT_S = float(os.environ.get("VERL_RAY_INIT_TIMEOUT_S", "180"))
+
+
+def run_ppo(config) -> None:
+    """Plan, start Ray (unless already running), build everything and train."""
+    import ray
+
+    from verl import compat
+
+    plan = compat.build_plan(config)
+    print(compat.format_plan(plan), flush=True)
+    compat.resolve_config(config, plan)
+    OmegaConf.resolve(config)
+
+    started_ray = False
+    if not ray.is_initialized():
+        _init_ray(config, plan)
+        started_ray = True
+    try:
+        trainer = build_trainer(config, plan)
+        trainer.init_workers()
+        trainer.fit()
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def _init_ray(config, plan) -> None:
+    """ray.init with ray_kwargs.ray_init, worker env vars, CPU slots for CPU workers and a time limit."""
+    import ray
+
+    init_kwargs = OmegaConf.to_container(config.ray_kwargs.get("ray_init", {}) or {}, resolve=True)
+    runtime_env = {k: v for k, v in (init_kwargs.pop("runtime_env", None) or {}).items() if v is not None}
+    runtime_env["env_vars"] = {**WORKER_ENV, **(runtime_env.get("env_vars") or {})}
+    init_kwargs = {k: v for k, v in init_kwargs.items() if v is not None}
+    init_kwargs["runtime_env"] = runtime_env
+    if plan.device_type == "cpu" and "num_cpus" not in init_kwargs:
+        # Ray counts one CPU slot per CPU worker; give it at least as many slots as workers requested,
+        # even on a machine with fewer cores (the workers then share cores, which is slow but correct).
+        n_workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
+        init_kwargs["num_cpus"] = max(os.cpu_count() or 1, n_workers)
+    print(f"ray.init({init_kwargs})", flush=True)
+
+    error: list[BaseException] = []
+
+    def start():
+        try:
+            ray.init(**init_kwargs)
+        except BaseException as err:  # re-raised in the caller's thread
+            error.append(err)
+
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+    thread.join(RAY_INIT_TIMEOUT_S)
+    if thread.is_alive():
+        raise TimeoutError(
+            f"ray.init did not finish within {RAY_INIT_TIMEOUT_S:.0f}s. Check `ray status` / stale Ray "
+            "processes (`ray stop`), or raise the limit with VERL_RAY_INIT_TIMEOUT_S."
+        )
+    if error:
+        raise error[0]
+
+
+def build_trainer(config, plan):
+    """Everything `RayPPOTrainer` needs, from the config alone."""
+    import ray
+    from transformers import AutoTokenizer
+
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role
+    from verl.trainer.ppo.reward import load_reward_manager
+    from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset, create_rl_sampler
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+
+    model_cfg = config.actor_rollout_ref.model
+    tokenizer = AutoTokenizer.from_pretrained(
+        os.path.expanduser(model_cfg.path), trust_remote_code=model_cfg.get("trust_remote_code", False)
+    )
+
+    # Roles: actor+rollout (+ref when a KL term needs the reference policy), critic for GAE.
+    needs_ref = bool(config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
+    actor_role = Role.ActorRolloutRef if needs_ref else Role.ActorRollout
+    role_worker_mapping = {actor_role: ray.remote(ActorRolloutRefWorker)}
+    if _needs_critic(config):
+        role_worker_mapping[Role.Critic] = ray.remote(CriticWorker)
+    pool = "global_pool"
+    resource_pool_manager = ResourcePoolManager(
+        resource_pool_spec={pool: [config.trainer.n_gpus_per_node] * config.trainer.nnodes},
+        mapping={role: pool for role in role_worker_mapping},
+        use_gpu=plan.device_type != "cpu",
+    )
+
+    reward_kwargs = OmegaConf.to_container(config.reward_model.get("reward_kwargs", {}) or {}, resolve=True)
+    reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **reward_kwargs)
+    val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, **reward_kwargs)
+
+    data = config.data
+    train_dataset = create_rl_dataset(data.train_files, data, tokenizer, None, is_train=True,
+                                      max_samples=data.get("train_max_samples", -1))
+    val_dataset = create_rl_dataset(data.val_files, data, tokenizer, None, is_train=False,
+                                    max_samples=data.get("val_max_samples", -1))
+    train_sampler = create_rl_sampler(data, train_dataset)
+
+    return RayPPOTrainer(
+        config=config,
+        tokenizer=tokenizer,
+        role_worker_mapping=role_worker_mapping,
+        resource_pool_manager=resource_pool_manager,
+        reward_fn=reward_fn,
+        val_reward_fn=val_reward_fn,
+        train_dataset=train_dataset,
+        val_dataset=val_dataset,
+        collate_fn=collate_fn,
+        train_sampler=train_sampler,
+        plan=plan,
+    )
+
+
+def _needs_critic(config) -> bool:
+    """A critic is built for GAE, or when critic.enable says so explicitly (upstream's rule)."""
+    enable = config.critic.get("enable")
+    if enable is not None:
+        return bool(enable)
+    return config.algorithm.adv_estimator == "gae"
