@@ -27,6 +27,8 @@ class RolePlan:
     micro_batch_size_per_gpu: int | None = None   # None when use_dynamic_bsz
     max_token_len_per_gpu: int | None = None      # token budget when use_dynamic_bsz
     predicted_peak_gb: float = 0.0
+    forward_micro_batch_size_per_gpu: int | None = None  # no-grad forwards (log-probs, values)
+    forward_max_token_len_per_gpu: int | None = None     # their token budget when use_dynamic_bsz
 
 
 @dataclass
@@ -55,6 +57,7 @@ class Plan:
     memory_limit_gb: float       # what the plan had to fit in (simulated cap or real total)
     reasons: dict[str, str] = field(default_factory=dict)   # "actor.compute_dtype" -> why
     warnings: list[str] = field(default_factory=list)       # user settings that were adapted
+    memory: dict = field(default_factory=dict)   # memory model breakdown: phase -> term -> GiB
 
     @property
     def use_remove_padding(self) -> bool:
