@@ -1,0 +1,200 @@
+"""RayPPOTrainer.fit against scripted in-process worker groups (no Ray, no models).
+
+Checks the step order, what each stage receives, the metric names upstream dashboards read, validation
+naming, critic warmup, KL-in-reward, and that a NaN loss stops the run with an actionable error after
+the step was logged.
+"""
+import json
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from verl.protocol import DataProto
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role, TrainingDivergedError
+from verl.utils.dataset.rl_dataset import collate_fn
+
+PROMPT_LEN, RESPONSE_LEN, VOCAB = 4, 3, 11
+
+
+class FakeWorkerGroup:
+    """Stands in for the actor/rollout/ref and critic worker groups; records every call."""
+
+    world_size = 1
+
+    def __init__(self, calls, pg_loss=0.5):
+        self.calls = calls
+        self.pg_loss = pg_loss
+        self.seen = {}
+
+    def generate_sequences(self, gen_batch):
+        self.calls.append("gen")
+        self.seen["gen_meta"] = dict(gen_batch.meta_info)
+        self.seen["gen_len"] = len(gen_batch)
+        n = len(gen_batch)
+        prompts = gen_batch.batch["input_ids"]
+        # Response token 0 is the row index mod VOCAB, so rewards differ within a GRPO group.
+        responses = (torch.arange(n).unsqueeze(-1) + torch.zeros(n, RESPONSE_LEN, dtype=torch.long)) % VOCAB
+        attention = torch.cat([gen_batch.batch["attention_mask"], torch.ones(n, RESPONSE_LEN, dtype=torch.long)], -1)
+        attention[0, -1] = 0  # one response ends early
+        return DataProto.from_dict(tensors={
+            "prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], -1),
+            "attention_mask": attention, "position_ids": torch.cumsum(attention, -1) - 1,
+        })
+
+    def compute_log_prob(self, batch):
+        self.calls.append("old_log_prob")
+        n = len(batch)
+        return DataProto.from_dict(tensors={"old_log_probs": torch.full((n, RESPONSE_LEN), -1.0),
+                                            "entropys": torch.full((n, RESPONSE_LEN), 2.0)})
+
+    def compute_ref_log_prob(self, batch):
+        self.calls.append("ref")
+        return DataProto.from_dict(tensors={"ref_log_prob": torch.full((len(batch), RESPONSE_LEN), -1.5)})
+
+    def compute_values(self, batch):
+        self.calls.append("values")
+        self.seen["values_has_old_log_probs"] = "old_log_probs" in batch.batch.keys()
+        return DataProto.from_dict(tensors={"values": torch.zeros(len(batch), RESPONSE_LEN)})
+
+    def update_critic(self, batch):
+        self.calls.append("update_critic")
+        self.seen["critic_has_returns"] = "returns" in batch.batch.keys()
+        return DataProto(meta_info={"metrics": {"critic/vf_loss": [0.25, 0.75]}})
+
+    def update_actor(self, batch):
+        self.calls.append("update_actor")
+        self.seen["actor_batch"] = batch
+        metrics = {"actor/pg_loss": [self.pg_loss], "actor/ppo_kl": [0.0], "actor/pg_clipfrac": [0.0],
+                   "perf/max_memory_allocated_gb": [0.1]}
+        return DataProto(meta_info={"metrics": metrics})
+
+
+def reward_fn(data, return_dict=False):
+    """Score 1 when the first response token is even."""
+    scores = (data.batch["responses"][:, 0] % 2 == 0).float()
+    reward = torch.zeros(data.batch["responses"].shape)
+    reward[:, 0] = scores
+    return {"reward_tensor": reward, "reward_extra_info": {}} if return_dict else reward
+
+
+def make_dataset(n):
+    rows = []
+    for i in range(n):
+        ids = torch.tensor([1, 2, 3, 4 + i % 5])
+        rows.append({"input_ids": ids, "attention_mask": torch.ones(PROMPT_LEN, dtype=torch.long),
+                     "position_ids": torch.arange(PROMPT_LEN), "data_source": "toy",
+                     "reward_model": {"ground_truth": "0"}, "extra_info": {"index": i}})
+    return rows
+
+
+def make_config(tmp_path, **overrides):
+    cfg = OmegaConf.create({
+        "data": {"train_batch_size": 4, "val_batch_size": None, "dataloader_num_workers": 0, "shuffle": False},
+        "actor_rollout_ref": {
+            "hybrid_engine": True,
+            "actor": {"use_kl_loss": False, "loss_agg_mode": "token-mean", "grad_clip": 1.0, "optim": {"lr": 1e-6}},
+            "rollout": {"n": 2, "temperature": 1.0, "val_kwargs": {"n": 1, "do_sample": False}},
+        },
+        "critic": {"optim": {"lr": 1e-5}},
+        "algorithm": {"adv_estimator": "gae", "gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": True,
+                      "use_kl_in_reward": False, "kl_penalty": "kl",
+                      "kl_ctrl": {"type": "fixed", "kl_coef": 0.1, "horizon": 10000, "target_kl": 0.1}},
+        "trainer": {"total_epochs": 1, "total_training_steps": None, "project_name": "p", "experiment_name": "e",
+                    "logger": ["file"], "val_before_train": True, "test_freq": 2, "critic_warmup": 0,
+                    "balance_batch": True, "save_freq": -1},
+    })
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value)
+    return cfg
+
+
+def make_trainer(cfg, calls, use_critic=True, pg_loss=0.5):
+    roles = {Role.ActorRollout: object}
+    if use_critic:
+        roles[Role.Critic] = object
+    pool = ResourcePoolManager(resource_pool_spec={"global_pool": [1]}, mapping={r: "global_pool" for r in roles})
+    trainer = RayPPOTrainer(config=cfg, tokenizer=type("T", (), {"eos_token_id": 9, "pad_token_id": 0})(),
+                            role_worker_mapping=roles, resource_pool_manager=pool, reward_fn=reward_fn,
+                            val_reward_fn=reward_fn, train_dataset=make_dataset(8), val_dataset=make_dataset(3),
+                            collate_fn=collate_fn, train_sampler=torch.utils.data.SequentialSampler(range(8)))
+    wg = FakeWorkerGroup(calls, pg_loss)
+    trainer.actor_rollout_wg = trainer.ref_policy_wg = trainer.critic_wg = wg
+    return trainer, wg
+
+
+def read_log(path):
+    return [json.loads(line) for line in open(path)]
+
+
+def test_ppo_step_order_metrics_and_validation(tmp_path, monkeypatch):
+    log = tmp_path / "log.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(log))
+    cfg = make_config(tmp_path, **{"algorithm.use_kl_in_reward": True})
+    calls = []
+    trainer, wg = make_trainer(cfg, calls)
+    assert trainer.total_training_steps == 2  # 8 prompts / batch 4, one epoch
+    assert cfg.actor_rollout_ref.actor.optim.total_training_steps == 2
+    assert cfg.critic.optim.total_training_steps == 2
+    trainer.fit()
+
+    step = ["gen", "old_log_prob", "ref", "values", "update_critic", "update_actor"]
+    # validation before training, two steps, validation on the last step (test_freq=2)
+    assert calls == ["gen"] + step + step + ["gen"]
+    records = read_log(log)
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert records[0]["data"]["val-core/toy/reward/mean@1"] == pytest.approx(2 / 3)  # rows 0,1,2 -> 0 and 2 even
+    m = records[1]["data"]
+    for key in ["critic/score/mean", "critic/score/max", "critic/score/min", "critic/rewards/mean",
+                "critic/advantages/mean", "critic/returns/mean", "critic/values/mean", "critic/vf_explained_var",
+                "actor/pg_loss", "actor/entropy", "actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff",
+                "critic/vf_loss", "response_length/mean", "response_length/clip_ratio", "prompt_length/mean",
+                "timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref", "timing_s/values",
+                "timing_s/adv", "timing_s/update_critic", "timing_s/update_actor", "timing_s/step",
+                "timing_per_token_ms/gen", "perf/throughput", "perf/total_num_tokens", "perf/time_per_step",
+                "perf/max_memory_allocated_gb", "training/global_step", "training/epoch"]:
+        assert key in m, key
+    assert "timing_s/testing" in records[2]["data"] and "val-core/toy/reward/mean@1" in records[2]["data"]
+    assert m["critic/score/mean"] == pytest.approx(0.5)  # 8 responses, rows 0..7: half even
+    assert m["critic/vf_loss"] == pytest.approx(0.5)     # mean over the workers' values
+    assert m["actor/entropy"] == pytest.approx(2.0)
+    # KL in reward: kl estimator "kl" = old - ref = 0.5 per token, beta 0.1
+    assert m["actor/reward_kl_penalty"] == pytest.approx(0.5)
+    assert m["critic/rewards/mean"] == pytest.approx(0.5 - 0.1 * 0.5 * (RESPONSE_LEN * 8 - 1) / 8)
+    assert m["response_length/max"] == RESPONSE_LEN and m["response_length/min"] == RESPONSE_LEN - 1
+    assert m["perf/total_num_tokens"] == 8 * (PROMPT_LEN + RESPONSE_LEN) - 1
+
+    assert wg.seen["gen_len"] == 1 * 3  # last call: validation on 3 prompts, val n=1
+    assert wg.seen["gen_meta"]["validate"] is True and wg.seen["gen_meta"]["do_sample"] is False
+    assert wg.seen["values_has_old_log_probs"] and wg.seen["critic_has_returns"]
+
+
+def test_grpo_groups_by_prompt_and_critic_warmup(tmp_path, monkeypatch):
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "log.jsonl"))
+    cfg = make_config(tmp_path, **{"algorithm.adv_estimator": "grpo", "trainer.val_before_train": False,
+                                   "trainer.test_freq": -1, "trainer.critic_warmup": 2,
+                                   "trainer.balance_batch": False})
+    calls = []
+    trainer, wg = make_trainer(cfg, calls, use_critic=False)
+    trainer.fit()
+    # critic_warmup=2: the actor is updated from step 2 on; no critic, no ref, no validation
+    assert calls == ["gen", "old_log_prob", "gen", "old_log_prob", "update_actor"]
+    batch = wg.seen["actor_batch"]
+    uids = batch.non_tensor_batch["uid"]
+    assert len(batch) == 8 and len(set(uids)) == 4
+    assert all(uids[2 * i] == uids[2 * i + 1] for i in range(4))  # rollout.n=2 copies sit side by side
+    # each group holds one even and one odd row -> advantages +-0.5/std (unbiased std of {0,1} = 0.7071)
+    adv = batch.batch["advantages"][:, 0]
+    assert torch.allclose(adv.abs(), torch.full((8,), 0.5 / np.sqrt(0.5)), atol=1e-4)
+
+
+def test_nan_loss_stops_with_actionable_error_after_logging(tmp_path, monkeypatch):
+    log = tmp_path / "log.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(log))
+    cfg = make_config(tmp_path, **{"trainer.val_before_train": False, "trainer.test_freq": -1})
+    trainer, _ = make_trainer(cfg, [], pg_loss=float("nan"))
+    with pytest.raises(TrainingDivergedError, match="actor_rollout_ref.actor.optim.lr"):
+        trainer.fit()
+    records = read_log(log)  # the failing step is on disk, the file closed cleanly
+    assert [r["step"] for r in records] == [1] and records[0]["data"]["actor/pg_loss"] == "nan"
