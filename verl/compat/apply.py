@@ -1,0 +1,224 @@
+"""Carry a plan out: in each worker process (`apply_in_process`) and in the config (`resolve_config`).
+
+`apply_in_process` is the first thing every worker calls. On a simulated device it also *enforces*
+the simulated limits on the real GPU — a memory cap, no TF32 where the device has none, no SDPA
+flash kernel below sm_80 — so code paths meant for a P40 or T4 meet the same walls on an H200.
+`resolve_config` writes the plan's concrete values over the config's `auto`s, so the rest of the
+code reads ordinary upstream keys and never sees `auto`.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from verl.compat.plan import Plan, RolePlan
+
+logger = logging.getLogger(__name__)
+
+GiB = 1024**3
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32, "f32": torch.float32,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16, "f16": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+}
+
+
+def torch_dtype(name: str | torch.dtype) -> torch.dtype:
+    """"float16" / "fp16" / "bf16" / "float32" ... -> the torch dtype (a torch dtype passes through)."""
+    if isinstance(name, torch.dtype):
+        return name
+    key = str(name).strip().lower().removeprefix("torch.")
+    if key not in _DTYPES:
+        raise ValueError(f"Unknown dtype '{name}'; use one of {', '.join(sorted(_DTYPES))}.")
+    return _DTYPES[key]
+
+
+def dtype_name(name: str | torch.dtype) -> str:
+    """Canonical torch name of a dtype spelling: "bf16" -> "bfloat16"."""
+    return str(torch_dtype(name)).removeprefix("torch.")
+
+
+# ----------------------------------------------------------------------------- in-process
+
+def _set_tf32(enabled: bool) -> None:
+    """TF32 for fp32 matmuls and convolutions, through the newer precision flags where torch has
+    them (mixing them with the legacy `allow_tf32` flags makes torch raise on later reads)."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        precision = "tf32" if enabled else "ieee"
+        matmul.fp32_precision = precision
+        torch.backends.cudnn.conv.fp32_precision = precision
+        torch.backends.cudnn.rnn.fp32_precision = precision
+    else:
+        matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
+
+
+def _enforce_simulated_limits(plan: Plan, local_rank: int) -> None:
+    """Make the real GPU behave like the simulated one where it matters for planning."""
+    profile = plan.device
+    real_total = torch.cuda.get_device_properties(local_rank).total_memory
+    cap = profile.memory_gb * GiB
+    if cap < real_total:
+        torch.cuda.set_per_process_memory_fraction(cap / real_total, local_rank)
+    if not profile.tf32:
+        _set_tf32(False)
+    if profile.compute_capability is not None and profile.compute_capability < (8, 0):
+        # The SDPA flash (and cuDNN) kernels need sm_80; below it PyTorch would pick them on the
+        # real H200 and the simulated run would not exercise the kernels a T4/P40 really gets.
+        torch.backends.cuda.enable_flash_sdp(False)
+        if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+            torch.backends.cuda.enable_cudnn_sdp(False)
+    logger.info("simulating %s on %s: memory capped at %.1f GiB of %.1f, tf32=%s",
+                profile.name, torch.cuda.get_device_name(local_rank), profile.memory_gb,
+                real_total / GiB, profile.tf32 and plan.tf32)
+
+
+def _roles(plan: Plan) -> list[RolePlan]:
+    return [r for r in (plan.actor, plan.critic, plan.ref) if r is not None]
+
+
+def apply_in_process(plan: Plan, local_rank: int = 0) -> torch.device:
+    """Select this process's device and put the plan's process-wide settings in force."""
+    if plan.device_type == "cpu":
+        device = torch.device("cpu")
+    else:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        _set_tf32(plan.tf32)
+        if plan.device.simulated:
+            _enforce_simulated_limits(plan, local_rank)
+    attn = {r.attn_implementation for r in _roles(plan)} | {plan.rollout.attn_implementation}
+    if "xformers" in attn:
+        from verl.compat.attention import register_xformers_attention
+
+        register_xformers_attention()
+    return device
+
+
+def device_memory_share(plan: Plan, share: float, local_rank: int = 0) -> float:
+    """A share of the (possibly simulated) device's memory as a share of the real GPU's memory.
+
+    Engines such as vLLM size their cache as a fraction of the *real* GPU; on a simulated P40 on an
+    H200 the planned 0.3 of 24 GiB must become 0.3 * 24 / 141 of the H200.
+    """
+    if plan.device_type == "cpu" or not plan.device.simulated:
+        return share
+    real_total = torch.cuda.get_device_properties(local_rank).total_memory / GiB
+    return share * min(plan.device.memory_gb, real_total) / real_total
+
+
+# ----------------------------------------------------------------------------- config
+
+# Where each role's settings live in upstream 0.9.1's key tree: (role block, FSDP engine block,
+# model block or None when the role shares another role's model block).
+_ROLE_KEYS = {
+    "actor": ("actor_rollout_ref.actor", "actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.model"),
+    "ref": ("actor_rollout_ref.ref", "actor_rollout_ref.ref.fsdp_config", None),
+    "critic": ("critic", "critic.fsdp", "critic.model"),
+}
+# Micro-batch keys per role: (per-GPU micro-batch, its deprecated global form, token budget).
+_MICRO_KEYS = {
+    "actor": ("ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", "ppo_max_token_len_per_gpu"),
+    "ref": ("log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size",
+            "log_prob_max_token_len_per_gpu"),
+    "critic": ("ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", "ppo_max_token_len_per_gpu"),
+}
+# Leaf names that are hardware decisions; one of these still `auto` after resolving is a bug.
+_HARDWARE_LEAVES = {"attn_implementation", "use_remove_padding", "use_torch_compile", "param_offload",
+                    "optimizer_offload", "model_dtype", "dtype", "param_dtype", "reduce_dtype",
+                    "buffer_dtype", "name", "gpu_memory_utilization", "enforce_eager", "device",
+                    "enable_gradient_checkpointing"}
+
+
+def _exists(config: DictConfig, path: str) -> bool:
+    return OmegaConf.select(config, path, default=None, throw_on_missing=False) is not None
+
+
+def _set(config: DictConfig, path: str, value, written: dict, over_interpolation: bool = False) -> None:
+    """Write `value` over an existing key. Keys the config lacks are not added (upstream's key tree
+    stays as it is); interpolations are left to follow their source unless `over_interpolation`."""
+    parent, _, leaf = path.rpartition(".")
+    node = OmegaConf.select(config, parent, default=None, throw_on_missing=False) if parent else config
+    if not OmegaConf.is_dict(node) or leaf not in node:
+        return
+    if OmegaConf.is_interpolation(node, leaf) and not over_interpolation:
+        return
+    if not OmegaConf.is_missing(node, leaf) and node[leaf] == value:
+        return
+    node[leaf] = value
+    written[path] = value
+
+
+def _raw_autos(node, path: str = ""):
+    """Paths of leaves literally set to `auto` in a plain container (interpolations stay strings)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _raw_autos(value, f"{path}.{key}" if path else str(key))
+    elif node == "auto":
+        yield path
+
+
+def _resolve_role(config: DictConfig, name: str, role: RolePlan, plan: Plan, written: dict) -> None:
+    block, engine, model = _ROLE_KEYS[name]
+    if not _exists(config, block):
+        return
+    for key, value in {
+        "model_dtype": role.param_dtype,
+        "dtype": role.compute_dtype,
+        "mixed_precision.param_dtype": role.compute_dtype,
+        "mixed_precision.reduce_dtype": "float32",
+        "mixed_precision.buffer_dtype": "float32",
+        "param_offload": role.param_offload,
+        "optimizer_offload": role.optimizer_offload,
+        "use_torch_compile": plan.torch_compile,
+    }.items():
+        _set(config, f"{engine}.{key}", value, written)
+    _set(config, f"{block}.use_torch_compile", plan.torch_compile, written)
+    _set(config, f"{block}.use_remove_padding", role.use_remove_padding, written)
+    if model is not None:
+        _set(config, f"{model}.attn_implementation", role.attn_implementation, written)
+        _set(config, f"{model}.use_remove_padding", role.use_remove_padding, written)
+        _set(config, f"{model}.enable_gradient_checkpointing", role.gradient_checkpointing, written)
+    per_gpu, global_key, tokens = _MICRO_KEYS[name]
+    if role.micro_batch_size_per_gpu is not None:
+        _set(config, f"{block}.{per_gpu}", role.micro_batch_size_per_gpu, written, True)
+        if OmegaConf.select(config, f"{block}.{global_key}", default=None) is not None:
+            _set(config, f"{block}.{global_key}", None, written)   # the per-GPU value supersedes it
+    if role.max_token_len_per_gpu is not None:
+        _set(config, f"{block}.{tokens}", role.max_token_len_per_gpu, written, True)
+
+
+def resolve_config(config: DictConfig, plan: Plan) -> dict:
+    """Write the plan's concrete values into `config` (in place); returns {key path: value written}.
+
+    Every hardware key gets the planned value: the planner already honoured explicit settings the
+    device can run and adapted (with a warning) those it cannot, so the plan is the single truth.
+    """
+    written: dict = {}
+    with open_dict(config):
+        for name in ("actor", "ref", "critic"):
+            role = getattr(plan, name)
+            if role is not None:
+                _resolve_role(config, name, role, plan, written)
+        if plan.actor.micro_batch_size_per_gpu is not None and OmegaConf.select(
+                config, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                default=None) in (None, "auto"):
+            _set(config, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                 plan.actor.micro_batch_size_per_gpu, written)
+        rollout = plan.rollout
+        for prefix in ("actor_rollout_ref.rollout", "reward.reward_model.rollout"):
+            _set(config, f"{prefix}.name", rollout.name, written)
+            _set(config, f"{prefix}.dtype", rollout.dtype, written)
+            _set(config, f"{prefix}.gpu_memory_utilization", rollout.gpu_memory_utilization, written)
+        _set(config, "actor_rollout_ref.rollout.enforce_eager", rollout.enforce_eager, written)
+        _set(config, "trainer.device", plan.device_type, written)
+    raw = OmegaConf.to_container(config, resolve=False)
+    left = [p for p in _raw_autos(raw) if p.rpartition(".")[2] in _HARDWARE_LEAVES]
+    if left:
+        raise ValueError(f"verl.compat has no rule for these `auto` settings: {', '.join(left)}. "
+                         f"Set them explicitly.")
+    return written
