@@ -1,13 +1,14 @@
 """GSM8K rule reward and the data_source dispatcher: the scores upstream verl gives for the same text."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from verl.utils import reward_score
 from verl.utils.reward_score import default_compute_score, gsm8k
 
-GSM8K_TRAIN = "/work/shared/data/gsm8k/train.jsonl"
+GSM8K_TRAIN = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "train.jsonl"
 
 
 @pytest.mark.parametrize(

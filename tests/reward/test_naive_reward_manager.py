@@ -1,5 +1,7 @@
 """NaiveRewardManager on a DataProto shaped like a rollout's output (left-padded prompts, right-padded responses)."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +11,7 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.reward import compute_reward
 from verl.workers.reward_manager import NaiveRewardManager
 
-TOKENIZER = "/work/shared/data/qwen-tokenizer"
+TOKENIZER = Path(__file__).resolve().parents[3] / "shared" / "data" / "qwen-tokenizer"
 PROMPT_LEN, RESPONSE_LEN = 12, 10
 
 
