@@ -1,0 +1,194 @@
+"""FSDP plumbing for the workers: process group, sharding, offload, full-parameter generation, memory.
+
+Sharding uses FSDP2 (`fully_shard`: per-parameter DTensor shards), which runs the same on CUDA with
+the plan's backend and on CPU with gloo, so the CPU test suite exercises the real sharded code path.
+Every choice that depends on the hardware (backend, dtypes, offload) arrives in the compat plan.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+try:  # public from torch 2.6; the same API lived under _composable since 2.4
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+except ImportError:  # pragma: no cover - depends on the installed torch
+    from torch.distributed._composable.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+
+DEFAULT_TIMEOUT_S = 600
+
+
+def init_distributed(backend: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[int, int]:
+    """Join (or create) the default process group; returns (rank, world_size).
+
+    Rank and world size come from the environment the worker group sets (RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT). Without WORLD_SIZE, or with WORLD_SIZE=1 and no MASTER_ADDR, a
+    private one-rank group is made, so a worker also runs in a plain Python process.
+    """
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    timeout = timedelta(seconds=timeout_s)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1 and "MASTER_ADDR" not in os.environ:
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    else:
+        missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        if missing:
+            raise RuntimeError(f"WORLD_SIZE={world_size} but {missing} not set; the worker group sets these per worker")
+        dist.init_process_group(backend=backend, timeout=timeout)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _layer_classes(model: torch.nn.Module) -> set[str]:
+    """Class names of the repeated blocks (transformers lists them as `_no_split_modules`)."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    if not names:
+        raise ValueError(f"{type(model).__name__} declares no _no_split_modules; cannot find its layers to shard")
+    return names
+
+
+def shard_model(
+    model: torch.nn.Module,
+    *,
+    param_dtype: torch.dtype,
+    compute_dtype: torch.dtype,
+    cast_params_for_compute: bool,
+    param_offload: bool,
+    device_type: str,
+    mesh=None,
+    reshard_after_forward: bool = True,
+) -> torch.nn.Module:
+    """Shard `model` with FSDP2: one unit per transformer layer plus the root (embeddings, head).
+
+    With `cast_params_for_compute`, parameters are all-gathered in `compute_dtype` (gradients are
+    reduced in float32); otherwise they stay in `param_dtype` and autocast does the down-casting, which
+    the fp16 numerics guard can switch off at run time. `param_offload` keeps shards in host memory
+    (FSDP2's CPUOffloadPolicy); on a CPU device there is nothing to offload from.
+    """
+    kwargs = {"reshard_after_forward": reshard_after_forward}
+    if mesh is not None:
+        kwargs["mesh"] = mesh
+    if cast_params_for_compute and compute_dtype != param_dtype:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    if param_offload and device_type != "cpu":
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    if device_type != "cpu" and not param_offload:
+        model.to(torch.device(device_type, torch.get_device_module(device_type).current_device()))
+    layer_names = _layer_classes(model)
+    for module in model.modules():
+        if type(module).__name__ in layer_names:
+            fully_shard(module, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def fsdp_modules(model: torch.nn.Module) -> list:
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextlib.contextmanager
+def full_params(model: torch.nn.Module):
+    """Hold the whole model unsharded, so forwards inside issue no collectives.
+
+    Generation runs a data-dependent number of forwards per rank (ranks stop at different EOS
+    steps); per-layer all-gathers would then deadlock. Gathering once up front avoids that.
+    """
+    units = fsdp_modules(model)
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+    for unit in units:
+        unit.unshard()
+    try:
+        yield model
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(True, recurse=False)
+
+
+def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
+    """Global grad norm over all shards (a plain tensor), clipping to `max_norm`."""
+    params = [p for p in parameters if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return norm.detach().float().cpu()
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device) -> None:
+    """Move every optimizer state tensor to `device` (optimizer offload between updates)."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                state[key] = value.to(device, non_blocking=True)
+
+
+def memory_metrics(device_type: str) -> dict[str, float]:
+    """Upstream's perf/* memory metrics, in GiB.
+
+    On an accelerator these are the allocator's peaks; on CPU the process's peak resident set
+    stands in for both, since there is no device allocator.
+    """
+    gib = 1024**3
+    host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / gib
+    metrics = {"perf/cpu_memory_used_gb": host_peak}
+    if device_type == "cpu":
+        metrics["perf/max_memory_allocated_gb"] = host_peak
+        metrics["perf/max_memory_reserved_gb"] = host_peak
+    else:
+        mod = torch.get_device_module(device_type)
+        metrics["perf/max_memory_allocated_gb"] = mod.max_memory_allocated() / gib
+        metrics["perf/max_memory_reserved_gb"] = mod.max_memory_reserved() / gib
+    return metrics
+
+
+def global_batch_info(response_mask: torch.Tensor, dp_group=None) -> dict[str, int]:
+    """Denominators of the loss over the whole data-parallel mini-batch.
+
+    Each micro-batch loss is normalised by the token (or sequence) count of the *global* mini-batch
+    and multiplied by the data-parallel size (gradient reduction averages over ranks), so the
+    accumulated gradient does not depend on how the mini-batch is cut into micro-batches or ranks.
+    """
+    counts = torch.tensor(
+        [int(response_mask.sum().item()), int((response_mask.sum(dim=-1) > 0).sum().item())], dtype=torch.long
+    )
+    dp_size = 1
+    if dist.is_initialized():
+        dp_size = dist.get_world_size(dp_group)
+        if dp_size > 1:
+            dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=dp_group)
+    return {
+        "dp_size": dp_size,
+        "batch_num_tokens": max(int(counts[0]), 1),
+        "global_batch_size": max(int(counts[1]), 1),
+    }
+
+
+def optimizer_step(optimizer, parameters, grad_clip: float | None, scaler=None) -> tuple[float, bool]:
+    """Clip and step; returns (grad_norm, stepped).
+
+    A non-finite gradient norm skips the update (as upstream does) instead of writing NaNs into the
+    weights. With a grad scaler the gradients are unscaled first and the scaler decides the skip
+    (and lowers its scale).
+    """
+    params = list(parameters)
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    max_norm = grad_clip if grad_clip is not None and grad_clip > 0 else float("inf")
+    grad_norm = float(clip_grad_norm(params, max_norm))
+    if scaler is not None:
+        scale_before = scaler.get_scale()
+        scaler.step(optimizer)
+        scaler.update()
+        stepped = scaler.get_scale() >= scale_before
+    elif torch.isfinite(torch.tensor(grad_norm)):
+        optimizer.step()
+        stepped = True
+    else:
+        stepped = False
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm, stepped

@@ -1,0 +1,69 @@
+"""Build the HF models and tokenizer a worker trains, exactly as the compat plan says.
+
+Dtype and attention kernel come from the role's `RolePlan`, never from the config or the device, so
+the same code loads a P40 run (float32, sdpa) and an H200 run. `path` is anything
+`from_pretrained` accepts: a local directory or a hub id.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from verl.compat import torch_dtype
+from verl.compat.plan import RolePlan
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    """AutoTokenizer with a pad token (falls back to EOS, as many causal-LM tokenizers ship without one)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(path), trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def build_model(
+    path: str,
+    role_plan: RolePlan,
+    *,
+    value_head: bool = False,
+    trust_remote_code: bool = False,
+    override_config: dict | None = None,
+    train: bool = True,
+) -> torch.nn.Module:
+    """Load a causal LM (or, with `value_head`, a one-label token classifier for the critic).
+
+    Weights are loaded in the plan's `param_dtype` with its `attn_implementation`; gradient
+    checkpointing (non-reentrant, which composes with FSDP) is switched on where the plan asks.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+    path = os.path.expanduser(path)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    for key, value in (override_config or {}).items():
+        setattr(config, key, value)
+    if value_head:
+        config.num_labels = 1
+        # Token classifiers may apply dropout before the score head; a value function must not.
+        for key in ("classifier_dropout", "hidden_dropout"):
+            if hasattr(config, key):
+                setattr(config, key, 0.0)
+    config.use_cache = not train
+    auto_cls = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
+    model = auto_cls.from_pretrained(
+        path,
+        config=config,
+        dtype=torch_dtype(role_plan.param_dtype),
+        attn_implementation=role_plan.attn_implementation,
+        trust_remote_code=trust_remote_code,
+    )
+    if value_head:
+        # A fresh score head would come up in the checkpoint's storage dtype; keep it in param dtype.
+        model.to(torch_dtype(role_plan.param_dtype))
+    if train and role_plan.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if not train:
+        model.requires_grad_(False)
+    return model

@@ -1,0 +1,220 @@
+"""The PPO policy on one data-parallel rank: log-probs per micro-batch, and the clipped-objective update.
+
+The model is already sharded (FSDP) by the worker; this module only does the math. Logits are turned
+into log-probs and entropies in float32, whatever dtype the model computes in, and every micro-batch
+loss is normalised by the *global* mini-batch's token/sequence counts, so the accumulated gradient is
+the same for any micro-batch size, token budget or data-parallel size.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from collections import defaultdict
+
+import torch
+from omegaconf import OmegaConf
+
+from verl.protocol import DataProto
+from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+from verl.utils.fsdp_utils import global_batch_info, optimizer_step
+from verl.utils.seqlen_balancing import make_micro_batches, restore_dynamic_batch
+from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+
+logger = logging.getLogger(__name__)
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
+
+
+class Precision:
+    """How a model computes: autocast dtype (None = as stored) and an optional fp16 grad scaler."""
+
+    def __init__(self, device_type: str, autocast_dtype: torch.dtype | None = None, scaler=None):
+        self.device_type = device_type
+        self.autocast_dtype = autocast_dtype
+        self.scaler = scaler
+
+    def autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.autocast_dtype)
+
+
+def _accepts_logits_to_keep(module: torch.nn.Module) -> bool:
+    try:
+        return "logits_to_keep" in inspect.signature(type(module).forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class DataParallelPPOActor:
+    """Policy log-probs and PPO updates for one rank.
+
+    `config` is the `actor_rollout_ref.actor` (or `.ref`) config with per-rank batch sizes already
+    normalised by the worker. `actor_optimizer` is None for the reference policy.
+    """
+
+    def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer=None, *, precision: Precision,
+                 dp_group=None):
+        self.config = config
+        self.actor_module = actor_module
+        self.actor_optimizer = actor_optimizer
+        self.precision = precision
+        self.dp_group = dp_group
+        self._logits_to_keep = _accepts_logits_to_keep(actor_module)
+        self._shuffle_generator = torch.Generator().manual_seed(int(config.get("data_loader_seed", 42) or 42))
+        if actor_optimizer is not None:
+            # A plain DictConfig copy the registered policy losses can read, plus the per-mini-batch
+            # `global_batch_info` they aggregate with.
+            self._loss_config = OmegaConf.create(OmegaConf.to_container(config, resolve=True))
+            self._loss_config.global_batch_info = {}
+
+    # ------------------------------------------------------------------ forward
+
+    def _forward_micro_batch(self, micro_batch: dict, temperature: float, calculate_entropy: bool):
+        """(log_probs, entropy or None) of the response tokens, both (batch, response_length) float32."""
+        response_length = micro_batch["responses"].shape[-1]
+        kwargs = {"logits_to_keep": response_length + 1} if self._logits_to_keep else {}
+        with self.precision.autocast():
+            output = self.actor_module(
+                input_ids=micro_batch["input_ids"],
+                attention_mask=micro_batch["attention_mask"],
+                position_ids=micro_batch["position_ids"],
+                use_cache=False,
+                **kwargs,
+            )
+        # Position t predicts token t+1: the logits for the response sit one step to the left.
+        logits = output.logits[:, -response_length - 1 : -1, :]
+        if temperature != 1.0:
+            logits = logits / temperature
+        log_probs = logprobs_from_logits(logits, micro_batch["responses"])
+        entropy = entropy_from_logits(logits) if calculate_entropy else None
+        return log_probs, entropy
+
+    def _micro_batches(self, tensors: dict, micro_batch_size, use_dynamic_bsz: bool, max_token_len):
+        if use_dynamic_bsz:
+            return make_micro_batches(tensors, max_token_len=max_token_len, dp_group=self.dp_group)
+        return make_micro_batches(tensors, micro_batch_size=micro_batch_size)
+
+    @torch.no_grad()
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False):
+        """Log-probs (and entropies) of `data`'s responses under the current weights, in input order.
+
+        Reads meta_info `micro_batch_size`, `temperature`, `use_dynamic_bsz` and `max_token_len`.
+        """
+        self.actor_module.eval()
+        meta = data.meta_info
+        tensors = {k: data.batch[k] for k in MODEL_INPUTS}
+        micro_batches, partitions = self._micro_batches(
+            tensors, meta.get("micro_batch_size"), bool(meta.get("use_dynamic_bsz", False)), meta.get("max_token_len")
+        )
+        log_probs, entropies = [], []
+        for micro_batch in micro_batches:
+            lp, ent = self._forward_micro_batch(micro_batch, float(meta.get("temperature", 1.0)), calculate_entropy)
+            log_probs.append(lp)
+            entropies.append(ent)
+        log_probs = restore_dynamic_batch(torch.cat(log_probs), partitions)
+        entropy = restore_dynamic_batch(torch.cat(entropies), partitions) if calculate_entropy else None
+        return log_probs, entropy
+
+    # ------------------------------------------------------------------ update
+
+    def _mini_batches(self, tensors: dict) -> list[dict]:
+        """Split the rank's batch into `ppo_mini_batch_size` rows each, shuffled if configured."""
+        n = tensors["input_ids"].shape[0]
+        if self.config.get("shuffle", False):
+            order = torch.randperm(n, generator=self._shuffle_generator)
+            tensors = {k: v[order] for k, v in tensors.items()}
+        size = int(self.config.ppo_mini_batch_size)
+        return [{k: v[s : s + size] for k, v in tensors.items()} for s in range(0, n, size)]
+
+    def _micro_loss(self, micro_batch: dict, temperature: float, batch_info: dict):
+        """Total loss of one micro-batch (already globally normalised) and its metrics."""
+        cfg = self.config
+        entropy_coeff = float(cfg.get("entropy_coeff", 0.0) or 0.0)
+        calculate_entropy = entropy_coeff != 0 or bool(cfg.get("calculate_entropy", False))
+        log_prob, entropy = self._forward_micro_batch(micro_batch, temperature, calculate_entropy)
+        response_mask = micro_batch["response_mask"].to(log_prob.dtype)
+        loss_agg_mode = cfg.get("loss_agg_mode", "token-mean")
+        agg_kwargs = dict(batch_info, loss_scale_factor=cfg.get("loss_scale_factor", None))
+
+        self._loss_config.global_batch_info = agg_kwargs
+        loss_mode = cfg.get("policy_loss", {}).get("loss_mode", "vanilla") if cfg.get("policy_loss") else "vanilla"
+        pg_loss, metrics = get_policy_loss_fn(loss_mode)(
+            old_log_prob=micro_batch["old_log_probs"],
+            log_prob=log_prob,
+            advantages=micro_batch["advantages"],
+            response_mask=response_mask,
+            loss_agg_mode=loss_agg_mode,
+            config=self._loss_config,
+        )
+        metrics = dict(metrics)
+        metrics["actor/pg_loss"] = pg_loss.detach().item()
+        loss = pg_loss
+        if entropy is not None:
+            entropy_loss = agg_loss(entropy, response_mask, loss_agg_mode, **agg_kwargs)
+            metrics["actor/entropy"] = entropy_loss.detach().item()
+            loss = loss - entropy_coeff * entropy_loss
+        if cfg.get("use_kl_loss", False):
+            kld = kl_penalty(log_prob, micro_batch["ref_log_prob"], cfg.get("kl_loss_type", "low_var_kl"))
+            kl_loss = agg_loss(kld, response_mask, loss_agg_mode, **agg_kwargs)
+            metrics["actor/kl_loss"] = kl_loss.detach().item()
+            loss = loss + float(cfg.kl_loss_coef) * kl_loss
+        return loss, metrics
+
+    def update_policy(self, data: DataProto) -> dict[str, list[float]]:
+        """ppo_epochs passes over the batch, one optimizer step per mini-batch.
+
+        Returns upstream's metric names, each a list with one value per mini-batch (losses: the
+        mini-batch loss of this rank's share, so the mean over ranks is the global loss).
+        """
+        if self.actor_optimizer is None:
+            raise RuntimeError("this actor has no optimizer (reference policy); update_policy is for the actor role")
+        cfg = self.config
+        self.actor_module.train()
+        temperature = float(data.meta_info.get("temperature", 1.0))
+        keys = list(MODEL_INPUTS) + ["old_log_probs", "advantages"]
+        if cfg.get("use_kl_loss", False):
+            if "ref_log_prob" not in data.batch.keys():
+                raise KeyError("actor.use_kl_loss=True needs 'ref_log_prob' in the batch (run compute_ref_log_prob)")
+            keys.append("ref_log_prob")
+        tensors = {k: data.batch[k] for k in keys}
+        response_length = tensors["responses"].shape[-1]
+        tensors["response_mask"] = (
+            data.batch["response_mask"] if "response_mask" in data.batch.keys()
+            else data.batch["attention_mask"][:, -response_length:]
+        )
+
+        metrics: dict[str, list[float]] = defaultdict(list)
+        for _ in range(int(cfg.get("ppo_epochs", 1))):
+            for mini_batch in self._mini_batches(tensors):
+                batch_info = global_batch_info(mini_batch["response_mask"], self.dp_group)
+                micro_batches, _ = self._micro_batches(
+                    mini_batch, cfg.get("ppo_micro_batch_size_per_gpu"), bool(cfg.get("use_dynamic_bsz", False)),
+                    cfg.get("ppo_max_token_len_per_gpu"),
+                )
+                sums: dict[str, float] = defaultdict(float)
+                means: dict[str, list[float]] = defaultdict(list)
+                for micro_batch in micro_batches:
+                    loss, micro_metrics = self._micro_loss(micro_batch, temperature, batch_info)
+                    scaled = self.precision.scaler.scale(loss) if self.precision.scaler is not None else loss
+                    scaled.backward()
+                    for name, value in micro_metrics.items():
+                        # Globally normalised losses add up over micro-batches; ratios are averaged.
+                        if name in ("actor/pg_loss", "actor/kl_loss", "actor/entropy"):
+                            sums[name] += value
+                        else:
+                            means[name].append(value)
+                grad_norm, stepped = optimizer_step(
+                    self.actor_optimizer, self.actor_module.parameters(), cfg.get("grad_clip"), self.precision.scaler
+                )
+                if not stepped:
+                    logger.warning("actor: non-finite grad norm (%s); optimizer step skipped", grad_norm)
+                for name, value in sums.items():
+                    metrics[name].append(value)
+                for name, values in means.items():
+                    metrics[name].append(sum(values) / len(values))
+                metrics["actor/grad_norm"].append(grad_norm)
+        if cfg.get("use_kl_loss", False):
+            metrics["actor/kl_coef"] = [float(cfg.kl_loss_coef)]
+        return dict(metrics)

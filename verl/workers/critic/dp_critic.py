@@ -1,0 +1,120 @@
+"""The PPO value function on one data-parallel rank: values per micro-batch and the clipped value update.
+
+The critic is a one-label token classifier; its logit at position t is the value of the state that
+produced token t+1, so the response's values are read one step to the left of the response tokens.
+Values and losses are computed in float32 and normalised over the global mini-batch, as in the actor.
+"""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+import torch
+
+from verl.protocol import DataProto
+from verl.trainer.ppo.core_algos import compute_value_loss
+from verl.utils.fsdp_utils import global_batch_info, optimizer_step
+from verl.utils.seqlen_balancing import make_micro_batches, restore_dynamic_batch
+from verl.utils.torch_functional import masked_mean
+from verl.workers.actor.dp_actor import MODEL_INPUTS, Precision
+
+logger = logging.getLogger(__name__)
+
+
+class DataParallelPPOCritic:
+    """Values and value-loss updates for one rank; `config` is the `critic` config, normalised per rank."""
+
+    def __init__(self, config, critic_module: torch.nn.Module, critic_optimizer=None, *, precision: Precision,
+                 dp_group=None):
+        self.config = config
+        self.critic_module = critic_module
+        self.critic_optimizer = critic_optimizer
+        self.precision = precision
+        self.dp_group = dp_group
+        self._shuffle_generator = torch.Generator().manual_seed(int(config.get("data_loader_seed", 42) or 42))
+
+    def _forward_micro_batch(self, micro_batch: dict) -> torch.Tensor:
+        """Values of the response positions, (batch, response_length) float32."""
+        response_length = micro_batch["responses"].shape[-1]
+        with self.precision.autocast():
+            output = self.critic_module(
+                input_ids=micro_batch["input_ids"],
+                attention_mask=micro_batch["attention_mask"],
+                position_ids=micro_batch["position_ids"],
+                use_cache=False,
+            )
+        values = output.logits.squeeze(-1).float()
+        return values[:, -response_length - 1 : -1]
+
+    def _micro_batches(self, tensors: dict, micro_batch_size, max_token_len):
+        if self.config.get("use_dynamic_bsz", False):
+            return make_micro_batches(tensors, max_token_len=max_token_len, dp_group=self.dp_group)
+        return make_micro_batches(tensors, micro_batch_size=micro_batch_size)
+
+    @staticmethod
+    def _response_mask(data: DataProto) -> torch.Tensor:
+        if "response_mask" in data.batch:
+            return data.batch["response_mask"]
+        return data.batch["attention_mask"][:, -data.batch["responses"].shape[-1] :]
+
+    @torch.no_grad()
+    def compute_values(self, data: DataProto) -> torch.Tensor:
+        """Values of every response token (zero on padding), in input order."""
+        self.critic_module.eval()
+        tensors = {k: data.batch[k] for k in MODEL_INPUTS}
+        micro_batches, partitions = self._micro_batches(
+            tensors, data.meta_info.get("micro_batch_size"), data.meta_info.get("max_token_len")
+        )
+        values = torch.cat([self._forward_micro_batch(mb) for mb in micro_batches])
+        values = restore_dynamic_batch(values, partitions)
+        return values * self._response_mask(data).to(values.dtype)
+
+    def update_critic(self, data: DataProto) -> dict[str, list[float]]:
+        """ppo_epochs passes, one optimizer step per mini-batch; upstream's critic/* metric names."""
+        if self.critic_optimizer is None:
+            raise RuntimeError("this critic has no optimizer")
+        cfg = self.config
+        self.critic_module.train()
+        tensors = {k: data.batch[k] for k in list(MODEL_INPUTS) + ["values", "returns"]}
+        tensors["response_mask"] = self._response_mask(data)
+        metrics: dict[str, list[float]] = defaultdict(list)
+        for _ in range(int(cfg.get("ppo_epochs", 1))):
+            n = tensors["input_ids"].shape[0]
+            order = torch.randperm(n, generator=self._shuffle_generator) if cfg.get("shuffle", False) else None
+            shuffled = {k: v[order] for k, v in tensors.items()} if order is not None else tensors
+            size = int(cfg.ppo_mini_batch_size)
+            for start in range(0, n, size):
+                mini_batch = {k: v[start : start + size] for k, v in shuffled.items()}
+                batch_info = global_batch_info(mini_batch["response_mask"], self.dp_group)
+                micro_batches, _ = self._micro_batches(
+                    mini_batch, cfg.get("ppo_micro_batch_size_per_gpu"), cfg.get("ppo_max_token_len_per_gpu")
+                )
+                vf_loss_sum, clipfracs, vpred_means = 0.0, [], []
+                for mb in micro_batches:
+                    mask = mb["response_mask"].float()
+                    vpreds = self._forward_micro_batch(mb)
+                    vf_loss, vf_clipfrac = compute_value_loss(
+                        vpreds=vpreds,
+                        returns=mb["returns"],
+                        values=mb["values"],
+                        response_mask=mask,
+                        cliprange_value=float(cfg.cliprange_value),
+                        loss_agg_mode=cfg.get("loss_agg_mode", "token-mean"),
+                        loss_scale_factor=cfg.get("loss_scale_factor", None),
+                        **batch_info,
+                    )
+                    scaled = self.precision.scaler.scale(vf_loss) if self.precision.scaler is not None else vf_loss
+                    scaled.backward()
+                    vf_loss_sum += vf_loss.detach().item()
+                    clipfracs.append(float(vf_clipfrac))
+                    vpred_means.append(masked_mean(vpreds.detach(), mask).item())
+                grad_norm, stepped = optimizer_step(
+                    self.critic_optimizer, self.critic_module.parameters(), cfg.get("grad_clip"), self.precision.scaler
+                )
+                if not stepped:
+                    logger.warning("critic: non-finite grad norm (%s); optimizer step skipped", grad_norm)
+                metrics["critic/vf_loss"].append(vf_loss_sum)
+                metrics["critic/vf_clipfrac"].append(sum(clipfracs) / len(clipfracs))
+                metrics["critic/vpred_mean"].append(sum(vpred_means) / len(vpred_means))
+                metrics["critic/grad_norm"].append(grad_norm)
+        return dict(metrics)

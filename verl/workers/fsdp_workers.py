@@ -1,0 +1,432 @@
+"""FSDP workers: the actor/rollout/reference policy and the critic, one process per device.
+
+Each worker is driven by the single controller through `@register`-ed methods and receives the
+compat `Plan`, which fixes dtypes, attention kernel, offload, checkpointing and the distributed
+backend; nothing here looks at the hardware. Batch sizes follow upstream: `ppo_mini_batch_size`
+counts prompts, is multiplied by `rollout.n` and divided by the data-parallel size; the
+`*_micro_batch_size_per_gpu` keys and token budgets are per rank.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+from omegaconf import OmegaConf
+
+from verl.compat import torch_dtype
+from verl.protocol import DataProto
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.single_controller.base.worker import Worker
+from verl.utils import fsdp_utils
+from verl.utils.model_loading import build_model, load_tokenizer
+from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+from verl.workers.actor.dp_actor import DataParallelPPOActor, Precision
+from verl.workers.critic.dp_critic import DataParallelPPOCritic
+
+logger = logging.getLogger(__name__)
+
+ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+
+
+# ---------------------------------------------------------------------------------------- helpers
+
+
+def _copy_config(config):
+    """A private, resolved, writable copy: the worker rescales batch sizes in it."""
+    return OmegaConf.create(OmegaConf.to_container(config, resolve=True))
+
+
+def _unset(value) -> bool:
+    return value is None or value == "auto"
+
+
+def _per_rank(cfg, global_key: str, per_gpu_key: str, dp_size: int, plan_value) -> None:
+    """Upstream's deprecated global micro-batch key divided by dp, else the per-rank key, else the plan."""
+    if not _unset(cfg.get(global_key)):
+        cfg[per_gpu_key] = max(1, int(cfg[global_key]) // dp_size)
+    elif _unset(cfg.get(per_gpu_key)):
+        cfg[per_gpu_key] = plan_value
+
+
+def _fill(cfg, key: str, plan_value) -> None:
+    if _unset(cfg.get(key)):
+        cfg[key] = plan_value
+
+
+def _normalize_mini_batch(cfg, rollout_n: int, dp_size: int, where: str) -> None:
+    """Prompts -> sequences (x rollout.n) -> this rank's share (/ dp); checks divisibility as upstream."""
+    global_sequences = int(cfg.ppo_mini_batch_size) * rollout_n
+    if global_sequences % dp_size:
+        raise ValueError(
+            f"{where}.ppo_mini_batch_size ({cfg.ppo_mini_batch_size}) x rollout.n ({rollout_n}) = {global_sequences} "
+            f"sequences cannot be split evenly over {dp_size} data-parallel ranks; make it a multiple of {dp_size}."
+        )
+    cfg.ppo_mini_batch_size = global_sequences // dp_size
+    if not cfg.get("use_dynamic_bsz", False):
+        micro = cfg.get("ppo_micro_batch_size_per_gpu")
+        if _unset(micro):
+            raise ValueError(f"set {where}.ppo_micro_batch_size_per_gpu (or use_dynamic_bsz=True)")
+        if cfg.ppo_mini_batch_size % int(micro):
+            raise ValueError(
+                f"{where}: per-rank mini-batch of {cfg.ppo_mini_batch_size} sequences is not a multiple of "
+                f"ppo_micro_batch_size_per_gpu={micro}; pick a micro-batch size that divides it."
+            )
+
+
+def _build_optimizer(module: torch.nn.Module, optim_cfg):
+    """AdamW plus upstream's warm-up / constant|cosine schedule (stepped once per update call)."""
+    betas = tuple(optim_cfg.get("betas", (0.9, 0.999)))
+    optimizer = torch.optim.AdamW(
+        module.parameters(), lr=float(optim_cfg.lr), betas=betas, weight_decay=float(optim_cfg.get("weight_decay", 0.01))
+    )
+    total_steps = int(optim_cfg.get("total_training_steps", -1) or -1)
+    warmup = optim_cfg.get("lr_warmup_steps", -1)
+    if warmup is None or int(warmup) <= 0:
+        warmup = int(float(optim_cfg.get("lr_warmup_steps_ratio", 0.0) or 0.0) * max(total_steps, 0))
+    style = optim_cfg.get("warmup_style") or optim_cfg.get("lr_scheduler_type", "constant") or "constant"
+    if style == "constant" and int(warmup) <= 0:
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    elif style == "constant":
+        scheduler = get_constant_schedule_with_warmup(optimizer, num_warmup_steps=int(warmup))
+    elif style == "cosine":
+        if total_steps <= 0:
+            raise ValueError("a cosine LR schedule needs optim.total_training_steps (the trainer injects it)")
+        scheduler = get_cosine_schedule_with_warmup(
+            optimizer,
+            num_warmup_steps=int(warmup),
+            num_training_steps=total_steps,
+            min_lr_ratio=float(optim_cfg.get("min_lr_ratio", 0.0) or 0.0),
+            num_cycles=float(optim_cfg.get("num_cycles", 0.5)),
+            zero_indexed_step=bool(optim_cfg.get("zero_indexed_step", True)),
+        )
+    else:
+        raise ValueError(f"unknown lr_scheduler_type {style!r}; use constant or cosine")
+    return optimizer, scheduler
+
+
+class _PlannedModel:
+    """One model of a worker with everything the plan decided about it.
+
+    The fp16 numerics guard needs to fall back to float32 after the model is sharded, so float16
+    compute is applied by autocast (switchable) rather than baked into FSDP's mixed-precision policy.
+    """
+
+    def __init__(self, name: str, role_plan, device_type: str, numerics_guard: bool):
+        self.name = name
+        self.role_plan = role_plan
+        self.device_type = device_type
+        self.param_dtype = torch_dtype(role_plan.param_dtype)
+        self.compute_dtype = torch_dtype(role_plan.compute_dtype)
+        self.guard_pending = numerics_guard and self.compute_dtype == torch.float16
+        self.note: str | None = None
+        scaler = None
+        if role_plan.grad_scaler and self.compute_dtype == torch.float16:
+            scaler = torch.amp.GradScaler(device_type)
+        autocast = self.compute_dtype if self.compute_dtype != self.param_dtype else None
+        self.precision = Precision(device_type, autocast, scaler)
+
+    def shard(self, module: torch.nn.Module) -> torch.nn.Module:
+        return fsdp_utils.shard_model(
+            module,
+            param_dtype=self.param_dtype,
+            compute_dtype=self.compute_dtype,
+            cast_params_for_compute=not self.guard_pending,
+            param_offload=self.role_plan.param_offload,
+            device_type=self.device_type,
+        )
+
+    def check_numerics(self, module: torch.nn.Module, batch: dict) -> None:
+        """On the first real batch, compare float16 with float32; fall back to float32 if it fails."""
+        if not self.guard_pending:
+            return
+        self.guard_pending = False
+        from verl.compat.numerics import check_half_precision
+
+        ok, reason = check_half_precision(module, batch, self.compute_dtype)
+        if not ok:
+            self.note = f"{self.name}: float16 compute failed the numerics check ({reason}); switched to float32"
+            logger.warning(self.note)
+            self.compute_dtype = torch.float32
+            self.precision.autocast_dtype = None if self.param_dtype == torch.float32 else torch.float32
+            self.precision.scaler = None
+
+
+def _model_inputs(data: DataProto) -> dict:
+    return {k: data.batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+
+
+def _output(meta_info: dict | None = None, **tensors) -> DataProto:
+    return DataProto.from_dict(tensors=tensors or None, meta_info=meta_info or {})
+
+
+# ---------------------------------------------------------------------------------------- actor
+
+
+class ActorRolloutRefWorker(Worker):
+    """The policy in any of upstream's roles: actor, rollout, ref, actor_rollout, actor_rollout_ref.
+
+    `config` is the `actor_rollout_ref` config. With a rollout role the rollout engine generates
+    with the actor's own (sharded) weights; with `actor_rollout_ref` a separate frozen reference copy
+    is loaded, as upstream does.
+    """
+
+    def __init__(self, config, role: str, plan=None, numerics_guard: bool = True):
+        super().__init__()
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        if plan is None:
+            raise ValueError("ActorRolloutRefWorker needs the compat plan: pass plan=verl.compat.build_plan(config)")
+        from verl.compat.apply import apply_in_process
+
+        self.device = apply_in_process(plan, self.device_index)
+        self.plan = plan
+        self.role = role
+        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self._numerics_guard = numerics_guard
+        _, self.dp_size = fsdp_utils.init_distributed(plan.dist_backend)
+        self.config = _copy_config(config)
+        self._normalize_batch_sizes()
+
+    def _normalize_batch_sizes(self) -> None:
+        cfg, dp, n = self.config, self.dp_size, int(self.config.rollout.get("n", 1))
+        ref_plan = self.plan.ref or self.plan.actor
+        if self._is_actor:
+            a, p = cfg.actor, self.plan.actor
+            _per_rank(a, "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu", dp, p.micro_batch_size_per_gpu)
+            _fill(a, "ppo_max_token_len_per_gpu", p.max_token_len_per_gpu)
+            _normalize_mini_batch(a, n, dp, "actor_rollout_ref.actor")
+        if self._is_actor or self._is_rollout:
+            r, p = cfg.rollout, self.plan.actor
+            _per_rank(r, "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", dp,
+                      p.forward_micro_batch_size_per_gpu or p.micro_batch_size_per_gpu)
+            _fill(r, "log_prob_max_token_len_per_gpu", p.forward_max_token_len_per_gpu or p.max_token_len_per_gpu)
+        if self._is_ref:
+            r = cfg.ref
+            _per_rank(r, "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", dp,
+                      ref_plan.forward_micro_batch_size_per_gpu or ref_plan.micro_batch_size_per_gpu)
+            _fill(r, "log_prob_max_token_len_per_gpu",
+                  ref_plan.forward_max_token_len_per_gpu or ref_plan.max_token_len_per_gpu)
+
+    # ------------------------------------------------------------------ building
+
+    def _load(self, planned: _PlannedModel, train: bool) -> torch.nn.Module:
+        model_cfg = self.config.model
+        module = build_model(
+            model_cfg.path,
+            planned.role_plan,
+            trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+            override_config=model_cfg.get("override_config") or {},
+            train=train,
+        )
+        return planned.shard(module)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        model_cfg = self.config.model
+        self.tokenizer = load_tokenizer(model_cfg.get("tokenizer_path") or model_cfg.path,
+                                        bool(model_cfg.get("trust_remote_code", False)))
+        self.actor = self.rollout = self.ref_policy = None
+        self.actor_optimizer = self.actor_lr_scheduler = None
+        if self._is_actor or self._is_rollout:
+            self._actor_model = _PlannedModel("actor", self.plan.actor, self.plan.device_type, self._numerics_guard)
+            self.actor_module = self._load(self._actor_model, train=self._is_actor)
+            if self._is_actor:
+                self.actor_optimizer, self.actor_lr_scheduler = _build_optimizer(self.actor_module, self.config.actor.optim)
+                self._offload_optimizer()
+            actor_cfg = self.config.actor if self._is_actor else self.config.rollout
+            self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.actor_optimizer,
+                                              precision=self._actor_model.precision)
+        if self._is_rollout:
+            self.rollout = self._build_rollout()
+        if self._is_ref:
+            self._ref_model = _PlannedModel("ref", self.plan.ref or self.plan.actor, self.plan.device_type,
+                                            self._numerics_guard)
+            self.ref_module = self._load(self._ref_model, train=False)
+            self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module, precision=self._ref_model.precision)
+
+    def _build_rollout(self):
+        name = self.plan.rollout.name
+        if name != "hf":
+            raise NotImplementedError(
+                f"rollout engine {name!r} is not built into these workers yet; the compat planner should have "
+                "chosen the built-in engine ('hf'). Set actor_rollout_ref.rollout.name=hf."
+            )
+        from verl.workers.rollout.hf_rollout import HFRollout
+
+        return HFRollout(self.actor_module, self.config.rollout, plan=self.plan)
+
+    def _offload_optimizer(self) -> None:
+        if self.plan.actor.optimizer_offload and self.plan.device_type != "cpu" and self.actor_optimizer:
+            fsdp_utils.move_optimizer_state(self.actor_optimizer, "cpu")
+
+    def _load_optimizer(self) -> None:
+        if self.plan.actor.optimizer_offload and self.plan.device_type != "cpu" and self.actor_optimizer:
+            fsdp_utils.move_optimizer_state(self.actor_optimizer, self.device)
+
+    def _perf_metrics(self) -> dict:
+        metrics = fsdp_utils.memory_metrics(self.plan.device_type)
+        metrics["perf/predicted_peak_gb"] = self.plan.predicted_peak_gb
+        return metrics
+
+    def _meta_with_notes(self, meta: dict, *models: _PlannedModel) -> dict:
+        notes = [m.note for m in models if m is not None and m.note]
+        if notes:
+            meta["compat_notes"] = notes
+        return meta
+
+    # ------------------------------------------------------------------ methods
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Sample responses with the actor's weights (gathered once, so ranks may stop at different steps)."""
+        if self.rollout is None:
+            raise RuntimeError(f"role {self.role!r} has no rollout; use actor_rollout or actor_rollout_ref")
+        prompts = prompts.to(self.device)
+        prompts.meta_info.setdefault("eos_token_id", self.tokenizer.eos_token_id)
+        prompts.meta_info.setdefault("pad_token_id", self.tokenizer.pad_token_id)
+        self._actor_model.check_numerics(self.actor_module, _model_inputs(prompts))
+        rollout_dtype = torch_dtype(self.plan.rollout.dtype)
+        use_autocast = rollout_dtype != self._actor_model.param_dtype and self._actor_model.compute_dtype != torch.float32
+        was_training = self.actor_module.training
+        self.actor_module.eval()
+        try:
+            with torch.no_grad(), fsdp_utils.full_params(self.actor_module), torch.autocast(
+                device_type=self.plan.device_type, dtype=rollout_dtype, enabled=use_autocast
+            ):
+                output = self.rollout.generate_sequences(prompts)
+        finally:
+            self.actor_module.train(was_training)
+        output = output.to("cpu")
+        metrics = output.meta_info.get("metrics") or {}
+        metrics.update(self._perf_metrics())
+        output.meta_info["metrics"] = metrics
+        self._meta_with_notes(output.meta_info, self._actor_model)
+        return output
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """old_log_probs and entropys of the responses under the current actor."""
+        if self.actor is None:
+            raise RuntimeError(f"role {self.role!r} holds no actor weights; compute_log_prob needs actor or rollout")
+        data = data.to(self.device)
+        rollout_cfg = self.config.rollout
+        data.meta_info["micro_batch_size"] = rollout_cfg.log_prob_micro_batch_size_per_gpu
+        data.meta_info["max_token_len"] = rollout_cfg.log_prob_max_token_len_per_gpu
+        data.meta_info["use_dynamic_bsz"] = bool(rollout_cfg.get("log_prob_use_dynamic_bsz", False))
+        data.meta_info["temperature"] = float(rollout_cfg.get("temperature", 1.0))
+        self._actor_model.check_numerics(self.actor_module, _model_inputs(data))
+        log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
+        meta = {"temperature": data.meta_info["temperature"], "metrics": self._perf_metrics()}
+        return _output(self._meta_with_notes(meta, self._actor_model),
+                       old_log_probs=log_probs.cpu(), entropys=entropys.cpu())
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """ref_log_prob of the responses under the frozen reference policy."""
+        if self.ref_policy is None:
+            raise RuntimeError(f"role {self.role!r} has no reference policy; use ref or actor_rollout_ref")
+        data = data.to(self.device)
+        ref_cfg = self.config.ref
+        data.meta_info["micro_batch_size"] = ref_cfg.log_prob_micro_batch_size_per_gpu
+        data.meta_info["max_token_len"] = ref_cfg.log_prob_max_token_len_per_gpu
+        data.meta_info["use_dynamic_bsz"] = bool(ref_cfg.get("log_prob_use_dynamic_bsz", False))
+        data.meta_info["temperature"] = float(self.config.rollout.get("temperature", 1.0))
+        self._ref_model.check_numerics(self.ref_module, _model_inputs(data))
+        log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
+        meta = self._meta_with_notes({"metrics": self._perf_metrics()}, self._ref_model)
+        return _output(meta, ref_log_prob=log_probs.cpu())
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        """PPO epochs over the batch; metrics in meta_info["metrics"] with upstream's names."""
+        if not self._is_actor:
+            raise RuntimeError(f"role {self.role!r} is not an actor")
+        data = data.to(self.device)
+        data.meta_info.setdefault("temperature", float(self.config.rollout.get("temperature", 1.0)))
+        self._actor_model.check_numerics(self.actor_module, _model_inputs(data))
+        self._load_optimizer()
+        metrics = self.actor.update_policy(data)
+        metrics["actor/lr"] = self.actor_lr_scheduler.get_last_lr()[0]
+        self.actor_lr_scheduler.step()
+        self._offload_optimizer()
+        metrics.update(self._perf_metrics())
+        return _output(self._meta_with_notes({"metrics": metrics}, self._actor_model))
+
+
+# ---------------------------------------------------------------------------------------- critic
+
+
+class CriticWorker(Worker):
+    """The value function (a one-label token classifier); `config` is the `critic` config."""
+
+    def __init__(self, config, plan=None, numerics_guard: bool = True):
+        super().__init__()
+        if plan is None:
+            raise ValueError("CriticWorker needs the compat plan: pass plan=verl.compat.build_plan(config)")
+        if plan.critic is None:
+            raise ValueError("the compat plan has no critic role (plan.critic is None) but a CriticWorker was built")
+        from verl.compat.apply import apply_in_process
+
+        self.device = apply_in_process(plan, self.device_index)
+        self.plan = plan
+        self._numerics_guard = numerics_guard
+        _, self.dp_size = fsdp_utils.init_distributed(plan.dist_backend)
+        self.config = _copy_config(config)
+        c, p, dp = self.config, plan.critic, self.dp_size
+        _per_rank(c, "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu", dp, p.micro_batch_size_per_gpu)
+        _per_rank(c, "forward_micro_batch_size", "forward_micro_batch_size_per_gpu", dp,
+                  p.forward_micro_batch_size_per_gpu or c.get("ppo_micro_batch_size_per_gpu"))
+        _fill(c, "ppo_max_token_len_per_gpu", p.max_token_len_per_gpu)
+        _fill(c, "forward_max_token_len_per_gpu", p.forward_max_token_len_per_gpu or c.get("ppo_max_token_len_per_gpu"))
+        _normalize_mini_batch(c, int(c.get("rollout_n", 1) or 1), dp, "critic")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        model_cfg = self.config.model
+        trust = bool(model_cfg.get("trust_remote_code", False))
+        self.tokenizer = load_tokenizer(model_cfg.get("tokenizer_path") or model_cfg.path, trust)
+        self._critic_model = _PlannedModel("critic", self.plan.critic, self.plan.device_type, self._numerics_guard)
+        module = build_model(model_cfg.path, self.plan.critic, value_head=True, trust_remote_code=trust,
+                             override_config=model_cfg.get("override_config") or {}, train=True)
+        self.critic_module = self._critic_model.shard(module)
+        self.critic_optimizer, self.critic_lr_scheduler = _build_optimizer(self.critic_module, self.config.optim)
+        self._move_optimizer("cpu")
+        self.critic = DataParallelPPOCritic(self.config, self.critic_module, self.critic_optimizer,
+                                            precision=self._critic_model.precision)
+
+    def _move_optimizer(self, device) -> None:
+        if self.plan.critic.optimizer_offload and self.plan.device_type != "cpu":
+            fsdp_utils.move_optimizer_state(self.critic_optimizer, device)
+
+    def _meta(self, metrics: dict) -> dict:
+        metrics.update(fsdp_utils.memory_metrics(self.plan.device_type))
+        metrics["perf/predicted_peak_gb"] = self.plan.predicted_peak_gb
+        meta = {"metrics": metrics}
+        if self._critic_model.note:
+            meta["compat_notes"] = [self._critic_model.note]
+        return meta
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        data = data.to(self.device)
+        data.meta_info["micro_batch_size"] = self.config.forward_micro_batch_size_per_gpu
+        data.meta_info["max_token_len"] = self.config.forward_max_token_len_per_gpu
+        self._critic_model.check_numerics(self.critic_module, _model_inputs(data))
+        values = self.critic.compute_values(data)
+        return _output(self._meta({}), values=values.cpu())
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> DataProto:
+        data = data.to(self.device)
+        self._critic_model.check_numerics(self.critic_module, _model_inputs(data))
+        self._move_optimizer(self.device)
+        metrics = self.critic.update_critic(data)
+        metrics["critic/lr"] = self.critic_lr_scheduler.get_last_lr()[0]
+        self.critic_lr_scheduler.step()
+        self._move_optimizer("cpu")
+        return _output(self._meta(metrics))
+
+
+__all__ = ["ActorRolloutRefWorker", "CriticWorker", "ROLES"]
