@@ -113,7 +113,7 @@ class RLHFDataset(Dataset):
             tables.append(table)
             origins.append(np.stack([np.full(table.num_rows, file_number), np.arange(table.num_rows)], axis=1))
         try:
-            self.table = pa.concat_tables(tables, promote_options="default")
+            self.table = pa.concat_tables(tables, promote_options="permissive")
         except pa.ArrowException as err:
             raise ValueError(f"data files {self.data_files} have incompatible columns: {err}") from err
         self._origin = np.concatenate(origins)  # (file number, row within that file) of every row
