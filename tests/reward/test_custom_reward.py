@@ -152,3 +152,23 @@ def test_user_registered_manager_is_found():
     manager = load_reward_manager(config, None, 0, value=2.0)
     tensor, extra = compute_reward(None, manager)  # a manager without return_dict still works
     assert extra == {} and torch.equal(tensor, torch.full((2, 3), 2.0))
+
+
+def test_manager_class_from_a_file(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        class Halves:
+            def __init__(self, tokenizer, num_examine, compute_score, reward_fn_key):
+                self.compute_score = compute_score
+        """,
+        "my_manager.py",
+    )
+    config = OmegaConf.create(
+        {"reward": {"reward_manager": {"source": "importlib", "name": "Halves", "module": {"path": path}}}}
+    )
+    manager = load_reward_manager(config, None)
+    assert type(manager).__name__ == "Halves" and manager.compute_score is default_compute_score
+    config.reward.reward_manager.name = "Thirds"
+    with pytest.raises(AttributeError, match="reward.reward_manager.name='Thirds'.*Halves"):
+        load_reward_manager(config, None)

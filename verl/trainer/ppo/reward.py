@@ -101,14 +101,27 @@ def get_custom_reward_fn(config) -> Callable | None:
     return functools.partial(_call_with_kwargs, fn, reward_kwargs) if reward_kwargs else fn
 
 
+def _reward_manager_cls(config) -> type:
+    """The class named by the config: from verl's registry, or (source=importlib) from the user's file."""
+    name = _select(config, "reward_model.reward_manager") or _select(config, "reward.reward_manager.name", "naive")
+    source = _select(config, "reward.reward_manager.source", "register")
+    if source == "register":
+        return get_reward_manager_cls(name)
+    if source == "importlib":
+        path = _select(config, "reward.reward_manager.module.path")
+        if not path:
+            raise ValueError("reward.reward_manager.source=importlib needs reward.reward_manager.module.path")
+        return load_object_from_file(path, name, "reward.reward_manager")
+    raise ValueError(f"reward.reward_manager.source={source!r}; use 'register' or 'importlib'")
+
+
 def load_reward_manager(config, tokenizer, num_examine: int = 0, **reward_kwargs: Any):
     """The reward manager named in the config, wrapping the custom or built-in scoring function.
 
     `num_examine` is how many decoded samples per data source it prints each call (upstream uses 0 for
     training and 1 for validation).
     """
-    name = _select(config, "reward_model.reward_manager") or _select(config, "reward.reward_manager.name", "naive")
-    manager_cls = get_reward_manager_cls(name)
+    manager_cls = _reward_manager_cls(config)
     compute_score = get_custom_reward_fn(config) or default_compute_score
     return manager_cls(
         tokenizer=tokenizer,
