@@ -1,0 +1,1 @@
+"""Hydra configs for the trainer (a package so Hydra can find them when main_ppo is imported, not run)."""

@@ -1,0 +1,569 @@
+"""Config checks that run before anything heavy is imported.
+
+Two jobs, both meant to fail in the first second of a run rather than minutes in:
+
+* `check_overrides(argv)` looks at the command-line overrides before Hydra composes them. An unknown
+  key gets an error naming the closest real keys (Hydra's own message names none), and keys that real
+  scripts get wrong have an alias table that says exactly what to write instead.
+* `validate(config)` applies upstream's consistency rules (batch sizes, micro-batch settings,
+  divisibility by the number of devices, allowed values) with messages that say what to change.
+  `auto` is legal wherever a hardware decision is left to `verl.compat`.
+
+Only omegaconf is imported here (Hydra lazily, in `load_config`); never torch, ray or transformers.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from functools import lru_cache
+from pathlib import Path
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+CONFIG_DIR = Path(__file__).parent / "config"
+CONFIG_NAME = "ppo_trainer"
+INERT_NAME = "upstream_inert"
+
+
+class ConfigError(ValueError):
+    """A config the run cannot start with; the message says what to change."""
+
+
+# --------------------------------------------------------------------------------------------------
+# The key tree
+# --------------------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def base_config() -> DictConfig:
+    """The composed default tree (what Hydra builds with no overrides), without resolving."""
+    inert = OmegaConf.load(CONFIG_DIR / f"{INERT_NAME}.yaml")
+    main = OmegaConf.load(CONFIG_DIR / f"{CONFIG_NAME}.yaml")
+    main.pop("defaults", None)
+    return OmegaConf.merge(inert, main)
+
+
+@lru_cache(maxsize=1)
+def inert_config() -> DictConfig:
+    return OmegaConf.load(CONFIG_DIR / f"{INERT_NAME}.yaml")
+
+
+def _leaf_paths(node: DictConfig, prefix: str = "") -> list[str]:
+    out = []
+    for key in node.keys():
+        path = f"{prefix}{key}"
+        child = node._get_node(key)
+        out.append(path)
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            out.extend(_leaf_paths(child, path + "."))
+    return out
+
+
+@lru_cache(maxsize=1)
+def all_paths() -> tuple[str, ...]:
+    """Every dotted key path of the default tree (inner nodes included)."""
+    return tuple(_leaf_paths(base_config()))
+
+
+@lru_cache(maxsize=1)
+def _inert_paths() -> frozenset[str]:
+    main = OmegaConf.load(CONFIG_DIR / f"{CONFIG_NAME}.yaml")
+    main.pop("defaults", None)
+    return frozenset(_leaf_paths(inert_config())) - frozenset(_leaf_paths(main))
+
+
+def _lookup(path: str):
+    """(found, node, deepest existing prefix) for a dotted path in the default tree."""
+    node = base_config()
+    parts = path.split(".")
+    for i, part in enumerate(parts):
+        if not isinstance(node, DictConfig) or part not in node:
+            return False, node, ".".join(parts[:i])
+        node = node._get_node(part)
+    return True, node, path
+
+
+# --------------------------------------------------------------------------------------------------
+# Known wrong keys
+# --------------------------------------------------------------------------------------------------
+
+# Leaf names people write, mapped to the real leaf(s) in the same section.
+_LEAF_ALIASES = {
+    "learning_rate": ("lr",),
+    "cpu_offload": ("param_offload", "optimizer_offload"),
+    "offload_params": ("param_offload",),
+    "offload_param": ("param_offload",),
+    "params_offload": ("param_offload",),
+    "parameter_offload": ("param_offload",),
+    "offload_optimizer": ("optimizer_offload",),
+    "optim_offload": ("optimizer_offload",),
+    "optimizer_cpu_offload": ("optimizer_offload",),
+}
+
+# Sections that moved or never existed, mapped to where their keys live.
+_SECTION_MOVES = {
+    "actor_rollout_ref.fsdp_config": "actor_rollout_ref.actor.fsdp_config",
+    "actor_rollout_ref.model.fsdp_config": "actor_rollout_ref.actor.fsdp_config",
+    "actor_rollout_ref.fsdp": "actor_rollout_ref.actor.fsdp_config",
+    "critic.model.fsdp_config": "critic.fsdp",
+    "critic.fsdp_config": "critic.fsdp",
+}
+
+_REMOVED = {
+    "grad_offload": "it was removed upstream: gradients follow the parameters, so param_offload covers "
+                    "them. Delete this override.",
+}
+
+
+def _alias_hint(path: str, value: str | None) -> str | None:
+    """A precise 'write this instead' for keys known to be wrong, or None."""
+    parts = path.split(".")
+    section, leaf = ".".join(parts[:-1]), parts[-1]
+    fixed_section = _SECTION_MOVES.get(section)
+    if fixed_section is None and _lookup(section)[0]:
+        fixed_section = section
+    if fixed_section is None:
+        return None
+    shown = f"={value}" if value is not None else ""
+    if leaf in _REMOVED and _lookup(f"{fixed_section}.param_offload")[0]:
+        return f"'{path}' does not exist; {_REMOVED[leaf]}"
+    real_leaves = _LEAF_ALIASES.get(leaf, (leaf,))
+    targets = [f"{fixed_section}.{name}" for name in real_leaves if _lookup(f"{fixed_section}.{name}")[0]]
+    if not targets or targets == [path]:
+        return None
+    lines = [f"'{path}' is not a config key. Write instead:"]
+    lines += [f"    {t}{shown}" for t in targets]
+    if fixed_section == "actor_rollout_ref.actor.fsdp_config" and any("offload" in t for t in targets):
+        lines.append(f"  (the reference model has its own: actor_rollout_ref.ref.fsdp_config.param_offload{shown};")
+        lines.append("   left at `auto`, offload is chosen by the compat memory model only when the model "
+                     "would not fit)")
+    return "\n".join(lines)
+
+
+def closest_keys(path: str, n: int = 5) -> list[str]:
+    """Real keys nearest to `path`, scored on the whole dotted path and on the last name alone."""
+    leaf = path.rsplit(".", 1)[-1]
+
+    def score(candidate: str) -> float:
+        whole = difflib.SequenceMatcher(None, path, candidate).ratio()
+        last = difflib.SequenceMatcher(None, leaf, candidate.rsplit(".", 1)[-1]).ratio()
+        return (whole + last) / 2
+
+    candidates = [p for p in all_paths() if not path.startswith(p + ".")]
+    ranked = sorted(candidates, key=score, reverse=True)
+    return [p for p in ranked[:n] if score(p) >= 0.6]
+
+
+def unknown_key_message(path: str, value: str | None = None, added: bool = False) -> str:
+    hint = _alias_hint(path, value)
+    if hint:
+        return hint
+    msg = [f"'{path}' is not a config key."]
+    near = closest_keys(path)
+    if near:
+        msg.append("Closest real keys:")
+        msg += [f"    {p}" for p in near]
+    else:
+        found, node, prefix = _lookup(path)
+        if prefix and isinstance(node, DictConfig):
+            msg.append(f"Keys under '{prefix}': {', '.join(map(str, node.keys()))}")
+    if not added:
+        msg.append("To add a key that is not in the config on purpose, write +" + path + "=...")
+    return "\n".join(msg)
+
+
+# --------------------------------------------------------------------------------------------------
+# Command-line overrides
+# --------------------------------------------------------------------------------------------------
+
+# Hydra flags that take the next argument as their value.
+_FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+                     "--cfg", "-c", "--package", "-p", "--experimental-rerun"}
+# Sections whose contents are free-form: keys added under them are passed through as given.
+_OPEN_SECTIONS = ("override_config", "engine_kwargs", "runtime_env", "env_vars", "ray_init",
+                  "apply_chat_template_kwargs", "mm_processor_kwargs", "sampler_kwargs", "kw_args")
+
+_OVERRIDE_RE = re.compile(r"^(?P<op>\+\+|\+|~)?(?P<key>[^=]+?)(?:=(?P<value>.*))?$", re.DOTALL)
+
+
+def _is_open(path: str) -> bool:
+    found, node, prefix = _lookup(path)
+    if any(part in _OPEN_SECTIONS for part in path.split(".")[:-1]):
+        return True
+    return isinstance(node, DictConfig) and len(node) == 0 and bool(prefix)
+
+
+def check_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Check Hydra command-line arguments against the key tree.
+
+    Returns (arguments to hand to Hydra, warnings). `+key=value` for a key that already exists here
+    (this fork adds a few keys upstream lacks, e.g. `fsdp_config.mixed_precision`) becomes
+    `++key=value`, so upstream scripts that add such keys keep working. Raises ConfigError listing
+    every unknown key.
+    """
+    out: list[str] = []
+    warnings: list[str] = []
+    errors: list[str] = []
+    custom_config = any(a.split("=")[0] in ("--config-name", "-cn", "--config-path", "-cp",
+                                            "--config-dir", "-cd") for a in argv)
+    skip_next = False
+    for arg in argv:
+        if skip_next:
+            out.append(arg)
+            skip_next = False
+            continue
+        if arg.startswith("-"):
+            out.append(arg)
+            skip_next = arg in _FLAGS_WITH_VALUE
+            continue
+        m = _OVERRIDE_RE.match(arg)
+        if not m or (m.group("value") is None and m.group("op") != "~"):
+            errors.append(f"'{arg}' is not an override; write key=value (or +key=value to add a key).")
+            continue
+        op, key, value = m.group("op") or "", m.group("key").strip(), m.group("value")
+        if custom_config or key.startswith("hydra.") or key == "hydra":
+            out.append(arg)
+            continue
+        if "@" in key or "/" in key:
+            errors.append(f"'{key}': this fork's config has no config groups; set keys with key=value.")
+            continue
+        found = _lookup(key)[0]
+        if op == "++":
+            out.append(arg)
+        elif op == "+":
+            if found:
+                out.append("+" + arg)
+            elif _is_open(key):
+                out.append(arg)
+            else:
+                hint = _alias_hint(key, value)
+                leaf = key.rsplit(".", 1)[-1]
+                parent_found, parent, _ = _lookup(key.rsplit(".", 1)[0]) if "." in key else (True, base_config(), "")
+                siblings = list(parent.keys()) if parent_found and isinstance(parent, DictConfig) else []
+                typo = difflib.get_close_matches(leaf, [str(s) for s in siblings], n=1, cutoff=0.8)
+                if hint or typo:
+                    errors.append(unknown_key_message(key, value, added=True))
+                else:
+                    out.append(arg)
+                    warnings.append(f"'{key}' is added to the config but nothing in this fork reads it.")
+        elif op == "~":
+            if not found:
+                errors.append(unknown_key_message(key, value))
+            else:
+                out.append(arg)
+        else:
+            if found:
+                out.append(arg)
+            else:
+                errors.append(unknown_key_message(key, value))
+    if errors:
+        raise ConfigError("\n\n".join(errors))
+    return out, warnings
+
+
+# --------------------------------------------------------------------------------------------------
+# Consistency rules on the composed config
+# --------------------------------------------------------------------------------------------------
+
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
+                  "seq-mean-token-sum-norm")
+# Advantage estimators this fork implements (verl.trainer.ppo.core_algos registry; a test keeps the
+# two in step) and upstream ones it does not.
+ADV_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo")
+UPSTREAM_ONLY_ADV_ESTIMATORS = ("remax", "opo", "grpo_passk", "gpg", "rloo_vectorized",
+                                "grpo_vectorized", "optimal_token_baseline",
+                                "tir_optimal_token_baseline", "gdpo")
+KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+DTYPE_NAMES = ("auto", "float32", "fp32", "float16", "fp16", "half", "bfloat16", "bf16")
+ATTN_IMPLS = ("auto", "eager", "sdpa", "xformers", "flash_attention_2")
+ROLLOUT_NAMES = ("auto", "hf", "vllm")
+DEVICES = ("auto", "cuda", "cpu")
+TRUNCATIONS = ("error", "left", "right", "middle")
+
+
+def _get(cfg: DictConfig, path: str, default=None):
+    return OmegaConf.select(cfg, path, default=default, throw_on_missing=False)
+
+
+def _explicit(cfg: DictConfig, path: str):
+    """The value at `path`, or None when it is only an interpolation of another key (not set by the user)."""
+    parent_path, _, leaf = path.rpartition(".")
+    parent = _get(cfg, parent_path) if parent_path else cfg
+    if isinstance(parent, DictConfig) and leaf in parent and OmegaConf.is_interpolation(parent, leaf):
+        return None
+    return _get(cfg, path)
+
+
+def _is_auto(value) -> bool:
+    return isinstance(value, str) and value == "auto"
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def need_critic(cfg: DictConfig) -> bool:
+    enable = _get(cfg, "critic.enable")
+    if enable is not None:
+        return bool(enable)
+    return _get(cfg, "algorithm.adv_estimator") == "gae"
+
+
+def need_reference_policy(cfg: DictConfig) -> bool:
+    return bool(_get(cfg, "algorithm.use_kl_in_reward")) or bool(_get(cfg, "actor_rollout_ref.actor.use_kl_loss"))
+
+
+def _one_micro_batch(cfg, section: str, name: str, errors: list[str]) -> None:
+    """Exactly one of the deprecated global micro-batch and its per-GPU replacement must be set."""
+    global_key, per_gpu_key = f"{section}.{name}", f"{section}.{name}_per_gpu"
+    mbs, per_gpu = _explicit(cfg, global_key), _explicit(cfg, per_gpu_key)
+    if mbs is None and per_gpu is None:
+        errors.append(f"Set {per_gpu_key}=<int> (micro-batch per device; `auto` lets compat pick it), "
+                      f"or actor_rollout_ref.actor.use_dynamic_bsz=true to batch by token budget.")
+    elif mbs is not None and per_gpu is not None:
+        errors.append(f"Both {global_key}={mbs} and {per_gpu_key}={per_gpu} are set. Remove {global_key} "
+                      f"(deprecated, counted over all devices) and keep {per_gpu_key}.")
+    for key, value in ((global_key, mbs), (per_gpu_key, per_gpu)):
+        if value is not None and not _is_auto(value) and not _positive_int(value):
+            errors.append(f"{key}={value!r} must be a positive integer or auto.")
+
+
+def _check_batches(cfg, errors: list[str], warnings: list[str]) -> None:
+    n_devices = (_get(cfg, "trainer.n_gpus_per_node") or 0) * (_get(cfg, "trainer.nnodes") or 0)
+    train_bs = _get(cfg, "data.train_batch_size")
+    n = _get(cfg, "actor_rollout_ref.rollout.n")
+    for key, value in (("trainer.n_gpus_per_node", _get(cfg, "trainer.n_gpus_per_node")),
+                       ("trainer.nnodes", _get(cfg, "trainer.nnodes")),
+                       ("data.train_batch_size", train_bs), ("actor_rollout_ref.rollout.n", n)):
+        if not _positive_int(value):
+            errors.append(f"{key}={value!r} must be a positive integer.")
+    if errors:
+        return
+    dynamic = bool(_get(cfg, "actor_rollout_ref.actor.use_dynamic_bsz"))
+    samples = train_bs * n
+    if not dynamic and samples % n_devices:
+        errors.append(
+            f"data.train_batch_size × rollout.n = {train_bs} × {n} = {samples} responses per step must "
+            f"divide evenly over trainer.n_gpus_per_node × trainer.nnodes = {n_devices} devices. "
+            f"Make data.train_batch_size a multiple of {n_devices // _gcd(n, n_devices)}.")
+
+    roles = [("actor_rollout_ref.actor", "actor")]
+    if need_critic(cfg):
+        roles.append(("critic", "critic"))
+    for section, role in roles:
+        mini = _get(cfg, f"{section}.ppo_mini_batch_size")
+        if not _positive_int(mini):
+            errors.append(f"{section}.ppo_mini_batch_size={mini!r} must be a positive integer.")
+            continue
+        if not dynamic:
+            _one_micro_batch(cfg, section, "ppo_micro_batch_size", errors)
+        if mini > train_bs:
+            errors.append(f"{section}.ppo_mini_batch_size={mini} is larger than data.train_batch_size="
+                          f"{train_bs}. Set it to at most {train_bs} (both count prompts).")
+            continue
+        if train_bs % mini:
+            errors.append(f"data.train_batch_size={train_bs} is not a multiple of {section}.ppo_mini_batch_size="
+                          f"{mini}: the last mini-batch would be short. Use a divisor of {train_bs}, "
+                          f"e.g. {_largest_divisor_at_most(train_bs, mini)}.")
+        if dynamic:
+            continue
+        mini_samples = mini * n
+        if mini_samples % n_devices:
+            errors.append(f"{section}.ppo_mini_batch_size × rollout.n = {mini} × {n} = {mini_samples} must "
+                          f"divide evenly over {n_devices} devices; pick a mini-batch that makes it so.")
+            continue
+        per_device = mini_samples // n_devices
+        per_gpu = _explicit(cfg, f"{section}.ppo_micro_batch_size_per_gpu")
+        if _positive_int(per_gpu) and per_device % per_gpu:
+            errors.append(f"Each device gets {per_device} responses per {role} mini-batch "
+                          f"({mini} × {n} / {n_devices}), not a multiple of {section}."
+                          f"ppo_micro_batch_size_per_gpu={per_gpu}. Use a divisor of {per_device}.")
+        mbs = _explicit(cfg, f"{section}.ppo_micro_batch_size")
+        if _positive_int(mbs):
+            if mini_samples % mbs:
+                errors.append(f"{section}.ppo_micro_batch_size={mbs} must divide the mini-batch of "
+                              f"{mini_samples} responses; better, use ppo_micro_batch_size_per_gpu.")
+            if mbs < n_devices:
+                errors.append(f"{section}.ppo_micro_batch_size={mbs} is below the {n_devices} devices it is "
+                              f"split over; use ppo_micro_batch_size_per_gpu instead.")
+
+    if not dynamic:
+        if need_reference_policy(cfg):
+            _one_micro_batch(cfg, "actor_rollout_ref.ref", "log_prob_micro_batch_size", errors)
+        _one_micro_batch(cfg, "actor_rollout_ref.rollout", "log_prob_micro_batch_size", errors)
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+def _largest_divisor_at_most(n: int, k: int) -> int:
+    return max(d for d in range(1, k + 1) if n % d == 0)
+
+
+def _check_choices(cfg, errors: list[str], warnings: list[str]) -> None:
+    def one_of(path, allowed, what="", extra=""):
+        value = _get(cfg, path)
+        if value not in allowed:
+            near = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+            did = f" Did you mean {near[0]}?" if near else ""
+            errors.append(f"{path}={value!r} is not one of {', '.join(map(str, allowed))}.{did}{extra}")
+
+    for section in ("actor_rollout_ref.actor", "critic"):
+        one_of(f"{section}.loss_agg_mode", LOSS_AGG_MODES)
+    est = _get(cfg, "algorithm.adv_estimator")
+    if est in UPSTREAM_ONLY_ADV_ESTIMATORS:
+        errors.append(f"algorithm.adv_estimator={est} is an upstream estimator this fork does not implement "
+                      f"yet; use one of {', '.join(ADV_ESTIMATORS)}.")
+    else:
+        one_of("algorithm.adv_estimator", ADV_ESTIMATORS)
+    for path in ("actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_penalty"):
+        value = _get(cfg, path)
+        base = value[:-1] if isinstance(value, str) and value.endswith("+") else value
+        if base not in KL_ESTIMATORS:
+            errors.append(f"{path}={value!r} is not a KL estimator; use one of {', '.join(KL_ESTIMATORS)} "
+                          f"(a trailing + takes the k2 gradient, e.g. low_var_kl+).")
+    one_of("algorithm.kl_ctrl.type", ("fixed", "adaptive"))
+    one_of("data.truncation", TRUNCATIONS)
+    one_of("actor_rollout_ref.rollout.name", ROLLOUT_NAMES,
+           extra=" (sglang and trtllm are not supported by this fork; auto picks vllm where it works).")
+    one_of("trainer.device", DEVICES)
+    for role in ("actor_rollout_ref.actor", "critic"):
+        one_of(f"{role}.strategy", ("fsdp", "fsdp2"), extra=" This fork trains with FSDP only.")
+
+    for model in ("actor_rollout_ref.model", "critic.model"):
+        one_of(f"{model}.attn_implementation", ATTN_IMPLS)
+    for fsdp in ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp"):
+        for leaf in ("model_dtype", "dtype", "mixed_precision.param_dtype", "mixed_precision.reduce_dtype",
+                     "mixed_precision.buffer_dtype"):
+            one_of(f"{fsdp}.{leaf}", DTYPE_NAMES)
+        for leaf in ("param_offload", "optimizer_offload", "use_torch_compile"):
+            _bool_or_auto(cfg, f"{fsdp}.{leaf}", errors)
+    one_of("actor_rollout_ref.rollout.dtype", DTYPE_NAMES)
+    for path in ("actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding",
+                 "actor_rollout_ref.actor.use_torch_compile", "actor_rollout_ref.rollout.enforce_eager"):
+        _bool_or_auto(cfg, path, errors)
+    gmu = _get(cfg, "actor_rollout_ref.rollout.gpu_memory_utilization")
+    if not _is_auto(gmu) and not (isinstance(gmu, (int, float)) and not isinstance(gmu, bool) and 0 < gmu <= 1):
+        errors.append(f"actor_rollout_ref.rollout.gpu_memory_utilization={gmu!r} must be in (0, 1] or auto.")
+
+    margin = _get(cfg, "compat.memory_margin")
+    if not (isinstance(margin, (int, float)) and not isinstance(margin, bool) and 0 <= margin < 0.9):
+        errors.append(f"compat.memory_margin={margin!r} must be a fraction in [0, 0.9), e.g. 0.1.")
+    for path in ("compat.strict", "compat.numerics_guard"):
+        if not isinstance(_get(cfg, path), bool):
+            errors.append(f"{path}={_get(cfg, path)!r} must be true or false.")
+
+    if _get(cfg, "actor_rollout_ref.rollout.val_kwargs.do_sample"):
+        temp = _get(cfg, "actor_rollout_ref.rollout.val_kwargs.temperature")
+        if not (isinstance(temp, (int, float)) and temp > 0):
+            errors.append("actor_rollout_ref.rollout.val_kwargs.do_sample=true needs "
+                          "actor_rollout_ref.rollout.val_kwargs.temperature > 0 (it is "
+                          f"{temp!r}); set a temperature or do_sample=false for greedy validation.")
+    for key in ("data.max_prompt_length", "data.max_response_length"):
+        if not _positive_int(_get(cfg, key)):
+            errors.append(f"{key}={_get(cfg, key)!r} must be a positive integer.")
+    steps = _get(cfg, "trainer.total_training_steps")
+    if steps is not None and not _positive_int(steps):
+        errors.append(f"trainer.total_training_steps={steps!r} must be a positive integer or null.")
+
+    if _get(cfg, "algorithm.use_kl_in_reward") and _get(cfg, "actor_rollout_ref.actor.use_kl_loss"):
+        warnings.append("Both algorithm.use_kl_in_reward and actor_rollout_ref.actor.use_kl_loss are on: "
+                        "the KL to the reference policy is penalised twice.")
+    if est in ("grpo", "rloo") and _get(cfg, "actor_rollout_ref.rollout.n") == 1:
+        warnings.append(f"algorithm.adv_estimator={est} with actor_rollout_ref.rollout.n=1: every group has one "
+                        "response, so every advantage is 0. Set rollout.n to 2 or more (e.g. 5).")
+    if _get(cfg, "data.val_batch_size") is not None:
+        warnings.append("data.val_batch_size is deprecated upstream and ignored: validation runs as one batch.")
+
+
+def _bool_or_auto(cfg, path: str, errors: list[str]) -> None:
+    value = _get(cfg, path)
+    if not (isinstance(value, bool) or _is_auto(value)):
+        errors.append(f"{path}={value!r} must be true, false or auto.")
+
+
+# Switches for upstream features this fork does not implement: (path, is-on test, what it is).
+_UNSUPPORTED = (
+    ("actor_rollout_ref.model.lora_rank", lambda v: isinstance(v, int) and v > 0, "LoRA"),
+    ("actor_rollout_ref.model.lora.rank", lambda v: isinstance(v, int) and v > 0, "LoRA"),
+    ("critic.model.lora_rank", lambda v: isinstance(v, int) and v > 0, "LoRA"),
+    ("actor_rollout_ref.model.use_liger", bool, "Liger kernels"),
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", lambda v: v not in (1, None),
+     "Ulysses sequence parallelism"),
+    ("critic.ulysses_sequence_parallel_size", lambda v: v not in (1, None), "Ulysses sequence parallelism"),
+    ("actor_rollout_ref.rollout.multi_turn.enable", bool, "multi-turn rollout"),
+    ("reward.reward_model.enable", bool, "model-based rewards"),
+    ("reward_model.enable", bool, "model-based rewards"),
+    ("trainer.v1.trainer_mode", lambda v: v != "sync", "asynchronous trainers"),
+)
+_SWITCH_LEAF = re.compile(r"^(enable|enabled|enable_.*)$")
+
+
+def _check_unsupported(cfg, errors: list[str], warnings: list[str]) -> None:
+    for path, is_on, what in _UNSUPPORTED:
+        value = _get(cfg, path)
+        if is_on(value):
+            errors.append(f"{path}={value!r} asks for {what}, which this fork does not implement; "
+                          f"remove the override.")
+    inert = inert_config()
+    for path in sorted(_inert_paths()):
+        default = OmegaConf.select(inert, path)
+        if isinstance(default, (DictConfig, ListConfig)):
+            continue
+        value = _get(cfg, path, default)
+        if isinstance(value, (DictConfig, ListConfig)) or value == default:
+            continue
+        if _SWITCH_LEAF.match(path.rsplit(".", 1)[-1]) and value:
+            errors.append(f"{path}={value!r} switches on an upstream feature this fork does not implement; "
+                          f"remove the override.")
+        else:
+            warnings.append(f"{path}={value!r} is accepted for compatibility with upstream but has no effect here.")
+
+
+def normalize(cfg: DictConfig) -> None:
+    """Fold upstream's spelling of the attention choice into this fork's key.
+
+    Upstream reads the attention kernel from `model.override_config.attn_implementation`; compat reads
+    `model.attn_implementation`. A value given the upstream way counts as the user's explicit choice.
+    """
+    for model in ("actor_rollout_ref.model", "critic.model"):
+        override = _get(cfg, f"{model}.override_config.attn_implementation")
+        if override is None:
+            continue
+        current = _get(cfg, f"{model}.attn_implementation")
+        if _is_auto(current):
+            OmegaConf.update(cfg, f"{model}.attn_implementation", override, force_add=True)
+        elif current != override:
+            raise ConfigError(f"{model}.attn_implementation={current} and "
+                              f"{model}.override_config.attn_implementation={override} disagree; keep one.")
+
+
+def validate(cfg: DictConfig) -> list[str]:
+    """Apply every consistency rule; raise ConfigError listing all problems, else return warnings."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    _check_choices(cfg, errors, warnings)
+    _check_unsupported(cfg, errors, warnings)
+    batch_errors: list[str] = []
+    _check_batches(cfg, batch_errors, warnings)
+    errors += batch_errors
+    if errors:
+        raise ConfigError("\n".join(f"- {e}" for e in errors))
+    return warnings
+
+
+def load_config(overrides: list[str] | None = None, check: bool = True) -> DictConfig:
+    """Compose the config exactly as `main_ppo` does (for the doctor, tests and scripts)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    args, _ = check_overrides(list(overrides or []))
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose(config_name=CONFIG_NAME, overrides=args)
+    if check:
+        normalize(cfg)
+        validate(cfg)
+    return cfg

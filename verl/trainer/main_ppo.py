@@ -1,0 +1,64 @@
+"""The stock entry point: `python -m verl.trainer.main_ppo key=value ...`, as upstream.
+
+The command-line overrides are checked against the key tree before Hydra composes them, and the
+composed config is validated before torch, Ray or transformers are imported, so a wrong key or an
+inconsistent batch setting costs a second, not a cluster start-up. Config errors exit with status 2
+and a message that says what to change.
+"""
+from __future__ import annotations
+
+import sys
+
+from verl.trainer.config_check import ConfigError, check_overrides, normalize, validate
+
+CONFIG_ERROR_EXIT = 2
+
+
+def _fail(error: ConfigError) -> None:
+    print(f"verl: config error:\n{error}", file=sys.stderr)
+    raise SystemExit(CONFIG_ERROR_EXIT)
+
+
+def _warn(messages: list[str]) -> None:
+    for message in messages:
+        print(f"verl: warning: {message}", file=sys.stderr)
+
+
+def run_ppo(config, task_runner_class=None) -> None:
+    """Run PPO/GRPO training for a composed, validated config (upstream's name and signature).
+
+    `task_runner_class` is accepted for upstream compatibility; this fork has one task runner.
+    """
+    if task_runner_class is not None:
+        raise NotImplementedError("custom task runner classes are not supported by this fork")
+    from verl.trainer.ppo.task_runner import run_ppo as _run_ppo
+
+    _run_ppo(config)
+
+
+def _task(config) -> None:
+    """What Hydra runs once it has composed the config."""
+    try:
+        normalize(config)
+        _warn(validate(config))
+    except ConfigError as error:
+        _fail(error)
+    run_ppo(config)
+
+
+def main() -> None:
+    """Check the overrides in sys.argv, then let Hydra compose `config/ppo_trainer.yaml` and run."""
+    try:
+        args, warnings = check_overrides(sys.argv[1:])
+    except ConfigError as error:
+        _fail(error)
+    _warn(warnings)
+    sys.argv[1:] = args
+
+    import hydra
+
+    hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)(_task)()
+
+
+if __name__ == "__main__":
+    main()
