@@ -1,0 +1,125 @@
+"""Every hardware decision of the fork, made once from the device, the software and the model.
+
+    plan = verl.compat.build_plan(config)        # driver: detect (or simulate), read the model, plan
+    print(verl.compat.format_plan(plan))         # the table main_ppo and the doctor print
+    verl.compat.resolve_config(config, plan)     # concrete values over every `auto`
+    device = verl.compat.apply_in_process(plan, local_rank)   # first thing in every worker
+
+Importing this package loads torch and omegaconf only; the planner and transformers load when used.
+"""
+from __future__ import annotations
+
+import logging
+
+from verl.compat.apply import apply_in_process, dtype_name, resolve_config, torch_dtype
+from verl.compat.detect import (
+    UnsupportedDeviceError,
+    check_torch_supports,
+    detect_profile,
+    detect_software,
+    simulate_name,
+)
+from verl.compat.plan import Plan, RolePlan, RolloutPlan
+from verl.compat.profile import DeviceProfile, SoftwareInfo
+
+__all__ = [
+    "DeviceProfile", "SoftwareInfo", "Plan", "RolePlan", "RolloutPlan", "StrictModeError",
+    "UnsupportedDeviceError", "detect_profile", "detect_software", "check_torch_supports",
+    "make_plan", "build_plan", "format_plan", "torch_dtype", "dtype_name", "resolve_config",
+    "apply_in_process",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class StrictModeError(ValueError):
+    """`compat.strict=true` and a setting had to be adapted to the device."""
+
+
+def make_plan(profile, config, software, model) -> Plan:
+    """The planner's pure decision function (see verl.compat.planner)."""
+    from verl.compat.planner import make_plan as _make_plan
+
+    return _make_plan(profile, config, software, model)
+
+
+def _select(config, path: str, default=None):
+    from omegaconf import OmegaConf
+
+    value = OmegaConf.select(config, path, default=default, throw_on_missing=False)
+    return default if value is None else value
+
+
+def build_plan(config, model=None) -> Plan:
+    """Driver side: profile the device (or the one `compat.device` / $VERL_COMPAT_DEVICE names),
+    judge the software, read the model's config.json, and plan. Adapted settings are logged as
+    warnings, or raise StrictModeError under `compat.strict=true`. `model` (a ModelSpec) replaces
+    reading `actor_rollout_ref.model.path`."""
+    profile = detect_profile(simulate_name(_select(config, "compat.device")))
+    software = detect_software(profile)
+    check_torch_supports(profile, software)
+    if model is None:
+        from verl.compat.model_spec import ModelSpec
+
+        path = (_select(config, "actor_rollout_ref.model.hf_config_path")
+                or _select(config, "actor_rollout_ref.model.path"))
+        model = ModelSpec.from_pretrained(path)
+    plan = make_plan(profile, config, software, model)
+    if profile.note:
+        plan.reasons.setdefault("device", profile.note)
+    if plan.warnings and bool(_select(config, "compat.strict", False)):
+        raise StrictModeError("compat.strict=true and the device cannot honour these settings:\n"
+                              + "\n".join(f"- {w}" for w in plan.warnings))
+    for warning in plan.warnings:
+        logger.warning("verl.compat: %s", warning)
+    return plan
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def _device_line(p: DeviceProfile) -> str:
+    where = " (simulated)" if p.simulated else ""
+    if p.backend == "cpu":
+        return f"{p.name}{where}: cpu, {p.memory_gb:.1f} GiB RAM"
+    cc = p.compute_capability
+    return (f"{p.name}{where} x{p.count}: {p.backend} sm_{cc[0]}{cc[1]}, {p.memory_gb:.1f} GiB, "
+            f"{p.sm_count} SMs, {p.shared_mem_per_block_kb} KB shared memory/block, "
+            f"bf16 {_yes(p.native_bf16)}, fp16 tensor cores {_yes(p.tensor_core_fp16)}, "
+            f"tf32 {_yes(p.tf32)}; host RAM {p.host_memory_gb:.1f} GiB")
+
+
+def format_plan(plan: Plan) -> str:
+    """The human-readable plan: device, software verdicts, one row per role, then the reasons."""
+    lines = ["verl.compat plan", f"  device    {_device_line(plan.device)}"]
+    sw = plan.software
+    for key, note in sw.notes.items():
+        lines.append(f"  {'software' if key == 'torch' else '':9s} {key}: {note}")
+    head = (f"  {'role':8s} {'params':9s} {'compute':9s} {'scaler':6s} {'attention':17s} "
+            f"{'rm_pad':6s} {'ckpt':4s} {'offload p/o':11s} {'micro':5s} {'peak GiB':>8s}")
+    lines += ["", head]
+    for name in ("actor", "critic", "ref"):
+        r = getattr(plan, name)
+        if r is None:
+            continue
+        micro = (str(r.micro_batch_size_per_gpu) if r.micro_batch_size_per_gpu is not None
+                 else f"{r.max_token_len_per_gpu}t")
+        lines.append(
+            f"  {name:8s} {r.param_dtype:9s} {r.compute_dtype:9s} {_yes(r.grad_scaler):6s} "
+            f"{r.attn_implementation:17s} {_yes(r.use_remove_padding):6s} {_yes(r.gradient_checkpointing):4s} "
+            f"{_yes(r.param_offload) + '/' + _yes(r.optimizer_offload):11s} {micro:5s} {r.predicted_peak_gb:8.2f}")
+    ro = plan.rollout
+    lines.append(f"  {'rollout':8s} {ro.name} ({ro.dtype}, {ro.attn_implementation}, "
+                 f"gpu_memory_utilization {ro.gpu_memory_utilization:.2f}, "
+                 f"enforce_eager {_yes(ro.enforce_eager)}) {ro.predicted_peak_gb:8.2f}")
+    lines.append(f"  global   device {plan.device_type}, backend {plan.dist_backend}, "
+                 f"torch.compile {_yes(plan.torch_compile)}, tf32 {_yes(plan.tf32)}; predicted peak "
+                 f"{plan.predicted_peak_gb:.2f} GiB of {plan.memory_limit_gb:.2f} GiB")
+    if plan.reasons:
+        lines += ["", "  why:"]
+        lines += [f"    {key}: {why}" for key, why in sorted(plan.reasons.items())]
+    if plan.warnings:
+        lines += ["", "  adapted settings:"]
+        lines += [f"    - {w}" for w in plan.warnings]
+    return "\n".join(lines)

@@ -1,0 +1,95 @@
+"""The doctor: `python -m verl.compat [--device NAME] [--json] [--model-spec NAME|FILE] [overrides...]`.
+
+Composes the config exactly as main_ppo does (same Hydra overrides, same checks), then prints the
+device profile, the installed software with its verdicts, and the plan with a reason per decision.
+`--json` prints one JSON object on stdout and nothing else (logs go to stderr).
+
+The model's sizes come from `actor_rollout_ref.model.path`'s config.json. Planning without the
+model on disk needs `--model-spec`: a config.json path, or one of the built-in shapes below
+(`qwen2.5-0.5b` is the field report's model). Without either the doctor stops with an error,
+because a plan sized for a guessed model would be wrong.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+
+# config.json fields of well-known models, for planning when the weights are not on this machine.
+BUILTIN_MODELS = {
+    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864,
+                         num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                         vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768),
+    "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960,
+                         num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                         vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768),
+    "qwen2.5-3b": dict(model_type="qwen2", hidden_size=2048, intermediate_size=11008,
+                       num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
+                       vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768),
+    "qwen2.5-7b": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944,
+                       num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                       vocab_size=152064, tie_word_embeddings=False, max_position_embeddings=32768),
+}
+
+
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        prog="python -m verl.compat",
+        description="Show the device, the installed software and the hardware plan for a config.")
+    parser.add_argument("--device", help="plan as if on this catalog device (e.g. p40, t4, a100-40gb)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument("--model-spec", metavar="NAME|FILE",
+                        help=f"model shape when the model is not on disk: a config.json path or one "
+                             f"of {', '.join(BUILTIN_MODELS)}")
+    return parser.parse_known_args(argv)
+
+
+def _model_spec(name: str | None):
+    from verl.compat.model_spec import ModelSpec
+
+    if name is None:
+        return None
+    if os.path.exists(os.path.expanduser(name)):
+        return ModelSpec.from_pretrained(name)
+    key = name.strip().lower().removesuffix("-instruct")
+    if key not in BUILTIN_MODELS:
+        raise ValueError(f"--model-spec '{name}' is neither a config.json path nor a built-in "
+                         f"model ({', '.join(BUILTIN_MODELS)}).")
+    return ModelSpec.from_hf_config(BUILTIN_MODELS[key])
+
+
+def plan_for(overrides: list[str], device: str | None = None, model_spec: str | None = None):
+    """(config, plan) for main_ppo-style overrides; the doctor's work without the printing."""
+    from omegaconf import open_dict
+
+    from verl import compat
+    from verl.trainer.config_check import load_config
+
+    config = load_config(overrides)
+    if device:
+        with open_dict(config):
+            config.compat.device = device
+    return config, compat.build_plan(config, model=_model_spec(model_spec))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = _parse(sys.argv[1:] if argv is None else argv)
+    from verl import compat
+
+    try:
+        with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+            _, plan = plan_for(overrides, args.device, args.model_spec)
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(compat.format_plan(plan))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
