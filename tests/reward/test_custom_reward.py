@@ -172,3 +172,16 @@ def test_manager_class_from_a_file(tmp_path):
     config.reward.reward_manager.name = "Thirds"
     with pytest.raises(AttributeError, match="reward.reward_manager.name='Thirds'.*Halves"):
         load_reward_manager(config, None)
+
+
+def test_custom_function_survives_ray_pickling(tmp_path):
+    """Ray ships functions with cloudpickle; a user's file is not importable elsewhere, so it goes by value."""
+    import pickle
+
+    from ray import cloudpickle
+
+    config = OmegaConf.create(
+        {"custom_reward_function": {"path": write(tmp_path, GOOD), "name": None, "reward_kwargs": {"bonus": 1.0}}}
+    )
+    copy = pickle.loads(cloudpickle.dumps(get_custom_reward_fn(config)))
+    assert copy(data_source="d", solution_str="7", ground_truth="7") == 2.0

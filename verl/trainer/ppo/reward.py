@@ -43,21 +43,23 @@ def load_object_from_file(path: str, name: str, setting: str):
     if not os.path.isfile(full_path):
         raise FileNotFoundError(f"{setting}.path={path!r}: no such file (looked at {full_path})")
 
-    module_name = f"verl_user_code.{os.path.splitext(os.path.basename(full_path))[0]}"
+    module_name = f"verl_user_code_{os.path.splitext(os.path.basename(full_path))[0]}"
     spec = importlib.util.spec_from_file_location(module_name, full_path)
     module = importlib.util.module_from_spec(spec)
-    # Registered before running so dataclasses and pickling inside the file can find their module.
+    # Listed in sys.modules only while it runs (dataclasses look their module up there). Unlisted afterwards,
+    # its functions are pickled by value, so Ray can ship them to processes that cannot import the file.
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
     except Exception as err:
-        sys.modules.pop(module_name, None)
         frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == full_path]
         where = "".join(traceback.format_list(frames)) or "  (raised while importing the file)\n"
         raise RuntimeError(
             f"{setting}.path={path!r}: importing the file failed with {type(err).__name__}: {err}\n{where}"
             "Fix the file, or check that the packages it imports are installed."
         ) from err
+    finally:
+        sys.modules.pop(module_name, None)
 
     if not hasattr(module, name):
         defined = sorted(
