@@ -120,12 +120,19 @@ _ROLE_KEYS = {
     "ref": ("actor_rollout_ref.ref", "actor_rollout_ref.ref.fsdp_config", None),
     "critic": ("critic", "critic.fsdp", "critic.model"),
 }
-# Micro-batch keys per role: (per-GPU micro-batch, its deprecated global form, token budget).
-_MICRO_KEYS = {
-    "actor": ("ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", "ppo_max_token_len_per_gpu"),
-    "ref": ("log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size",
-            "log_prob_max_token_len_per_gpu"),
-    "critic": ("ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", "ppo_max_token_len_per_gpu"),
+# Micro-batch keys per role: (block, per-GPU micro-batch, its deprecated global form, token budget,
+# "train" for the update pass or "forward" for no-grad log-prob / value passes).
+_BATCH_KEYS = {
+    "actor": [("actor_rollout_ref.actor", "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size",
+               "ppo_max_token_len_per_gpu", "train"),
+              ("actor_rollout_ref.rollout", "log_prob_micro_batch_size_per_gpu",
+               "log_prob_micro_batch_size", "log_prob_max_token_len_per_gpu", "forward")],
+    "ref": [("actor_rollout_ref.ref", "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size",
+             "log_prob_max_token_len_per_gpu", "forward")],
+    "critic": [("critic", "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size",
+                "ppo_max_token_len_per_gpu", "train"),
+               ("critic", "forward_micro_batch_size_per_gpu", "forward_micro_batch_size",
+                "forward_max_token_len_per_gpu", "forward")],
 }
 # Leaf names that are hardware decisions; one of these still `auto` after resolving is a bug.
 _HARDWARE_LEAVES = {"attn_implementation", "use_remove_padding", "use_torch_compile", "param_offload",
@@ -183,13 +190,16 @@ def _resolve_role(config: DictConfig, name: str, role: RolePlan, plan: Plan, wri
         _set(config, f"{model}.attn_implementation", role.attn_implementation, written)
         _set(config, f"{model}.use_remove_padding", role.use_remove_padding, written)
         _set(config, f"{model}.enable_gradient_checkpointing", role.gradient_checkpointing, written)
-    per_gpu, global_key, tokens = _MICRO_KEYS[name]
-    if role.micro_batch_size_per_gpu is not None:
-        _set(config, f"{block}.{per_gpu}", role.micro_batch_size_per_gpu, written, True)
-        if OmegaConf.select(config, f"{block}.{global_key}", default=None) is not None:
-            _set(config, f"{block}.{global_key}", None, written)   # the per-GPU value supersedes it
-    if role.max_token_len_per_gpu is not None:
-        _set(config, f"{block}.{tokens}", role.max_token_len_per_gpu, written, True)
+    for section, per_gpu, global_key, tokens, which in _BATCH_KEYS[name]:
+        micro, budget = role.micro_batch_size_per_gpu, role.max_token_len_per_gpu
+        if which == "forward":
+            micro = role.forward_micro_batch_size_per_gpu or micro
+            budget = role.forward_max_token_len_per_gpu or budget
+        if micro is not None:
+            _set(config, f"{section}.{per_gpu}", micro, written, over_interpolation=True)
+            _set(config, f"{section}.{global_key}", None, written)   # the per-GPU value supersedes it
+        if budget is not None:
+            _set(config, f"{section}.{tokens}", budget, written, over_interpolation=True)
 
 
 def resolve_config(config: DictConfig, plan: Plan) -> dict:
@@ -204,11 +214,6 @@ def resolve_config(config: DictConfig, plan: Plan) -> dict:
             role = getattr(plan, name)
             if role is not None:
                 _resolve_role(config, name, role, plan, written)
-        if plan.actor.micro_batch_size_per_gpu is not None and OmegaConf.select(
-                config, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-                default=None) in (None, "auto"):
-            _set(config, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-                 plan.actor.micro_batch_size_per_gpu, written)
         rollout = plan.rollout
         for prefix in ("actor_rollout_ref.rollout", "reward.reward_model.rollout"):
             _set(config, f"{prefix}.name", rollout.name, written)

@@ -1,0 +1,233 @@
+"""Device detection, simulation and software verdicts (CPU host; GPUs are faked through torch.cuda)."""
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from verl.compat import detect
+from verl.compat.catalog import CATALOG, get_profile
+from verl.compat.detect import (
+    UnsupportedDeviceError,
+    arch_list_covers,
+    check_torch_supports,
+    detect_profile,
+    detect_software,
+)
+from verl.compat.profile import SoftwareInfo
+
+GiB = 1024**3
+CU126 = ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")      # PyTorch 2.8 + cu126
+CU128 = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")    # PyTorch 2.8 + cu128
+CU130 = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120")
+
+
+@pytest.fixture(autouse=True)
+def no_env_device(monkeypatch):
+    monkeypatch.delenv(detect.ENV_DEVICE, raising=False)
+
+
+def fake_gpu(monkeypatch, name, cc, total_gib, sms=80, optin=None, hip=None, arch="", count=1):
+    props = SimpleNamespace(name=name, major=cc[0], minor=cc[1], total_memory=int(total_gib * GiB),
+                            multi_processor_count=sms, gcnArchName=arch)
+    if optin is not None:
+        props.shared_memory_per_block_optin = optin
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: props)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.version, "hip", hip)
+
+
+# ----------------------------------------------------------------------------- real device
+
+def test_cpu_host_profile_reports_host_ram():
+    profile = detect_profile()
+    total, avail = detect.host_memory_gb()
+    assert profile.backend == "cpu" and profile.compute_capability is None
+    assert not profile.simulated
+    assert profile.memory_gb == pytest.approx(total, abs=0.01)
+    assert profile.host_memory_gb == profile.memory_gb
+    assert 0 < avail <= total
+    assert not profile.native_bf16 and not profile.tf32
+
+
+def test_p40_detected_from_torch_properties(monkeypatch):
+    fake_gpu(monkeypatch, "Tesla P40", (6, 1), 23.9, sms=30, count=2)
+    p = detect_profile()
+    assert (p.backend, p.compute_capability, p.count, p.sm_count) == ("cuda", (6, 1), 2, 30)
+    assert p.memory_gb == pytest.approx(23.9)
+    assert p.free_memory_gb is None            # no CUDA context yet: free memory is not asked for
+    assert p.shared_mem_per_block_kb == 48     # table fallback (no opt-in attribute)
+    assert (p.native_bf16, p.tensor_core_fp16, p.tf32) == (False, False, False)
+    assert p.bandwidth_gbps == CATALOG["p40"].bandwidth_gbps   # figures borrowed from the catalog
+
+
+def test_a100_opt_in_shared_memory_and_capabilities(monkeypatch):
+    fake_gpu(monkeypatch, "NVIDIA A100-SXM4-80GB", (8, 0), 79.2, sms=108, optin=166912)
+    p = detect_profile()
+    assert p.shared_mem_per_block_kb == 163
+    assert (p.native_bf16, p.tensor_core_fp16, p.tf32) == (True, True, True)
+    assert p.bf16_tflops == CATALOG["a100-80gb"].bf16_tflops
+
+
+def test_v100_has_no_native_bf16_even_if_torch_says_supported(monkeypatch):
+    fake_gpu(monkeypatch, "Tesla V100-SXM2-16GB", (7, 0), 15.8)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)   # emulated bf16
+    p = detect_profile()
+    assert not p.native_bf16 and p.tensor_core_fp16 and not p.tf32
+    assert p.bandwidth_gbps == CATALOG["v100-16gb"].bandwidth_gbps
+
+
+def test_rocm_backend_from_hip_build(monkeypatch):
+    fake_gpu(monkeypatch, "AMD Instinct MI300X", (9, 4), 191.5, sms=304, hip="6.2",
+             arch="gfx942:sramecc+:xnack-")
+    p = detect_profile()
+    assert p.backend == "rocm" and p.native_bf16 and p.tensor_core_fp16
+
+
+def test_unsupported_accelerator_is_planned_as_cpu_with_a_note(monkeypatch):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    p = detect_profile()
+    assert p.backend == "cpu"
+    assert "Apple MPS" in p.note and "CPU" in p.note
+
+
+@pytest.mark.parametrize("cc,kb", [((5, 2), 48), ((6, 1), 48), ((7, 0), 96), ((7, 5), 64),
+                                   ((8, 0), 163), ((8, 6), 99), ((8, 9), 99), ((9, 0), 227),
+                                   ((10, 3), 227), ((12, 0), 99)])
+def test_shared_memory_fallback_table(cc, kb):
+    assert detect._smem_fallback_kb(cc) == kb
+
+
+# ----------------------------------------------------------------------------- simulation
+
+@pytest.mark.parametrize("name", sorted(CATALOG))
+def test_every_catalog_device_can_be_simulated(name):
+    p = detect_profile(name)
+    ref = CATALOG[name]
+    assert p.simulated
+    assert (p.backend, p.compute_capability, p.native_bf16, p.tf32) == (
+        ref.backend, ref.compute_capability, ref.native_bf16, ref.tf32)
+    if ref.backend != "cpu":
+        assert p.memory_gb == ref.memory_gb     # no real GPU here: the catalog figure as is
+    software = detect_software(p)
+    assert set(software.notes) >= {"torch", "flash_attn", "xformers", "vllm", "triton"}
+
+
+def test_env_var_names_the_device_and_explicit_name_wins(monkeypatch):
+    monkeypatch.setenv(detect.ENV_DEVICE, "t4")
+    assert detect_profile().compute_capability == (7, 5)
+    assert detect_profile("p40").compute_capability == (6, 1)
+    monkeypatch.setenv(detect.ENV_DEVICE, "auto")
+    assert not detect_profile().simulated
+
+
+def test_unknown_device_error_lists_the_names():
+    with pytest.raises(ValueError, match="Valid names: .*p40"):
+        detect_profile("p4000")
+
+
+def test_simulated_gpu_on_a_real_gpu_takes_the_smaller_memory_and_real_count(monkeypatch):
+    real = dataclasses.replace(get_profile("h200"), memory_gb=139.8, free_memory_gb=130.0, count=8,
+                               host_memory_gb=2000.0)
+    monkeypatch.setattr(detect, "detect_real_profile", lambda: real)
+    p40 = detect_profile("p40")
+    assert (p40.memory_gb, p40.free_memory_gb, p40.count, p40.compute_capability) == (23.9, 23.9, 8, (6, 1))
+    assert p40.host_memory_gb == 2000.0 and p40.simulated
+    small = dataclasses.replace(real, memory_gb=79.1, free_memory_gb=70.0)
+    monkeypatch.setattr(detect, "detect_real_profile", lambda: small)
+    h200 = detect_profile("h200")
+    assert (h200.memory_gb, h200.free_memory_gb) == (79.1, 70.0)
+
+
+# ----------------------------------------------------------------------------- software verdicts
+
+def test_p40_verdicts_name_the_capability():
+    sw = detect_software(detect_profile("p40"))
+    assert not (sw.flash_attn_usable or sw.vllm_usable or sw.triton_usable or sw.xformers_usable)
+    for key in ("flash_attn", "vllm", "triton"):
+        assert "sm_61" in sw.notes[key]
+
+
+def test_cpu_verdicts(monkeypatch):
+    sw = detect_software(detect_profile("cpu"))
+    assert not sw.xformers_usable and not sw.flash_attn_usable
+    assert "CPU" in sw.notes["xformers"]
+    monkeypatch.setattr(detect.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CXX", raising=False)
+    assert detect._compile_verdict(detect_profile("cpu")) == (
+        False, "torch.compile on CPU needs a C++ compiler; none found on PATH")
+
+
+@pytest.mark.parametrize("device,version,usable,words", [
+    ("p40", "0.8.5", False, "7.0+"),
+    ("t4", "0.8.5", True, "float16 only"),
+    ("a100-80gb", "0.8.5", True, "supports sm_80"),
+    ("a100-80gb", "0.8.5+cpu", False, "CPU build"),
+    ("cpu", "0.8.5+cpu", True, "CPU build"),
+    ("cpu", "0.8.5", False, "GPU build"),
+])
+def test_vllm_verdict(device, version, usable, words):
+    ok, note = detect._vllm_verdict(get_profile(device), version)
+    assert ok is usable and words in note
+
+
+@pytest.mark.parametrize("device,usable,words", [
+    ("t4", False, "needs sm_80+"), ("v100-32gb", False, "needs sm_80+"), ("cpu", False, "no CPU"),
+    ("a100-80gb", False, "no GPU on this host"),     # this test host has no GPU to run it on
+])
+def test_flash_attn_verdict(device, usable, words):
+    ok, note = detect._flash_attn_verdict(get_profile(device), "2.7.4")
+    assert ok is usable and words in note
+
+
+def test_xformers_needs_a_gpu_to_probe():
+    ok, note = detect._xformers_verdict(get_profile("t4"), "0.0.29")
+    assert not ok and "no GPU" in note
+
+
+# ----------------------------------------------------------------------------- torch build check
+
+@pytest.mark.parametrize("arch,cc,covered", [
+    (CU126, (6, 1), True),      # sm_60 cubin runs on sm_61
+    (CU128, (6, 1), False),
+    (CU128, (7, 0), True),
+    (CU130, (7, 0), False),
+    (CU130, (8, 9), True),      # sm_86 cubin runs on sm_89
+    (("sm_80", "compute_80"), (12, 0), True),   # PTX is JIT-compiled for newer GPUs
+    (("sm_80",), (9, 0), False),
+])
+def test_arch_list_coverage(arch, cc, covered):
+    assert arch_list_covers(arch, cc) is covered
+
+
+def _software(arch):
+    return SoftwareInfo(torch_version="2.8.0+cu128", torch_arch_list=arch)
+
+
+def test_pascal_on_a_cu128_build_fails_naming_cu126():
+    p40 = dataclasses.replace(get_profile("p40"), name="Tesla P40")
+    with pytest.raises(UnsupportedDeviceError) as err:
+        check_torch_supports(p40, _software(CU128))
+    msg = str(err.value)
+    assert "sm_61" in msg and "Tesla P40" in msg and "sm_70, sm_75" in msg
+    assert "https://download.pytorch.org/whl/cu126" in msg and "PyTorch 2.8" in msg
+    check_torch_supports(p40, _software(CU126))    # a cu126 build is fine
+
+
+def test_volta_on_a_cuda13_build_fails_naming_cu126():
+    with pytest.raises(UnsupportedDeviceError, match="Volta sm_70.*cu126"):
+        check_torch_supports(get_profile("v100-32gb"), _software(CU130))
+
+
+def test_kepler_needs_a_source_build():
+    k80 = dataclasses.replace(get_profile("p40"), name="Tesla K80", compute_capability=(3, 7))
+    with pytest.raises(UnsupportedDeviceError, match="from source"):
+        check_torch_supports(k80, _software(CU126))
+
+
+def test_simulated_and_cpu_profiles_are_not_checked():
+    sim = dataclasses.replace(get_profile("p40"), simulated=True)
+    check_torch_supports(sim, _software(CU130))
+    check_torch_supports(get_profile("cpu"), _software(()))
