@@ -273,8 +273,6 @@ UPSTREAM_ONLY_ADV_ESTIMATORS = ("remax", "opo", "grpo_passk", "gpg", "rloo_vecto
                                 "grpo_vectorized", "optimal_token_baseline",
                                 "tir_optimal_token_baseline", "gdpo")
 KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-DTYPE_NAMES = ("auto", "float32", "fp32", "float16", "fp16", "half", "bfloat16", "bf16")
-ATTN_IMPLS = ("auto", "eager", "sdpa", "xformers", "flash_attention_2")
 ROLLOUT_NAMES = ("auto", "hf", "vllm")
 DEVICES = ("auto", "cuda", "cpu")
 TRUNCATIONS = ("error", "left", "right", "middle")
@@ -410,8 +408,9 @@ def _check_choices(cfg, errors: list[str], warnings: list[str]) -> None:
             did = f" Did you mean {near[0]}?" if near else ""
             errors.append(f"{path}={value!r} is not one of {', '.join(map(str, allowed))}.{did}{extra}")
 
-    for section in ("actor_rollout_ref.actor", "critic"):
-        one_of(f"{section}.loss_agg_mode", LOSS_AGG_MODES)
+    one_of("actor_rollout_ref.actor.loss_agg_mode", LOSS_AGG_MODES)
+    if _explicit(cfg, "critic.loss_agg_mode") is not None:  # else it follows the actor's
+        one_of("critic.loss_agg_mode", LOSS_AGG_MODES)
     est = _get(cfg, "algorithm.adv_estimator")
     if est in UPSTREAM_ONLY_ADV_ESTIMATORS:
         errors.append(f"algorithm.adv_estimator={est} is an upstream estimator this fork does not implement "
@@ -432,15 +431,10 @@ def _check_choices(cfg, errors: list[str], warnings: list[str]) -> None:
     for role in ("actor_rollout_ref.actor", "critic"):
         one_of(f"{role}.strategy", ("fsdp", "fsdp2"), extra=" This fork trains with FSDP only.")
 
-    for model in ("actor_rollout_ref.model", "critic.model"):
-        one_of(f"{model}.attn_implementation", ATTN_IMPLS)
+    # dtype and attention names are checked by verl.compat, which owns those vocabularies
     for fsdp in ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp"):
-        for leaf in ("model_dtype", "dtype", "mixed_precision.param_dtype", "mixed_precision.reduce_dtype",
-                     "mixed_precision.buffer_dtype"):
-            one_of(f"{fsdp}.{leaf}", DTYPE_NAMES)
         for leaf in ("param_offload", "optimizer_offload", "use_torch_compile"):
             _bool_or_auto(cfg, f"{fsdp}.{leaf}", errors)
-    one_of("actor_rollout_ref.rollout.dtype", DTYPE_NAMES)
     for path in ("actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding",
                  "actor_rollout_ref.actor.use_torch_compile", "actor_rollout_ref.rollout.enforce_eager"):
         _bool_or_auto(cfg, path, errors)
