@@ -32,6 +32,7 @@ def build_model(
     trust_remote_code: bool = False,
     override_config: dict | None = None,
     train: bool = True,
+    seed: int = 42,
 ) -> torch.nn.Module:
     """Load a causal LM (or, with `value_head`, a one-label token classifier for the critic).
 
@@ -50,20 +51,25 @@ def build_model(
         for key in ("classifier_dropout", "hidden_dropout"):
             if hasattr(config, key):
                 setattr(config, key, 0.0)
-    config.use_cache = not train
     auto_cls = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
-    model = auto_cls.from_pretrained(
-        path,
-        config=config,
-        dtype=torch_dtype(role_plan.param_dtype),
-        attn_implementation=role_plan.attn_implementation,
-        trust_remote_code=trust_remote_code,
-    )
+    # Weights missing from the checkpoint (the critic's score head) are drawn at random: seed them so
+    # every rank, and every run, starts from the same values.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = auto_cls.from_pretrained(
+            path,
+            config=config,
+            dtype=torch_dtype(role_plan.param_dtype),
+            attn_implementation=role_plan.attn_implementation,
+            trust_remote_code=trust_remote_code,
+        )
     if value_head:
         # A fresh score head would come up in the checkpoint's storage dtype; keep it in param dtype.
         model.to(torch_dtype(role_plan.param_dtype))
     if train and role_plan.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # from_pretrained returns eval mode; a trained model starts in train mode, a frozen one without grads.
+    model.train(train)
     if not train:
         model.requires_grad_(False)
     return model

@@ -1,0 +1,292 @@
+"""The FSDP workers on CPU with a tiny Qwen2, in-process (world size 1) and as two gloo processes.
+
+Tolerances: float32 vs a float64 reference forward, 1e-5 absolute on log-probs (a 2-layer, width-32
+model accumulates ~1e-6 of float32 rounding); re-splitting the same batch into other micro-batches
+or ranks changes only the summation order, so gradients, losses and grad norms agree to 1e-5 relative.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from worker_setup import (  # noqa: E402
+    PROMPT_LEN,
+    RESPONSE_LEN,
+    actor_rollout_ref_config,
+    cpu_plan,
+    critic_config,
+    ppo_batch,
+    role_plan,
+    tiny_model,
+)
+
+from verl.protocol import DataProto  # noqa: E402
+from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tiny_model(str(tmp_path_factory.mktemp("tiny_qwen2")))
+
+
+def _actor(model_dir, role="actor_rollout", plan=None, **actor_overrides):
+    worker = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir, **actor_overrides), role=role,
+                                   plan=plan or cpu_plan())
+    worker.init_model()
+    return worker
+
+
+def _float64_log_probs(model_dir, data: DataProto) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64, attn_implementation="sdpa")
+    with torch.no_grad():
+        logits = model(input_ids=data.batch["input_ids"], attention_mask=data.batch["attention_mask"],
+                       position_ids=data.batch["position_ids"]).logits
+    logp = torch.log_softmax(logits[:, PROMPT_LEN - 1 : -1], dim=-1)
+    return logp.gather(-1, data.batch["responses"].unsqueeze(-1)).squeeze(-1)
+
+
+def _with_old_log_probs(worker, data: DataProto) -> DataProto:
+    data.batch["old_log_probs"] = worker.compute_log_prob(data).batch["old_log_probs"]
+    return data
+
+
+# ------------------------------------------------------------------------------------ actor
+
+
+def test_compute_log_prob_matches_float64_reference(model_dir):
+    worker = _actor(model_dir)
+    data = ppo_batch()
+    out = worker.compute_log_prob(data)
+    mask = data.batch["response_mask"].bool()
+    reference = _float64_log_probs(model_dir, data)
+    assert out.batch["old_log_probs"].dtype == torch.float32
+    assert out.batch["old_log_probs"].shape == (8, RESPONSE_LEN)
+    torch.testing.assert_close(out.batch["old_log_probs"][mask].double(), reference[mask], atol=1e-5, rtol=0)
+    assert (out.batch["entropys"][mask] > 0).all()
+    assert out.meta_info["temperature"] == 1.0
+
+
+def test_dynamic_bsz_log_probs_equal_fixed_micro_batches(model_dir):
+    fixed = _actor(model_dir).compute_log_prob(ppo_batch()).batch["old_log_probs"]
+    config = actor_rollout_ref_config(model_dir)
+    config.rollout.log_prob_use_dynamic_bsz = True
+    config.rollout.log_prob_max_token_len_per_gpu = 20
+    worker = ActorRolloutRefWorker(config, role="actor_rollout", plan=cpu_plan())
+    worker.init_model()
+    dynamic = worker.compute_log_prob(ppo_batch()).batch["old_log_probs"]
+    torch.testing.assert_close(dynamic, fixed, atol=1e-6, rtol=1e-5)
+
+
+def test_update_actor_changes_weights_and_reports_upstream_metrics(model_dir):
+    worker = _actor(model_dir, role="actor_rollout_ref", use_kl_loss=True, entropy_coeff=0.01, ppo_mini_batch_size=2)
+    data = _with_old_log_probs(worker, ppo_batch())
+    data = data.union(worker.compute_ref_log_prob(data))
+    torch.testing.assert_close(data.batch["ref_log_prob"], data.batch["old_log_probs"])
+    before = [p.detach().full_tensor().clone() for p in worker.actor_module.parameters()]
+
+    metrics = worker.update_actor(data).meta_info["metrics"]
+
+    after = [p.detach().full_tensor() for p in worker.actor_module.parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(before, after))
+    for name in ("actor/pg_loss", "actor/entropy", "actor/ppo_kl", "actor/pg_clipfrac", "actor/pg_clipfrac_lower",
+                 "actor/kl_loss", "actor/kl_coef", "actor/grad_norm", "actor/lr", "perf/max_memory_allocated_gb",
+                 "perf/max_memory_reserved_gb", "perf/cpu_memory_used_gb", "perf/predicted_peak_gb"):
+        assert name in metrics, name
+    # 8 sequences, mini-batch of 2 prompts x n=2 -> two optimizer steps
+    assert len(metrics["actor/grad_norm"]) == 2
+    assert metrics["actor/lr"] == pytest.approx(1e-3)
+    # the reference policy is a separate frozen copy: the update moved the actor, not the ref
+    assert torch.equal(worker.compute_ref_log_prob(data).batch["ref_log_prob"], data.batch["ref_log_prob"])
+    assert not torch.allclose(worker.compute_log_prob(data).batch["old_log_probs"], data.batch["old_log_probs"])
+
+
+class _GradRecorder:
+    """Stands in for the optimizer: records the accumulated (full) gradients at each step."""
+
+    def __init__(self, params):
+        self.params = list(params)
+        self.grads = []
+
+    def step(self):
+        self.grads.append([p.grad.full_tensor().clone() for p in self.params])
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+
+@pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batching_never_changes_the_gradient(model_dir, loss_agg_mode):
+    worker = _actor(model_dir, role="actor", ppo_mini_batch_size=4, loss_agg_mode=loss_agg_mode, entropy_coeff=0.01,
+                    grad_clip=1e6)
+    data = _with_old_log_probs(worker, ppo_batch())
+    actor = worker.actor
+    recorder = _GradRecorder(worker.actor_module.parameters())
+    actor.actor_optimizer = recorder
+    results = {}
+    for label, settings in {"whole": dict(ppo_micro_batch_size_per_gpu=8, use_dynamic_bsz=False),
+                            "micro1": dict(ppo_micro_batch_size_per_gpu=1, use_dynamic_bsz=False),
+                            "dynamic": dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=20)}.items():
+        for key, value in settings.items():
+            actor.config[key] = value
+        metrics = actor.update_policy(data)
+        results[label] = (recorder.grads.pop(), metrics)
+    whole_grads, whole_metrics = results["whole"]
+    for label in ("micro1", "dynamic"):
+        grads, metrics = results[label]
+        for g, ref in zip(grads, whole_grads):
+            torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-7)
+        assert metrics["actor/pg_loss"] == pytest.approx(whole_metrics["actor/pg_loss"], rel=1e-5)
+        assert metrics["actor/grad_norm"] == pytest.approx(whole_metrics["actor/grad_norm"], rel=1e-5)
+
+
+def test_generate_sequences_uses_actor_weights_and_restores_train_mode(model_dir):
+    worker = _actor(model_dir)
+    data = ppo_batch(batch_size=4)
+    prompts = DataProto.from_dict({k: data.batch[k][:, :PROMPT_LEN] for k in ("input_ids", "attention_mask",
+                                                                              "position_ids")})
+    out = worker.generate_sequences(prompts)
+    for key in ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
+        assert key in out.batch.keys(), key
+    assert out.batch["responses"].shape == (4, RESPONSE_LEN)
+    assert out.batch["input_ids"].shape == (4, PROMPT_LEN + RESPONSE_LEN)
+    assert worker.actor_module.training
+    assert "perf/max_memory_allocated_gb" in out.meta_info["metrics"]
+
+
+def test_mini_batch_must_split_over_ranks_and_micro_batches(model_dir):
+    with pytest.raises(ValueError, match="ppo_micro_batch_size_per_gpu"):
+        ActorRolloutRefWorker(actor_rollout_ref_config(model_dir, ppo_mini_batch_size=3, ppo_micro_batch_size_per_gpu=4),
+                              role="actor", plan=cpu_plan())
+
+
+def test_vllm_plan_is_refused_with_a_clear_error(model_dir):
+    import dataclasses
+
+    plan = cpu_plan()
+    plan.rollout = dataclasses.replace(plan.rollout, name="vllm")
+    worker = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir), role="actor_rollout", plan=plan)
+    with pytest.raises(NotImplementedError, match="rollout.name=hf"):
+        worker.init_model()
+
+
+# ------------------------------------------------------------------------------------ fp16
+
+
+def _fp16_plan():
+    return cpu_plan(actor=role_plan(compute_dtype="float16", grad_scaler=True))
+
+
+def test_fp16_plan_uses_autocast_and_grad_scaler(model_dir):
+    worker = _actor(model_dir, role="actor", plan=_fp16_plan())
+    precision = worker._actor_model.precision
+    assert precision.autocast_dtype == torch.float16
+    assert isinstance(precision.scaler, torch.amp.GradScaler)
+    data = _with_old_log_probs(worker, ppo_batch())   # the guard ran here, on the first real batch
+    assert not worker._actor_model.guard_pending
+    metrics = worker.update_actor(data).meta_info["metrics"]
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics["actor/pg_loss"])
+    assert precision.scaler.get_scale() > 0
+
+
+def test_failed_numerics_guard_switches_the_role_to_float32(model_dir, monkeypatch):
+    import verl.compat.numerics as numerics
+
+    monkeypatch.setattr(numerics, "check_half_precision", lambda model, batch, dtype: (False, "forced in a test"))
+    worker = _actor(model_dir, role="actor", plan=_fp16_plan())
+    out = worker.compute_log_prob(ppo_batch())
+    assert worker._actor_model.precision.autocast_dtype is None
+    assert worker._actor_model.precision.scaler is None
+    assert "forced in a test" in out.meta_info["compat_notes"][0]
+    fp32 = _actor(model_dir, role="actor").compute_log_prob(ppo_batch()).batch["old_log_probs"]
+    torch.testing.assert_close(out.batch["old_log_probs"], fp32)
+
+
+# ------------------------------------------------------------------------------------ critic
+
+
+def test_critic_values_sit_at_response_positions(model_dir):
+    worker = CriticWorker(critic_config(model_dir), plan=cpu_plan())
+    worker.init_model()
+    data = ppo_batch()
+    values = worker.compute_values(data).batch["values"]
+    assert values.shape == (8, RESPONSE_LEN)
+    mask = data.batch["response_mask"].bool()
+    assert (values[~mask] == 0).all()
+    with torch.no_grad():
+        logits = worker.critic_module(input_ids=data.batch["input_ids"], attention_mask=data.batch["attention_mask"],
+                                      position_ids=data.batch["position_ids"]).logits.squeeze(-1)
+    torch.testing.assert_close(values[mask], logits[:, PROMPT_LEN - 1 : -1][mask], atol=1e-6, rtol=1e-5)
+
+
+def test_update_critic_lowers_the_value_loss(model_dir):
+    worker = CriticWorker(critic_config(model_dir, ppo_mini_batch_size=4, cliprange_value=100.0), plan=cpu_plan())
+    worker.init_model()
+    data = ppo_batch()
+    data.batch["values"] = worker.compute_values(data).batch["values"]
+    losses = []
+    for _ in range(6):
+        metrics = worker.update_critic(data).meta_info["metrics"]
+        losses.append(metrics["critic/vf_loss"][0])
+    assert losses[-1] < 0.5 * losses[0]
+    for name in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr"):
+        assert name in metrics
+
+
+# ------------------------------------------------------------------------------------ world size 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_ranks(model_dir, tmp_path, world: int) -> list[dict]:
+    port = str(_free_port())
+    procs, outs = [], []
+    for rank in range(world):
+        out = tmp_path / f"w{world}_r{rank}.json"
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "dist_runner.py"), model_dir, str(out)],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        outs.append(out)
+    for proc in procs:
+        try:
+            log, _ = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            pytest.fail("a rank did not finish within 240 s")
+        assert proc.returncode == 0, log.decode()[-3000:]
+    return [json.loads(o.read_text()) for o in outs]
+
+
+def test_world_size_two_matches_world_size_one(model_dir, tmp_path):
+    """Same seed, same 8 sequences: 2 gloo ranks x 4 rows give ws=1's losses and grad norms (rel 1e-5)."""
+    from dist_runner import run
+
+    single = run(model_dir)   # world size 1, in this process
+    pair = _run_ranks(model_dir, tmp_path, 2)
+    torch.testing.assert_close(torch.tensor(pair[0]["log_probs"] + pair[1]["log_probs"]),
+                               torch.tensor(single["log_probs"]), atol=1e-6, rtol=1e-5)
+    for name in ("actor/pg_loss", "actor/entropy"):
+        # each rank reports its share of the global mean (x dp size); the mean over ranks is the global value
+        mean_over_ranks = [(a + b) / 2 for a, b in zip(pair[0]["metrics"][name], pair[1]["metrics"][name])]
+        assert mean_over_ranks == pytest.approx(single["metrics"][name], rel=1e-5, abs=1e-7), name
+    for rank in pair:
+        assert rank["metrics"]["actor/grad_norm"] == pytest.approx(single["metrics"]["actor/grad_norm"], rel=1e-5)
+    assert len(single["metrics"]["actor/grad_norm"]) == 2   # ppo_epochs=2 over one mini-batch

@@ -1,0 +1,117 @@
+"""Shared setup for the worker tests: a CPU plan, upstream-shaped configs and a synthetic PPO batch.
+
+Also imported by `dist_runner.py`, which the two-process test launches as separate Python processes.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from omegaconf import OmegaConf
+
+from verl.compat.plan import Plan, RolePlan, RolloutPlan
+from verl.compat.profile import DeviceProfile, SoftwareInfo
+from verl.protocol import DataProto
+
+PROMPT_LEN, RESPONSE_LEN = 8, 6
+
+
+def tiny_model(out_dir: str) -> str:
+    from verl.utils.tiny_model import build_tiny_model_dir
+
+    return build_tiny_model_dir(out_dir, hidden_size=32, num_layers=2, intermediate_size=64, num_heads=4,
+                                num_kv_heads=2, seed=0)
+
+
+def role_plan(**overrides) -> RolePlan:
+    base = RolePlan(param_dtype="float32", compute_dtype="float32", grad_scaler=False, attn_implementation="sdpa",
+                    use_remove_padding=False, gradient_checkpointing=False, param_offload=False,
+                    optimizer_offload=False, micro_batch_size_per_gpu=2, max_token_len_per_gpu=64)
+    return dataclasses.replace(base, **overrides)
+
+
+def cpu_plan(actor: RolePlan | None = None, critic: RolePlan | None = None) -> Plan:
+    """The plan the compat planner makes for a CPU (float32, sdpa, gloo, built-in rollout), built by hand."""
+    return Plan(
+        device=DeviceProfile(name="cpu", backend="cpu", compute_capability=None, memory_gb=24.0),
+        software=SoftwareInfo(torch_version=torch.__version__),
+        device_type="cpu",
+        dist_backend="gloo",
+        torch_compile=False,
+        tf32=False,
+        actor=actor or role_plan(),
+        critic=critic or role_plan(),
+        ref=role_plan(),
+        rollout=RolloutPlan(name="hf", dtype="float32", gpu_memory_utilization=0.5, enforce_eager=True,
+                            attn_implementation="sdpa"),
+        predicted_peak_gb=1.0,
+        memory_limit_gb=24.0,
+    )
+
+
+def optim(lr: float = 1e-3) -> dict:
+    return {"lr": lr, "lr_warmup_steps_ratio": 0.0, "total_training_steps": 10, "weight_decay": 0.0,
+            "lr_warmup_steps": -1, "betas": [0.9, 0.999], "min_lr_ratio": 0.0, "num_cycles": 0.5,
+            "lr_scheduler_type": "constant", "warmup_style": None}
+
+
+def actor_rollout_ref_config(path: str, **actor_overrides):
+    """The `actor_rollout_ref` subtree with upstream's key names, CPU-sized."""
+    actor = {
+        "strategy": "fsdp", "ppo_mini_batch_size": 2, "ppo_micro_batch_size": None, "ppo_micro_batch_size_per_gpu": 2,
+        "use_dynamic_bsz": False, "ppo_max_token_len_per_gpu": 64, "clip_ratio": 0.2, "clip_ratio_low": 0.2,
+        "clip_ratio_high": 0.2, "clip_ratio_c": 3.0, "policy_loss": {"loss_mode": "vanilla"},
+        "loss_agg_mode": "token-mean", "loss_scale_factor": None, "entropy_coeff": 0.0, "calculate_entropy": False,
+        "use_kl_loss": False, "kl_loss_coef": 0.001, "kl_loss_type": "low_var_kl", "ppo_epochs": 1,
+        "shuffle": False, "data_loader_seed": 42, "grad_clip": 1.0, "optim": optim(),
+    }
+    actor.update(actor_overrides)
+    return OmegaConf.create({
+        "model": {"path": path, "trust_remote_code": False, "override_config": {}, "use_remove_padding": False},
+        "actor": actor,
+        "ref": {"log_prob_micro_batch_size": None, "log_prob_micro_batch_size_per_gpu": 2,
+                "log_prob_use_dynamic_bsz": False, "log_prob_max_token_len_per_gpu": 64},
+        "rollout": {"name": "hf", "n": 2, "temperature": 1.0, "top_k": -1, "top_p": 1.0, "do_sample": True,
+                    "prompt_length": PROMPT_LEN, "response_length": RESPONSE_LEN,
+                    "log_prob_micro_batch_size": None, "log_prob_micro_batch_size_per_gpu": 2,
+                    "log_prob_use_dynamic_bsz": False, "log_prob_max_token_len_per_gpu": 64,
+                    "val_kwargs": {"top_k": -1, "top_p": 1.0, "temperature": 0, "n": 1, "do_sample": False}},
+    })
+
+
+def critic_config(path: str, **overrides):
+    critic = {
+        "strategy": "fsdp", "rollout_n": 2, "ppo_mini_batch_size": 2, "ppo_micro_batch_size": None,
+        "ppo_micro_batch_size_per_gpu": 2, "forward_micro_batch_size": None, "forward_micro_batch_size_per_gpu": 2,
+        "use_dynamic_bsz": False, "ppo_max_token_len_per_gpu": 64, "forward_max_token_len_per_gpu": 64,
+        "ppo_epochs": 1, "shuffle": False, "cliprange_value": 0.5, "loss_agg_mode": "token-mean",
+        "loss_scale_factor": None, "grad_clip": 1.0, "optim": optim(lr=1e-2),
+        "model": {"path": path, "trust_remote_code": False, "override_config": {}},
+    }
+    critic.update(overrides)
+    return OmegaConf.create(critic)
+
+
+def ppo_batch(batch_size: int = 8, vocab: int = 60, seed: int = 0) -> DataProto:
+    """Left-padded prompts and right-padded responses of varied lengths, with advantages and returns."""
+    g = torch.Generator().manual_seed(seed)
+    total = PROMPT_LEN + RESPONSE_LEN
+    input_ids = torch.randint(3, vocab, (batch_size, total), generator=g)
+    attention_mask = torch.ones(batch_size, total, dtype=torch.long)
+    for i in range(batch_size):
+        attention_mask[i, : i % 4] = 0                                   # left padding of the prompt
+        response_pad = (i * 3) % RESPONSE_LEN                             # right padding after EOS
+        if response_pad:
+            attention_mask[i, total - response_pad :] = 0
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    responses = input_ids[:, PROMPT_LEN:]
+    response_mask = attention_mask[:, PROMPT_LEN:]
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+            "responses": responses, "response_mask": response_mask,
+            "advantages": torch.randn(batch_size, RESPONSE_LEN, generator=g) * response_mask,
+            "returns": torch.randn(batch_size, RESPONSE_LEN, generator=g) * response_mask,
+        },
+        meta_info={"temperature": 1.0},
+    )
