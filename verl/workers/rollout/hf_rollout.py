@@ -1,0 +1,260 @@
+"""The built-in rollout engine: batched sampling from the actor's own HF causal LM with a KV cache.
+
+It needs nothing beyond torch and transformers, so it runs wherever training runs (CPU included),
+and it reads the actor's weights in place: there is no second copy of the model. The decode loop is
+ours rather than `model.generate`, so sampling is done in float32 by code we test, and the loop
+can stay in lock-step across FSDP ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from verl.protocol import DataProto
+from verl.utils.torch_functional import get_response_mask
+
+from .base import BaseRollout
+
+__all__ = ["HFRollout", "SamplingParams", "filter_logits", "sample_next_token"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token. Greedy when `do_sample` is false or temperature is 0."""
+
+    do_sample: bool = True
+    temperature: float = 1.0
+    top_k: int = 0  # <= 0: off (vLLM writes -1, HF writes 0)
+    top_p: float = 1.0  # >= 1: off
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature <= 0
+
+
+def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Mask (to -inf) every token outside the top-k and outside the top-p nucleus, row by row.
+
+    The nucleus is the smallest set of most likely tokens whose probability mass reaches `top_p`:
+    a token is kept when the mass of the tokens ranked above it is still below `top_p`, so the most
+    likely token always survives. With both filters, top-k is applied first and the nucleus is taken
+    within the renormalised top-k distribution (the order HF and vLLM use).
+    """
+    logits = logits.float()
+    if top_k is not None and 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        if top_p <= 0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        mass_above = torch.cumsum(probs, dim=-1) - probs
+        drop_sorted = mass_above >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None):
+    """One token id per row of (batch, vocab) logits, computed in float32."""
+    logits = logits.float()
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    logits = filter_logits(logits / params.temperature, params.top_k, params.top_p)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def _cfg(config, key, default=None):
+    value = config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
+    return default if value is None else value
+
+
+def _inner_module(module: nn.Module) -> nn.Module:
+    """The HF model inside an FSDP1 wrapper (FSDP2 shards in place, so it is the module itself)."""
+    return getattr(module, "_fsdp_wrapped_module", module)
+
+
+def _is_sharded(module: nn.Module) -> bool:
+    """True when each forward all-gathers weights, so every rank must run the same number of them.
+
+    That is FSDP1, or FSDP2 with its parameters still sharded (DTensors). A caller that unshards
+    FSDP2 once before generating (the actor worker does) gets plain tensors and free-running ranks.
+    """
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    if hasattr(module, "_fsdp_wrapped_module"):
+        return True
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch without DTensor has no FSDP2 either
+        return False
+    return any(isinstance(p, DTensor) for p in module.parameters())
+
+
+class HFRollout(BaseRollout):
+    """Generate with `module`, the actor's causal LM (plain, FSDP1-wrapped or FSDP2-sharded).
+
+    The module is called directly at every decode step, so no extra copy of the weights is kept.
+    If the weights are still sharded (FSDP1, or FSDP2 not unsharded by the caller), each step
+    gathers them and the ranks decode in lock-step, stopping only when all ranks are done; a caller
+    that unshards FSDP2 once beforehand (cheaper) lets each rank stop on its own.
+    `config` is the `actor_rollout_ref.rollout` section (temperature, top_k, top_p, do_sample,
+    response_length, seed, ignore_eos, val_kwargs, and the optional micro_batch_size).
+    `plan` is the compat plan: its `rollout.dtype` sets autocast on accelerators when the weights
+    are kept in float32.
+    """
+
+    def __init__(self, module: nn.Module, config, plan=None):
+        self.module = module
+        self.config = config
+        self.plan = plan
+        self._generator: torch.Generator | None = None
+        forward_params = inspect.signature(_inner_module(module).forward).parameters
+        # transformers 5 renamed `past_key_values` to `cache`; follow whichever this model takes.
+        self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
+        self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in forward_params), None)
+
+    # ------------------------------------------------------------------ public API
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        meta = prompts.meta_info
+        params = self.sampling_params(meta)
+        response_length = int(meta.get("response_length", _cfg(self.config, "response_length")))
+        eos_ids, pad_id = self._special_tokens(meta)
+        generator = self._generator_for(meta)
+
+        batch_size = len(prompts)
+        micro = int(_cfg(self.config, "micro_batch_size", batch_size) or batch_size)
+        parts = [prompts] if micro >= batch_size else prompts.split(micro)
+        outputs = []
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            with torch.no_grad(), self._autocast():
+                for part in parts:
+                    outputs.append(self._generate(part, params, response_length, eos_ids, pad_id, generator))
+        finally:
+            self.module.train(was_training)
+        return outputs[0] if len(outputs) == 1 else DataProto.concat(outputs)
+
+    def sampling_params(self, meta_info: dict) -> SamplingParams:
+        """Training settings, or `val_kwargs` when meta_info['validate'] is true; explicit
+        meta_info keys (do_sample, temperature, top_k, top_p) override either."""
+        source = self.config.val_kwargs if meta_info.get("validate", False) else self.config
+        return SamplingParams(
+            do_sample=bool(meta_info.get("do_sample", _cfg(source, "do_sample", True))),
+            temperature=float(meta_info.get("temperature", _cfg(source, "temperature", 1.0))),
+            top_k=int(meta_info.get("top_k", _cfg(source, "top_k", 0))),
+            top_p=float(meta_info.get("top_p", _cfg(source, "top_p", 1.0))),
+        )
+
+    # ------------------------------------------------------------------ internals
+
+    def _device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    def _special_tokens(self, meta: dict):
+        hf_config = getattr(_inner_module(self.module), "config", None)
+        eos = meta.get("eos_token_id", getattr(hf_config, "eos_token_id", None))
+        pad = meta.get("pad_token_id", getattr(hf_config, "pad_token_id", None))
+        if eos is None:
+            raise ValueError("HFRollout needs meta_info['eos_token_id'] (int or list): set it from the tokenizer")
+        eos_ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+        return eos_ids, int(eos_ids[0] if pad is None else pad)
+
+    def _generator_for(self, meta: dict) -> torch.Generator:
+        """A per-call generator when meta_info carries a seed, else one stream kept across calls.
+
+        The kept stream is seeded with rollout.seed plus the rank, so data-parallel ranks differ
+        and a rerun with the same seed reproduces every step.
+        """
+        device = self._device()
+        if "seed" in meta:
+            return torch.Generator(device=device).manual_seed(int(meta["seed"]))
+        if self._generator is None:
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            self._generator = torch.Generator(device=device).manual_seed(int(_cfg(self.config, "seed", 0)) + rank)
+        return self._generator
+
+    def _autocast(self):
+        device = self._device()
+        if self.plan is None or device.type == "cpu":
+            return contextlib.nullcontext()
+        from verl.compat import torch_dtype
+
+        dtype = torch_dtype(self.plan.rollout.dtype)
+        if dtype == torch.float32 or next(self.module.parameters()).dtype == dtype:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=dtype)
+
+    def _forward(self, input_ids, attention_mask, position_ids, cache):
+        kwargs = {self._cache_kw: cache, "use_cache": True}
+        if self._keep_kw is not None:
+            kwargs[self._keep_kw] = 1  # only the last position's logits are needed
+        out = self.module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+        new_cache = getattr(out, "cache", None) if self._cache_kw == "cache" else out.past_key_values
+        return out.logits[:, -1, :], new_cache
+
+    def _generate(self, prompts: DataProto, params, response_length, eos_ids, pad_id, generator) -> DataProto:
+        device = self._device()
+        prompt_ids = prompts.batch["input_ids"]
+        prompt_mask = prompts.batch["attention_mask"]
+        prompt_pos = prompts.batch["position_ids"]
+        out_device = prompt_ids.device
+        ids, mask, pos = prompt_ids.to(device), prompt_mask.to(device), prompt_pos.to(device)
+
+        batch_size = ids.shape[0]
+        ignore_eos = bool(_cfg(self.config, "ignore_eos", False))
+        eos = torch.tensor(eos_ids, device=device)
+        lockstep = _is_sharded(self.module)
+        responses = torch.full((batch_size, response_length), pad_id, dtype=ids.dtype, device=device)
+        finished = torch.zeros(batch_size, dtype=torch.bool, device=device)
+
+        step_ids, step_pos, full_mask, cache = ids, pos, mask, None
+        for step in range(response_length):
+            logits, cache = self._forward(step_ids, full_mask, step_pos, cache)
+            token = sample_next_token(logits, params, generator)
+            token = torch.where(finished, torch.full_like(token, pad_id), token)
+            responses[:, step] = token
+            if not ignore_eos:
+                finished |= torch.isin(token, eos)
+            if step + 1 == response_length or self._all_finished(finished, lockstep):
+                break
+            step_ids = token.unsqueeze(-1)
+            step_pos = pos[:, -1:] + step + 1
+            full_mask = torch.cat([full_mask, torch.ones_like(full_mask[:, :1])], dim=-1)
+
+        if ignore_eos:
+            response_mask = torch.ones_like(responses, dtype=mask.dtype)
+        else:
+            response_mask = get_response_mask(responses, eos_token=eos_ids, dtype=mask.dtype)
+        offsets = torch.arange(1, response_length + 1, device=device, dtype=pos.dtype)
+        tensors = {
+            "prompts": ids,
+            "responses": responses,
+            "response_mask": response_mask,
+            "input_ids": torch.cat([ids, responses], dim=-1),
+            "attention_mask": torch.cat([mask, response_mask], dim=-1),
+            "position_ids": torch.cat([pos, pos[:, -1:] + offsets], dim=-1),
+        }
+        tensors = {k: v.to(out_device) for k, v in tensors.items()}
+        return DataProto.from_dict(
+            tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=dict(prompts.meta_info)
+        )
+
+    @staticmethod
+    def _all_finished(finished: torch.Tensor, lockstep: bool) -> bool:
+        """Stop when every row hit EOS; under FSDP only when every rank's rows did."""
+        if not lockstep:
+            return bool(finished.all())
+        running = (~finished).any().to(torch.int32).reshape(1)
+        dist.all_reduce(running, op=dist.ReduceOp.MAX)
+        return int(running.item()) == 0
