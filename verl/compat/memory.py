@@ -1,0 +1,292 @@
+"""Memory model: predicted peak device memory of one PPO step, per phase, for a plan and a model.
+
+Pure arithmetic on `ModelSpec` and the role plans; no torch. All roles are colocated on every
+device (verl's hybrid engine), FSDP shards persistent state over `world_size` devices, and a
+role marked `param_offload` / `optimizer_offload` keeps that state on the host whenever it is
+not the active role (optimizer offload also keeps the optimizer off the device until the
+optimizer step, after activations are freed).
+
+`predicted_peak_gb` is the peak of tensor allocations, what `torch.cuda.max_memory_allocated`
+reports. `required_gb` adds what the allocator does not count as allocated: the CUDA context
+and a fragmentation margin. The planner fits `required_gb` into the device.
+
+Per-layer activation formula (bytes per token, one decoder layer, saved for backward), with
+`r` the residual-stream width in bytes (4 when master weights are float32, even under
+autocast) and `c` the compute width:
+    norms   2 x (2H*r + H*c)           input and normalised copy kept in float32, cast input of the next matmul
+    attn    (2q + 2kv + 2q)*c + 4*heads   q, k, v, output and its contiguous copy, log-sum-exp
+    mlp     4I*c                        gate, act(gate), up, act(gate)*up
+Eager attention adds heads*T*(4 + c) per token (float32 softmax and its cast, saved for the
+value matmul); sdpa/flash keep O(T). With gradient checkpointing only the layer input (H*r per
+token per layer) is kept, plus one layer recomputed during backward. Logits: the micro-batch
+(tokens x vocab) in compute dtype, plus the float32 log-prob scratch of verl's chunked
+`logprobs_from_logits` and the logits' gradient.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from verl.compat.model_spec import ModelSpec
+from verl.compat.plan import RolePlan, RolloutPlan
+
+GiB = 1024 ** 3
+BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+LOGPROB_CHUNK_ROWS = 1024        # rows per float32 chunk in verl.utils.torch_functional
+CUDA_CONTEXT_GB = 0.75           # CUDA context + cuBLAS workspace, outside the allocator's count
+ADAM_STEP_SCRATCH = 1.0          # foreach AdamW temporaries, in units of one fp32 shard of params
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The step's shape: sequence lengths and how many sequences each device generates."""
+
+    prompt_length: int
+    response_length: int
+    rollout_batch_per_gpu: int
+    world_size: int = 1
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_length + self.response_length
+
+
+@dataclass
+class PhaseMemory:
+    """Allocated bytes (GiB) by term at the peak of one phase."""
+
+    name: str
+    terms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total_gb(self) -> float:
+        return sum(self.terms.values())
+
+
+@dataclass
+class MemoryEstimate:
+    phases: dict[str, PhaseMemory]
+    context_gb: float
+    fragmentation: float
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases.values(), key=lambda p: p.total_gb).name
+
+    @property
+    def predicted_peak_gb(self) -> float:
+        return max(p.total_gb for p in self.phases.values())
+
+    @property
+    def required_gb(self) -> float:
+        return self.predicted_peak_gb * (1 + self.fragmentation) + self.context_gb
+
+    def to_dict(self) -> dict:
+        out = {name: {k: round(v, 3) for k, v in p.terms.items()} for name, p in self.phases.items()}
+        return {"phases": out, "peak_phase": self.peak_phase, "context_gb": self.context_gb,
+                "fragmentation": self.fragmentation,
+                "predicted_peak_gb": round(self.predicted_peak_gb, 3),
+                "required_gb": round(self.required_gb, 3)}
+
+    def table(self) -> str:
+        """Human-readable breakdown, one phase per block (the doctor prints this)."""
+        lines = []
+        for p in self.phases.values():
+            mark = "  <- peak" if p.name == self.peak_phase else ""
+            lines.append(f"{p.name:14s} {p.total_gb:8.2f} GiB{mark}")
+            lines += [f"    {k:28s} {v:8.3f}" for k, v in p.terms.items() if v > 0.0005]
+        lines.append(f"context {self.context_gb:.2f} GiB, fragmentation {self.fragmentation:.0%}, "
+                     f"required {self.required_gb:.2f} GiB")
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- per-token terms
+
+def layer_activation_bytes(m: ModelSpec, compute: str, residual: str, attn: str, seq_len: int) -> float:
+    """Bytes one decoder layer saves for backward, per token (formula in the module docstring)."""
+    c, r = BYTES[compute], BYTES[residual]
+    h, q, kv = m.hidden_size, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    norms = 2 * (2 * h * r + h * c)
+    attention = (2 * q + 2 * kv + 2 * q) * c + 4 * m.num_heads
+    if attn == "eager":
+        attention += m.num_heads * seq_len * (4 + c)
+    mlp = 4 * m.intermediate_size * c
+    return norms + attention + mlp
+
+
+def _logits_bytes(m: ModelSpec, tokens: int, response_tokens: int, compute: str, backward: bool) -> float:
+    """Logits of a micro-batch plus the float32 scratch of chunked log-probs (and their grads)."""
+    c, v = BYTES[compute], m.vocab_size
+    chunk = min(response_tokens, LOGPROB_CHUNK_ROWS) * v * 4
+    fwd = tokens * v * c + response_tokens * v * c + 2 * chunk
+    if not backward:
+        return fwd
+    return tokens * v * c * 2 + response_tokens * v * c * 2 + 2 * chunk
+
+
+# ----------------------------------------------------------------------------- roles
+
+@dataclass(frozen=True)
+class _Role:
+    name: str
+    plan: RolePlan
+    params: int
+    trainable: bool
+
+    def weights(self, ws: int) -> float:
+        return self.params * BYTES[self.plan.param_dtype] / ws
+
+    def optimizer(self, ws: int) -> float:
+        if not self.trainable:
+            return 0.0
+        master = 4 if BYTES[self.plan.param_dtype] < 4 else 0
+        return self.params * (8 + master) / ws
+
+    def grads(self, ws: int) -> float:
+        return self.weights(ws) if self.trainable else 0.0
+
+    def resident(self, ws: int) -> dict[str, float]:
+        """What stays on the device while another role is active."""
+        return {f"{self.name}.weights": 0.0 if self.plan.param_offload else self.weights(ws),
+                f"{self.name}.optimizer": 0.0 if self.plan.optimizer_offload else self.optimizer(ws)}
+
+
+def _compute_copy(m: ModelSpec, role: _Role, ws: int, dtype: str) -> float:
+    """Weights materialised in `dtype` for compute: a cast copy (autocast's cache) on one device,
+    the FSDP all-gathered units (root plus two prefetched layers) on several."""
+    same = dtype == role.plan.param_dtype
+    if ws == 1:
+        if same:
+            return 0.0
+        embedding = m.vocab_size * m.hidden_size
+        casted = role.params - (embedding if (role.name == "critic" or not m.tie_word_embeddings) else 0)
+        return casted * BYTES[dtype]
+    root = role.params - m.num_layers * (role.params - 2 * m.vocab_size * m.hidden_size) / max(m.num_layers, 1)
+    per_layer = (m.num_params - m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings else 2)) / m.num_layers
+    return (max(root, 0) + 2 * per_layer) * BYTES[dtype]
+
+
+def _tokens(plan: RolePlan, seq_len: int, response_len: int, forward: bool) -> tuple[int, int]:
+    """(tokens, response tokens) in one micro-batch of this role."""
+    mbs = plan.forward_micro_batch_size_per_gpu if forward else plan.micro_batch_size_per_gpu
+    budget = plan.forward_max_token_len_per_gpu if forward else plan.max_token_len_per_gpu
+    if mbs is None and forward:
+        mbs = plan.micro_batch_size_per_gpu
+    if mbs is not None:
+        return mbs * seq_len, mbs * response_len
+    budget = budget or plan.max_token_len_per_gpu or seq_len
+    seqs = max(budget // seq_len, 1)
+    return max(budget, seq_len), seqs * response_len
+
+
+def _activations(m: ModelSpec, plan: RolePlan, tokens: int, seq_len: int, train: bool) -> dict[str, float]:
+    residual = plan.param_dtype if train else plan.compute_dtype
+    per_layer = layer_activation_bytes(m, plan.compute_dtype, residual, plan.attn_implementation, seq_len)
+    layer = tokens * per_layer
+    if not train:
+        return {"activations (1 layer)": layer}
+    if plan.gradient_checkpointing:
+        inputs = tokens * m.hidden_size * BYTES[residual] * m.num_layers
+        return {"activations (checkpointed)": inputs + 2 * layer}
+    return {"activations": layer * m.num_layers + layer}
+
+
+def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollout: RolloutPlan,
+                    critic: RolePlan | None = None, ref: RolePlan | None = None, *,
+                    device_memory_gb: float, backend: str = "cuda", fragmentation: float = 0.05,
+                    critic_model: ModelSpec | None = None) -> MemoryEstimate:
+    """Peak allocated memory of each phase of one PPO step on one device (GiB)."""
+    ws, T, R = workload.world_size, workload.seq_len, workload.response_length
+    cmodel = critic_model or model
+    roles = {"actor": _Role("actor", actor, model.num_params, True)}
+    if critic is not None:
+        roles["critic"] = _Role("critic", critic, cmodel.critic_params, True)
+    if ref is not None:
+        roles["ref"] = _Role("ref", ref, model.num_params, False)
+
+    def idle(active: str) -> dict[str, float]:
+        out = {}
+        for name, role in roles.items():
+            if name != active:
+                out.update(role.resident(ws))
+        return out
+
+    def on_device(role: _Role, optimizer: bool) -> dict[str, float]:
+        return {f"{role.name}.weights": role.weights(ws),
+                f"{role.name}.optimizer": role.optimizer(ws) if optimizer else 0.0}
+
+    phases: dict[str, PhaseMemory] = {}
+
+    # rollout: the actor's weights drive generation
+    a = roles["actor"]
+    terms = idle("actor")
+    terms.update(on_device(a, optimizer=not actor.optimizer_offload))
+    terms["actor.weights"] = 0.0 if actor.param_offload else a.weights(ws)
+    if rollout.name == "vllm":
+        terms["rollout.engine share"] = rollout.gpu_memory_utilization * device_memory_gb * GiB
+        terms["actor.weights"] = a.weights(ws) if not actor.param_offload else 0.0
+    else:
+        rb = BYTES[rollout.dtype]
+        if ws > 1 or rollout.dtype != actor.param_dtype or actor.param_offload:
+            terms["rollout.weights"] = model.num_params * rb
+        batch = workload.rollout_batch_per_gpu
+        terms["rollout.kv_cache"] = 2 * model.num_layers * model.num_kv_heads * model.head_dim * batch * T * rb
+        prefill = batch * workload.prompt_length
+        scores = 0
+        if rollout.attn_implementation == "eager":
+            scores = batch * model.num_heads * workload.prompt_length ** 2 * (4 + rb)
+        terms["rollout.prefill"] = prefill * (4 * model.hidden_size + 3 * model.intermediate_size) * rb + scores
+        terms["rollout.logits"] = batch * model.vocab_size * 4 * 3
+    phases["rollout"] = PhaseMemory("rollout", terms)
+
+    # no-grad forwards: old log-probs (actor), reference log-probs, values (critic)
+    for name in ("actor", "ref", "critic"):
+        if name not in roles:
+            continue
+        role = roles[name]
+        terms = idle(name)
+        terms.update(on_device(role, optimizer=not role.plan.optimizer_offload and role.trainable))
+        terms[f"{name}.compute_copy"] = _compute_copy(cmodel if name == "critic" else model, role, ws,
+                                                      role.plan.compute_dtype)
+        tokens, resp = _tokens(role.plan, T, R, forward=True)
+        spec = cmodel if name == "critic" else model
+        terms.update(_activations(spec, role.plan, tokens, T, train=False))
+        if name == "critic":
+            terms["values"] = tokens * spec.hidden_size * 4
+        else:
+            terms["logits"] = _logits_bytes(spec, tokens, resp, role.plan.compute_dtype, backward=False)
+        label = "log_prob" if name == "actor" else ("ref" if name == "ref" else "values")
+        phases[label] = PhaseMemory(label, terms)
+
+    # updates: forward + backward + optimizer step of the active role
+    for name in ("actor", "critic"):
+        if name not in roles:
+            continue
+        role = roles[name]
+        spec = cmodel if name == "critic" else model
+        terms = idle(name)
+        terms.update(on_device(role, optimizer=not role.plan.optimizer_offload))
+        terms[f"{name}.grads"] = role.grads(ws)
+        terms[f"{name}.compute_copy"] = _compute_copy(spec, role, ws, role.plan.compute_dtype)
+        tokens, resp = _tokens(role.plan, T, R, forward=False)
+        fwd_bwd = _activations(spec, role.plan, tokens, T, train=True)
+        if name == "critic":
+            fwd_bwd["values"] = tokens * spec.hidden_size * 4 * 2
+        else:
+            fwd_bwd["logits"] = _logits_bytes(spec, tokens, resp, role.plan.compute_dtype, backward=True)
+        step = role.optimizer(ws) if role.plan.optimizer_offload else 0.0
+        step += ADAM_STEP_SCRATCH * role.params * 4 / ws
+        if sum(fwd_bwd.values()) >= step:
+            terms.update(fwd_bwd)
+        else:
+            terms["optimizer step"] = step
+        label = f"{name}_update"
+        phases[label] = PhaseMemory(label, terms)
+
+    for p in phases.values():
+        p.terms = {k: v / GiB for k, v in p.terms.items()}
+    context = 0.0 if backend == "cpu" else CUDA_CONTEXT_GB
+    return MemoryEstimate(phases=phases, context_gb=context, fragmentation=fragmentation)
+
+
+def as_dict(estimate: MemoryEstimate) -> dict:
+    return asdict(estimate)
