@@ -211,9 +211,9 @@ def resolve_config(config: DictConfig, plan: Plan) -> dict:
     written: dict = {}
     with open_dict(config):
         for name in ("actor", "ref", "critic"):
-            role = getattr(plan, name)
-            if role is not None:
-                _resolve_role(config, name, role, plan, written)
+            # A role this run does not build still gets concrete values (the actor's), so no
+            # `auto` is left for later code to trip over.
+            _resolve_role(config, name, getattr(plan, name) or plan.actor, plan, written)
         rollout = plan.rollout
         for prefix in ("actor_rollout_ref.rollout", "reward.reward_model.rollout"):
             _set(config, f"{prefix}.name", rollout.name, written)

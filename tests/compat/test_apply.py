@@ -1,0 +1,267 @@
+"""apply_in_process (device, enforced simulated limits, attention registration), resolve_config,
+torch_dtype, and the xformers attention function's layout/mask/GQA handling against eager attention."""
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from verl import compat
+from verl.compat import apply
+from verl.compat.catalog import get_profile
+from verl.compat.plan import Plan, RolePlan, RolloutPlan
+from verl.compat.profile import SoftwareInfo
+from verl.trainer.config_check import CONFIG_DIR, load_config
+
+GiB = 1024**3
+QUICKSTART = ["data.train_batch_size=256", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=auto",
+              "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=auto",
+              "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=auto",
+              "critic.ppo_micro_batch_size_per_gpu=auto", "trainer.n_gpus_per_node=1"]
+
+
+def role(**kw) -> RolePlan:
+    base = RolePlan(param_dtype="float32", compute_dtype="float16", grad_scaler=True,
+                    attn_implementation="sdpa", use_remove_padding=False, gradient_checkpointing=True,
+                    param_offload=False, optimizer_offload=True, micro_batch_size_per_gpu=2)
+    return dataclasses.replace(base, **kw)
+
+
+def make(device="t4", simulated=True, device_type="cuda", tf32=False, **roles) -> Plan:
+    profile = dataclasses.replace(get_profile(device), simulated=simulated)
+    return Plan(device=profile, software=SoftwareInfo(torch_version=torch.__version__),
+                device_type=device_type, dist_backend="gloo" if device_type == "cpu" else "nccl",
+                torch_compile=False, tf32=tf32, actor=roles.get("actor", role()),
+                critic=roles.get("critic", role()), ref=roles.get("ref", role(optimizer_offload=False)),
+                rollout=RolloutPlan(name="hf", dtype="float16", gpu_memory_utilization=0.3,
+                                    enforce_eager=True, attn_implementation="sdpa"),
+                predicted_peak_gb=10.0, memory_limit_gb=14.7)
+
+
+# ----------------------------------------------------------------------------- dtypes
+
+@pytest.mark.parametrize("name,dtype", [("fp32", torch.float32), ("float32", torch.float32),
+                                        ("fp16", torch.float16), ("float16", torch.float16),
+                                        ("half", torch.float16), ("bf16", torch.bfloat16),
+                                        ("bfloat16", torch.bfloat16), ("torch.bfloat16", torch.bfloat16),
+                                        (torch.float16, torch.float16)])
+def test_torch_dtype_spellings(name, dtype):
+    assert compat.torch_dtype(name) is dtype
+
+
+def test_torch_dtype_error_lists_accepted_names():
+    with pytest.raises(ValueError, match="bf16.*float32"):
+        compat.torch_dtype("int8")
+    assert compat.dtype_name("bf16") == "bfloat16"
+
+
+# ----------------------------------------------------------------------------- apply_in_process
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """A 140 GiB 'real' GPU: records what apply_in_process does to it; restores TF32 flags."""
+    calls = {}
+    props = SimpleNamespace(total_memory=140 * GiB)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: calls.setdefault("set_device", i))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: props)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda f, i=None: calls.setdefault("fraction", (f, i)))
+    monkeypatch.setattr(torch.backends.cuda, "enable_flash_sdp", lambda on: calls.setdefault("flash", on))
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", lambda on: calls.setdefault("cudnn", on))
+    matmul = torch.backends.cuda.matmul
+    saved = (matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision,
+             torch.backends.cudnn.rnn.fp32_precision)
+    yield calls
+    (matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision,
+     torch.backends.cudnn.rnn.fp32_precision) = saved
+
+
+def test_cpu_plan_touches_no_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: pytest.fail("cuda touched"))
+    assert apply.apply_in_process(make("cpu", device_type="cpu"), local_rank=3) == torch.device("cpu")
+
+
+def test_simulated_t4_on_a_big_gpu_is_capped_and_loses_tf32_and_flash_sdp(fake_cuda):
+    device = apply.apply_in_process(make("t4"), local_rank=1)
+    assert device == torch.device("cuda", 1) and fake_cuda["set_device"] == 1
+    fraction, index = fake_cuda["fraction"]
+    assert fraction == pytest.approx(get_profile("t4").memory_gb / 140) and index == 1
+    assert fake_cuda["flash"] is False and fake_cuda["cudnn"] is False
+    assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+    assert torch.backends.cudnn.conv.fp32_precision == "ieee"
+
+
+def test_simulated_a100_keeps_flash_sdp_and_tf32_per_plan(fake_cuda):
+    apply.apply_in_process(make("a100-40gb", tf32=True))
+    assert "flash" not in fake_cuda
+    assert fake_cuda["fraction"][0] == pytest.approx(get_profile("a100-40gb").memory_gb / 140)
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+
+
+def test_real_gpu_is_not_capped(fake_cuda):
+    apply.apply_in_process(make("h200", simulated=False, tf32=True))
+    assert "fraction" not in fake_cuda and "flash" not in fake_cuda
+
+
+def test_engine_memory_share_is_rescaled_to_the_real_gpu(fake_cuda):
+    plan = make("p40")
+    assert apply.device_memory_share(plan, 0.3) == pytest.approx(0.3 * 23.9 / 140)
+    assert apply.device_memory_share(make("h200", simulated=False), 0.3) == 0.3
+
+
+def test_planned_xformers_is_registered_with_transformers():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    plan = make("cpu", device_type="cpu", actor=role(attn_implementation="xformers"))
+    apply.apply_in_process(plan)
+    assert "xformers" in AttentionInterface._global_mapping
+    assert "xformers" in AttentionMaskInterface._global_mapping
+
+
+# ----------------------------------------------------------------------------- resolve_config
+
+def fresh_config():
+    cfg = OmegaConf.load(CONFIG_DIR / "ppo_trainer.yaml")
+    OmegaConf.set_struct(cfg, True)
+    return cfg
+
+
+def test_resolve_writes_every_hardware_auto():
+    cfg = fresh_config()
+    plan = make(critic=role(micro_batch_size_per_gpu=3, forward_micro_batch_size_per_gpu=6))
+    written = apply.resolve_config(cfg, plan)
+    a, c = cfg.actor_rollout_ref, cfg.critic
+    assert (a.actor.fsdp_config.model_dtype, a.actor.fsdp_config.dtype) == ("float32", "float16")
+    assert a.actor.fsdp_config.mixed_precision.param_dtype == "float16"
+    assert a.actor.fsdp_config.mixed_precision.reduce_dtype == "float32"
+    assert (a.actor.fsdp_config.param_offload, a.actor.fsdp_config.optimizer_offload) == (False, True)
+    assert a.ref.fsdp_config.optimizer_offload is False
+    assert (a.model.attn_implementation, a.model.use_remove_padding) == ("sdpa", False)
+    assert a.actor.use_remove_padding is False          # follows the model key (interpolation)
+    assert a.ref.use_torch_compile is False             # follows the actor (interpolation)
+    assert (a.rollout.name, a.rollout.dtype, a.rollout.gpu_memory_utilization) == ("hf", "float16", 0.3)
+    assert a.rollout.enforce_eager is True and cfg.trainer.device == "cuda"
+    assert a.actor.ppo_micro_batch_size_per_gpu == 2 and a.rollout.log_prob_micro_batch_size_per_gpu == 2
+    assert c.ppo_micro_batch_size_per_gpu == 3          # written over upstream's interpolation
+    assert c.forward_micro_batch_size_per_gpu == 6
+    assert c.fsdp.dtype == "float16" and c.model.attn_implementation == "sdpa"
+    assert "critic.fsdp.model_dtype" in written
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    assert [p for p in apply._raw_autos(raw)] == ["trainer.resume_mode"]   # not a hardware key
+    OmegaConf.resolve(cfg)                               # every interpolation still resolves
+
+
+def test_resolve_clears_the_deprecated_global_micro_batch():
+    cfg = fresh_config()
+    cfg.actor_rollout_ref.actor.ppo_micro_batch_size = 16
+    apply.resolve_config(cfg, make())
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size is None
+
+
+def test_resolve_never_adds_keys_and_skips_absent_roles():
+    cfg = OmegaConf.create({"actor_rollout_ref": {"model": {"use_remove_padding": "auto"},
+                                                  "actor": {"fsdp_config": {"dtype": "auto"}},
+                                                  "rollout": {"name": "auto"}}})
+    apply.resolve_config(cfg, make(critic=None, ref=None))
+    assert OmegaConf.to_container(cfg) == {"actor_rollout_ref": {
+        "model": {"use_remove_padding": False}, "actor": {"fsdp_config": {"dtype": "float16"}},
+        "rollout": {"name": "hf"}}}
+
+
+def test_resolve_refuses_an_auto_it_has_no_rule_for():
+    cfg = OmegaConf.create({"somewhere": {"new_engine": {"dtype": "auto"}}})
+    with pytest.raises(ValueError, match="somewhere.new_engine.dtype"):
+        apply.resolve_config(cfg, make())
+
+
+@pytest.mark.parametrize("device", ["p40", "t4", "a100-40gb", "cpu"])
+def test_resolved_quickstart_config_has_no_auto_left(device):
+    """End to end with the real planner: compose as main_ppo does, plan, resolve, resolve again."""
+    from verl.compat.__main__ import plan_for
+
+    config, _, plan = plan_for(QUICKSTART, device=device, model_spec="qwen2.5-0.5b")
+    compat.resolve_config(config, plan)
+    OmegaConf.resolve(config)
+    left = {p.rpartition(".")[2] for p in apply._raw_autos(OmegaConf.to_container(config))}
+    assert left <= {"resume_mode", "load_format"}      # upstream's own non-hardware `auto`s
+    fsdp = config.actor_rollout_ref.actor.fsdp_config
+    assert (fsdp.dtype, fsdp.model_dtype) == (plan.actor.compute_dtype, plan.actor.param_dtype)
+    assert config.actor_rollout_ref.rollout.name == plan.rollout.name
+    assert config.trainer.device == plan.device_type
+    assert isinstance(config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, int)
+
+
+# ----------------------------------------------------------------------------- xformers attention
+
+def reference_kernel(q, k, v, bias, causal, scale, dropout):
+    """Plain float64 attention in xformers' [batch, seq, heads, dim] layout, bottom-right causal."""
+    reference_kernel.calls.append((bias is not None, causal))
+    q, k, v = (t.transpose(1, 2).double() for t in (q, k, v))
+    scores = q @ k.transpose(-1, -2) * scale
+    if bias is not None:
+        scores = scores + bias.double()
+    if causal:
+        q_len, kv_len = scores.shape[-2:]
+        keep = torch.ones(q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(1, 2).float()
+
+
+@pytest.fixture
+def xformers_with_reference_kernel():
+    from verl.compat.attention import register_xformers_attention, xformers_kernel
+
+    reference_kernel.calls = []
+    register_xformers_attention(reference_kernel)
+    yield reference_kernel.calls
+    register_xformers_attention(xformers_kernel)
+
+
+def test_xformers_attention_matches_eager_with_padding_and_gqa(xformers_with_reference_kernel):
+    """A tiny GQA Qwen2 (4 query heads, 2 kv heads): logits with the xformers attention function
+    equal eager attention's on every real token, for a left-padded batch and an unpadded one."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = Qwen2ForCausalLM(cfg).eval()
+    ids = torch.randint(0, 128, (3, 10))
+    mask = torch.ones(3, 10, dtype=torch.long)
+    mask[1, :3] = 0
+    mask[2, :6] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits = {}
+    for impl in ("eager", "xformers"):
+        model.set_attn_implementation(impl)
+        with torch.no_grad():
+            logits[impl] = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+            logits[impl + "-unpadded"] = model(input_ids=ids).logits
+    real = mask.bool()
+    torch.testing.assert_close(logits["xformers"][real], logits["eager"][real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits["xformers-unpadded"], logits["eager-unpadded"], atol=1e-5, rtol=1e-5)
+    # both kernel paths ran: an explicit padding bias, and plain causal without a mask
+    assert (True, False) in xformers_with_reference_kernel
+    assert (False, True) in xformers_with_reference_kernel
+
+
+def test_xformers_bias_is_row_aligned_and_fully_masked_rows_stay_finite():
+    from verl.compat.attention import _additive_bias
+
+    keep = torch.tensor([[[[False, False, False], [True, True, False]]]])   # [1, 1, 2, 3]
+    bias = _additive_bias(keep, num_heads=2, dtype=torch.float16)
+    assert bias.shape == (1, 2, 2, 3) and bias.stride(-2) % 8 == 0
+    assert torch.equal(bias[0, 1, 0], torch.zeros(3, dtype=torch.float16))    # opened, not -inf
+    assert bias[0, 0, 1, 2] == float("-inf") and bias[0, 0, 1, 0] == 0
+
+
+def test_xformers_attention_refuses_packed_sequences():
+    from verl.compat.attention import xformers_attention_forward
+
+    q = torch.zeros(1, 2, 4, 8)
+    with pytest.raises(ValueError, match="flash_attention_2"):
+        xformers_attention_forward(torch.nn.Module(), q, q, q, None, cu_seq_lens_q=torch.tensor([0, 4]))
