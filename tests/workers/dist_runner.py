@@ -20,7 +20,7 @@ def run(model_dir: str) -> dict:
     torch.set_num_threads(1)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     config = actor_rollout_ref_config(model_dir, ppo_mini_batch_size=4, ppo_epochs=2, entropy_coeff=0.01)
-    worker = ActorRolloutRefWorker(config, role="actor", plan=cpu_plan())
+    worker = ActorRolloutRefWorker(config, role="actor", plan=cpu_plan(model_dir))
     worker.init_model()
     data = ppo_batch(batch_size=8).chunk(world)[rank]
     log_probs = worker.compute_log_prob(data).batch["old_log_probs"]

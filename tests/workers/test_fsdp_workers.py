@@ -40,7 +40,7 @@ def model_dir(tmp_path_factory):
 
 def _actor(model_dir, role="actor_rollout", plan=None, **actor_overrides):
     worker = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir, **actor_overrides), role=role,
-                                   plan=plan or cpu_plan())
+                                   plan=plan or cpu_plan(model_dir))
     worker.init_model()
     return worker
 
@@ -82,7 +82,7 @@ def test_dynamic_bsz_log_probs_equal_fixed_micro_batches(model_dir):
     config = actor_rollout_ref_config(model_dir)
     config.rollout.log_prob_use_dynamic_bsz = True
     config.rollout.log_prob_max_token_len_per_gpu = 20
-    worker = ActorRolloutRefWorker(config, role="actor_rollout", plan=cpu_plan())
+    worker = ActorRolloutRefWorker(config, role="actor_rollout", plan=cpu_plan(model_dir))
     worker.init_model()
     dynamic = worker.compute_log_prob(ppo_batch()).batch["old_log_probs"]
     torch.testing.assert_close(dynamic, fixed, atol=1e-6, rtol=1e-5)
@@ -168,13 +168,13 @@ def test_generate_sequences_uses_actor_weights_and_restores_train_mode(model_dir
 def test_mini_batch_must_split_over_ranks_and_micro_batches(model_dir):
     with pytest.raises(ValueError, match="ppo_micro_batch_size_per_gpu"):
         ActorRolloutRefWorker(actor_rollout_ref_config(model_dir, ppo_mini_batch_size=3, ppo_micro_batch_size_per_gpu=4),
-                              role="actor", plan=cpu_plan())
+                              role="actor", plan=cpu_plan(model_dir))
 
 
 def test_vllm_plan_is_refused_with_a_clear_error(model_dir):
     import dataclasses
 
-    plan = cpu_plan()
+    plan = cpu_plan(model_dir)
     plan.rollout = dataclasses.replace(plan.rollout, name="vllm")
     worker = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir), role="actor_rollout", plan=plan)
     with pytest.raises(NotImplementedError, match="rollout.name=hf"):
@@ -184,12 +184,12 @@ def test_vllm_plan_is_refused_with_a_clear_error(model_dir):
 # ------------------------------------------------------------------------------------ fp16
 
 
-def _fp16_plan():
-    return cpu_plan(actor=role_plan(compute_dtype="float16", grad_scaler=True))
+def _fp16_plan(model_dir):
+    return cpu_plan(model_dir, actor=role_plan(compute_dtype="float16", grad_scaler=True))
 
 
 def test_fp16_plan_uses_autocast_and_grad_scaler(model_dir):
-    worker = _actor(model_dir, role="actor", plan=_fp16_plan())
+    worker = _actor(model_dir, role="actor", plan=_fp16_plan(model_dir))
     precision = worker._actor_model.precision
     assert precision.autocast_dtype == torch.float16
     assert isinstance(precision.scaler, torch.amp.GradScaler)
@@ -204,7 +204,7 @@ def test_failed_numerics_guard_switches_the_role_to_float32(model_dir, monkeypat
     import verl.compat.numerics as numerics
 
     monkeypatch.setattr(numerics, "check_half_precision", lambda model, batch, dtype: (False, "forced in a test"))
-    worker = _actor(model_dir, role="actor", plan=_fp16_plan())
+    worker = _actor(model_dir, role="actor", plan=_fp16_plan(model_dir))
     out = worker.compute_log_prob(ppo_batch())
     assert worker._actor_model.precision.autocast_dtype is None
     assert worker._actor_model.precision.scaler is None
@@ -217,7 +217,7 @@ def test_failed_numerics_guard_switches_the_role_to_float32(model_dir, monkeypat
 
 
 def test_critic_values_sit_at_response_positions(model_dir):
-    worker = CriticWorker(critic_config(model_dir), plan=cpu_plan())
+    worker = CriticWorker(critic_config(model_dir), plan=cpu_plan(model_dir))
     worker.init_model()
     data = ppo_batch()
     values = worker.compute_values(data).batch["values"]
@@ -231,7 +231,7 @@ def test_critic_values_sit_at_response_positions(model_dir):
 
 
 def test_update_critic_lowers_the_value_loss(model_dir):
-    worker = CriticWorker(critic_config(model_dir, ppo_mini_batch_size=4, cliprange_value=100.0), plan=cpu_plan())
+    worker = CriticWorker(critic_config(model_dir, ppo_mini_batch_size=4, cliprange_value=100.0), plan=cpu_plan(model_dir))
     worker.init_model()
     data = ppo_batch()
     data.batch["values"] = worker.compute_values(data).batch["values"]

@@ -9,8 +9,7 @@ import dataclasses
 import torch
 from omegaconf import OmegaConf
 
-from verl.compat.plan import Plan, RolePlan, RolloutPlan
-from verl.compat.profile import DeviceProfile, SoftwareInfo
+from verl.compat.plan import Plan, RolePlan
 from verl.protocol import DataProto
 
 PROMPT_LEN, RESPONSE_LEN = 8, 6
@@ -30,23 +29,29 @@ def role_plan(**overrides) -> RolePlan:
     return dataclasses.replace(base, **overrides)
 
 
-def cpu_plan(actor: RolePlan | None = None, critic: RolePlan | None = None) -> Plan:
-    """The plan the compat planner makes for a CPU (float32, sdpa, gloo, built-in rollout), built by hand."""
-    return Plan(
-        device=DeviceProfile(name="cpu", backend="cpu", compute_capability=None, memory_gb=24.0),
-        software=SoftwareInfo(torch_version=torch.__version__),
-        device_type="cpu",
-        dist_backend="gloo",
-        torch_compile=False,
-        tf32=False,
-        actor=actor or role_plan(),
-        critic=critic or role_plan(),
-        ref=role_plan(),
-        rollout=RolloutPlan(name="hf", dtype="float32", gpu_memory_utilization=0.5, enforce_eager=True,
-                            attn_implementation="sdpa"),
-        predicted_peak_gb=1.0,
-        memory_limit_gb=24.0,
-    )
+def cpu_plan(model_dir: str, actor: RolePlan | None = None, critic: RolePlan | None = None) -> Plan:
+    """What `verl.compat.planner.make_plan` decides for the CPU profile and these configs (float32, sdpa,
+    gloo, built-in rollout), optionally with the actor/critic role plans swapped for a test."""
+    from verl.compat.catalog import get_profile
+    from verl.compat.detect import detect_software
+    from verl.compat.model_spec import ModelSpec
+    from verl.compat.planner import make_plan
+
+    profile = get_profile("cpu")
+    config = OmegaConf.create({
+        "actor_rollout_ref": actor_rollout_ref_config(model_dir, use_kl_loss=True),
+        "critic": critic_config(model_dir),
+        "data": {"max_prompt_length": PROMPT_LEN, "max_response_length": RESPONSE_LEN, "train_batch_size": 4},
+        "trainer": {"n_gpus_per_node": 1, "nnodes": 1},
+        "algorithm": {"adv_estimator": "gae"},
+    })
+    plan = make_plan(profile, config, detect_software(profile), ModelSpec.from_pretrained(model_dir))
+    assert plan.device_type == "cpu" and plan.dist_backend == "gloo" and plan.rollout.name == "hf"
+    if actor is not None:
+        plan.actor = actor
+    if critic is not None:
+        plan.critic = critic
+    return plan
 
 
 def optim(lr: float = 1e-3) -> dict:
