@@ -112,6 +112,9 @@ class _PlannedModel:
     """
 
     def __init__(self, name: str, role_plan, device_type: str, numerics_guard: bool):
+        if role_plan.use_remove_padding:
+            logger.warning("%s: the plan asks for use_remove_padding, which these workers do not implement yet; "
+                           "running the padded path (same results, more compute on padding)", name)
         self.name = name
         self.role_plan = role_plan
         self.device_type = device_type
