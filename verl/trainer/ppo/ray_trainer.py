@@ -340,11 +340,11 @@ class RayPPOTrainer:
         self.actor_rollout_wg = all_wg[str(actor_role)]
         self.actor_rollout_wg.init_model()
 
-    def _add_class(self, pool_to_classes, role: Role, **init_kwargs) -> None:
-        pool = self.resource_pool_manager.get_resource_pool(role)
+    def _add_class(self, pool_to_classes, group: Role, **init_kwargs) -> None:
+        pool = self.resource_pool_manager.get_resource_pool(group)
         if self.plan is not None:
             init_kwargs["plan"] = self.plan
-        pool_to_classes[pool][str(role)] = RayClassWithInitArgs(cls=self.role_worker_mapping[role], **init_kwargs)
+        pool_to_classes[pool][str(group)] = RayClassWithInitArgs(cls=self.role_worker_mapping[group], **init_kwargs)
 
     # ------------------------------------------------------------------ the loop
 

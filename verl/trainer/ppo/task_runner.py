@@ -7,7 +7,9 @@ the compat plan says CPU.
 from __future__ import annotations
 
 import os
+import signal
 import threading
+from contextlib import contextmanager
 
 from omegaconf import OmegaConf
 
@@ -49,7 +51,8 @@ def _init_ray(config, plan) -> None:
     """ray.init with ray_kwargs.ray_init, worker env vars, CPU slots for CPU workers and a time limit."""
     import ray
 
-    init_kwargs = OmegaConf.to_container(config.ray_kwargs.get("ray_init", {}) or {}, resolve=True)
+    init_kwargs = OmegaConf.select(config, "ray_kwargs.ray_init", default=None)
+    init_kwargs = OmegaConf.to_container(init_kwargs, resolve=True) if init_kwargs is not None else {}
     runtime_env = {k: v for k, v in (init_kwargs.pop("runtime_env", None) or {}).items() if v is not None}
     runtime_env["env_vars"] = {**WORKER_ENV, **(runtime_env.get("env_vars") or {})}
     init_kwargs = {k: v for k, v in init_kwargs.items() if v is not None}
@@ -61,24 +64,28 @@ def _init_ray(config, plan) -> None:
         init_kwargs["num_cpus"] = max(os.cpu_count() or 1, n_workers)
     print(f"ray.init({init_kwargs})", flush=True)
 
-    error: list[BaseException] = []
+    with _time_limit(RAY_INIT_TIMEOUT_S, "ray.init did not finish within {:.0f}s. Check `ray status` and stale Ray "
+                     "processes (`ray stop`), or raise the limit with VERL_RAY_INIT_TIMEOUT_S."):
+        ray.init(**init_kwargs)
 
-    def start():
-        try:
-            ray.init(**init_kwargs)
-        except BaseException as err:  # re-raised in the caller's thread
-            error.append(err)
 
-    thread = threading.Thread(target=start, daemon=True)
-    thread.start()
-    thread.join(RAY_INIT_TIMEOUT_S)
-    if thread.is_alive():
-        raise TimeoutError(
-            f"ray.init did not finish within {RAY_INIT_TIMEOUT_S:.0f}s. Check `ray status` / stale Ray "
-            "processes (`ray stop`), or raise the limit with VERL_RAY_INIT_TIMEOUT_S."
-        )
-    if error:
-        raise error[0]
+@contextmanager
+def _time_limit(seconds: float, message: str):
+    """Raise TimeoutError if the block runs longer than `seconds` (main thread only; elsewhere no limit)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TimeoutError(message.format(seconds))
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def build_trainer(config, plan):
@@ -109,7 +116,8 @@ def build_trainer(config, plan):
         use_gpu=plan.device_type != "cpu",
     )
 
-    reward_kwargs = OmegaConf.to_container(config.reward_model.get("reward_kwargs", {}) or {}, resolve=True)
+    reward_kwargs = OmegaConf.select(config, "reward_model.reward_kwargs", default=None) or {}
+    reward_kwargs = OmegaConf.to_container(reward_kwargs, resolve=True) if OmegaConf.is_config(reward_kwargs) else dict(reward_kwargs)
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **reward_kwargs)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, **reward_kwargs)
 
