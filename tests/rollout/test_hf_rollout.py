@@ -344,3 +344,30 @@ def test_fsdp2_two_ranks_stopping_at_different_steps(tmp_path, model):
     assert torch.equal(expected[2:], free[2:]) and expected[:2, 2:].eq(PAD).all()  # ranks stop at different steps
     for mode in ("sharded", "unsharded"):
         assert torch.equal(torch.cat([r[mode] for r in ranks]), expected), mode
+
+
+# ---------------------------------------------------------------- CUDA
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_greedy_sampling_and_plan_autocast():
+    from types import SimpleNamespace
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    cpu_model = _tiny_qwen2()
+    model = _tiny_qwen2().to(device)
+    out = _greedy(model, PROMPTS)  # prompts stay on the CPU: outputs come back where inputs were
+    assert out.batch["responses"].device.type == "cpu"
+    assert out.batch["responses"].tolist() == [_greedy_reference(cpu_model, p, 6) for p in PROMPTS]
+
+    rollout = HFRollout(model, _config(do_sample=True, temperature=1.2, top_p=0.9, top_k=20))
+    gpu_batch = _batch(PROMPTS, 8, seed=11).to(device)
+    a = rollout.generate_sequences(gpu_batch).batch["responses"]
+    b = rollout.generate_sequences(gpu_batch).batch["responses"]
+    assert a.device == device and torch.equal(a, b)
+
+    plan = SimpleNamespace(rollout=SimpleNamespace(dtype="float16"))
+    half = HFRollout(model, _config(do_sample=False), plan=plan).generate_sequences(_batch(PROMPTS, 8))
+    assert next(model.parameters()).dtype == torch.float32  # autocast only; weights untouched
+    assert half.batch["responses"].shape == (4, 6) and half.batch["responses"].max() < VOCAB
