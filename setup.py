@@ -23,13 +23,13 @@ def read_version() -> str:
     return match.group(1)
 
 
-# torch 2.4: oldest release with everything the workers use (FSDP1 + MixedPrecision, SDPA kernel
-# selection via torch.nn.attention, device-generic torch.amp.GradScaler, public torch.distributed.tensor);
-# FSDP2 `fully_shard` is used where present (public from 2.6) and FSDP1 otherwise.
-# transformers 4.51: first release with the `AttentionInterface` registry (custom attention kernels).
+# torch 2.4: the oldest release that has everything the code uses unguarded (FSDP2 under
+# torch.distributed._composable.fsdp, public in torch.distributed.fsdp from 2.6; the device-generic
+# torch.amp.GradScaler); tests/test_packaging.py scans for newer APIs.
+# transformers 4.56: from_pretrained(dtype=...) (4.51 brought the AttentionInterface registry).
 INSTALL_REQUIRES = [
     "torch>=2.4",
-    "transformers>=4.51",
+    "transformers>=4.56",
     "ray>=2.10",
     "hydra-core>=1.3",
     "omegaconf>=2.3",

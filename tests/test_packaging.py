@@ -44,9 +44,9 @@ def test_extras_and_core_dependencies():
 
 def test_torch_and_transformers_floors():
     assert _core("torch").specifier.contains("2.4.0") and not _core("torch").specifier.contains("2.3.1")
-    # 4.51 is the first transformers with the AttentionInterface registry compat registers kernels in
-    assert _core("transformers").specifier.contains("4.51.0")
-    assert not _core("transformers").specifier.contains("4.50.3")
+    # 4.56: from_pretrained(dtype=...), which model loading uses (4.51 added AttentionInterface)
+    assert _core("transformers").specifier.contains("4.56.0")
+    assert not _core("transformers").specifier.contains("4.55.4")
 
 
 def test_wheel_ships_the_hydra_configs(tmp_path):
