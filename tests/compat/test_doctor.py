@@ -1,0 +1,134 @@
+"""The doctor, `python -m verl.compat`: the plan per device, its --json contract, its errors."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from verl.compat.__main__ import BUILTIN_MODELS, main
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+QUICKSTART = ["data.train_batch_size=256", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=auto",
+              "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=auto",
+              "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=auto",
+              "critic.ppo_micro_batch_size_per_gpu=auto", "trainer.n_gpus_per_node=1",
+              "data.max_prompt_length=256", "data.max_response_length=256"]
+ROLE_FIELDS = ("param_dtype", "compute_dtype", "attn_implementation", "param_offload",
+               "optimizer_offload", "gradient_checkpointing")
+DTYPES = {"float32", "float16", "bfloat16"}
+
+
+@pytest.fixture(autouse=True)
+def no_env_device(monkeypatch):
+    monkeypatch.delenv("VERL_COMPAT_DEVICE", raising=False)
+
+
+def doctor_json(capsys, device, *extra):
+    code = main(["--json", "--device", device, "--model-spec", "qwen2.5-0.5b", *QUICKSTART, *extra])
+    out = capsys.readouterr().out
+    assert code == 0
+    return json.loads(out)
+
+
+def check_contract(out):
+    assert isinstance(out["device"]["name"], str)
+    for role in ("actor", "critic", "ref"):
+        for field in ROLE_FIELDS:
+            assert field in out[role], (role, field)
+        assert out[role]["param_dtype"] in DTYPES and out[role]["compute_dtype"] in DTYPES
+    for key in ("name", "dtype", "gpu_memory_utilization"):
+        assert key in out["rollout"]
+    assert out["rollout"]["dtype"] in DTYPES
+    for key in ("torch_compile", "dist_backend", "use_remove_padding", "predicted_peak_gb", "reasons"):
+        assert key in out
+    assert out["reasons"] and all(isinstance(v, str) and v for v in out["reasons"].values())
+
+
+def test_p40_plans_float32_sdpa_and_the_builtin_engine(capsys):
+    out = doctor_json(capsys, "p40")
+    check_contract(out)
+    assert out["device"]["name"] == "p40" and out["device"]["compute_capability"] == [6, 1]
+    for role in ("actor", "critic", "ref"):
+        assert (out[role]["param_dtype"], out[role]["compute_dtype"]) == ("float32", "float32")
+        assert out[role]["attn_implementation"] == "sdpa"
+    assert (out["rollout"]["name"], out["rollout"]["dtype"]) == ("hf", "float32")
+    assert out["torch_compile"] is False and out["dist_backend"] == "nccl"
+    assert out["predicted_peak_gb"] <= out["memory_limit_gb"]
+
+
+def test_v100_plans_float16_with_a_grad_scaler(capsys):
+    out = doctor_json(capsys, "v100")
+    assert out["device"]["compute_capability"] == [7, 0]
+    assert out["actor"]["compute_dtype"] == "float16" and out["actor"]["grad_scaler"] is True
+    assert out["actor"]["param_dtype"] == "float32"
+    assert out["rollout"]["dtype"] == "float16"
+
+
+def test_a100_plans_bfloat16(capsys):
+    out = doctor_json(capsys, "a100-80gb")
+    assert out["actor"]["compute_dtype"] == "bfloat16" and out["actor"]["grad_scaler"] is False
+    assert out["critic"]["compute_dtype"] == "bfloat16"
+
+
+def test_cpu_plans_gloo_on_the_cpu(capsys):
+    out = doctor_json(capsys, "cpu")
+    assert out["dist_backend"] == "gloo" and out["device_type"] == "cpu"
+    assert out["actor"]["compute_dtype"] == "float32" and out["rollout"]["name"] == "hf"
+
+
+def test_roles_the_config_leaves_off_are_shown_as_disabled(capsys):
+    off = doctor_json(capsys, "t4")
+    assert off["actor"]["enabled"] and off["critic"]["enabled"] and not off["ref"]["enabled"]
+    on = doctor_json(capsys, "t4", "actor_rollout_ref.actor.use_kl_loss=true")
+    assert on["ref"]["enabled"] and on["ref"]["compute_dtype"] == "float16"
+    grpo = doctor_json(capsys, "t4", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4",
+                       "data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=16")
+    assert not grpo["critic"]["enabled"] and grpo["critic"]["compute_dtype"] == "float16"
+
+
+def test_text_report_shows_device_software_plan_and_reasons(capsys):
+    assert main(["--device", "p40", "--model-spec", "qwen2.5-0.5b", *QUICKSTART]) == 0
+    text = capsys.readouterr().out
+    assert "verl.compat plan" in text and "p40 (simulated)" in text and "sm_61" in text
+    assert "flash_attn" in text and "vllm" in text and "why:" in text
+    assert "actor.compute_dtype" in text
+
+
+def test_model_config_is_read_from_the_model_path(tmp_path, capsys):
+    config = dict(BUILTIN_MODELS["qwen2.5-0.5b"], num_hidden_layers=2)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main(["--json", "--device", "t4", f"actor_rollout_ref.model.path={tmp_path}",
+                 f"critic.model.path={tmp_path}", *QUICKSTART]) == 0
+    small = json.loads(capsys.readouterr().out)
+    full = doctor_json(capsys, "t4")
+    assert small["actor"]["predicted_peak_gb"] < full["actor"]["predicted_peak_gb"]
+
+
+def test_missing_model_config_is_a_clear_error(capsys):
+    assert main(["--json", "--device", "t4", "actor_rollout_ref.model.path=/nonexistent/model",
+                 *QUICKSTART]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "config.json" in captured.err and "--model-spec" in captured.err
+
+
+def test_unknown_device_and_unknown_key_are_errors(capsys):
+    assert main(["--device", "p4000", "--model-spec", "qwen2.5-0.5b", *QUICKSTART]) == 2
+    assert "Valid names" in capsys.readouterr().err
+    assert main(["--model-spec", "qwen2.5-0.5b", "actor_rollout_ref.fsdp_config.cpu_offload=true",
+                 *QUICKSTART]) == 2
+    assert "cpu_offload" in capsys.readouterr().err
+
+
+def test_json_stdout_is_one_object_in_a_real_subprocess():
+    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
+    env.pop("VERL_COMPAT_DEVICE", None)
+    proc = subprocess.run([sys.executable, "-m", "verl.compat", "--json", "--device", "t4",
+                           "--model-spec", "qwen2.5-0.5b", *QUICKSTART],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)              # the whole of stdout parses as one JSON object
+    check_contract(out)
+    assert out["device"]["name"] == "t4" and out["actor"]["compute_dtype"] == "float16"

@@ -1,0 +1,31 @@
+"""House rules: hardware choices live only in verl/compat, and `import verl.compat` stays light."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "verl"
+# Dtype, attention kernel, distributed backend and device choices that belong to the compat plan.
+FORBIDDEN = re.compile(r"bfloat16|flash_attention_2|flash_attn|\"nccl\"|'nccl'|\.cuda\(\)")
+
+
+def test_no_hardware_choice_outside_compat():
+    hits = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if (PACKAGE / "compat") in path.parents:
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if FORBIDDEN.search(line):
+                hits.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
+    assert not hits, ("hardware choices outside verl/compat (use the Plan and "
+                      "verl.compat.torch_dtype):\n" + "\n".join(hits))
+
+
+def test_importing_compat_does_not_import_transformers():
+    code = "import sys, verl.compat; print('transformers' in sys.modules, 'ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
