@@ -25,7 +25,7 @@ from verl.compat.profile import DeviceProfile, SoftwareInfo
 __all__ = [
     "DeviceProfile", "SoftwareInfo", "Plan", "RolePlan", "RolloutPlan", "StrictModeError",
     "UnsupportedDeviceError", "detect_profile", "detect_software", "check_torch_supports",
-    "make_plan", "build_plan", "format_plan", "torch_dtype", "dtype_name", "resolve_config",
+    "make_plan", "model_spec_for", "build_plan", "format_plan", "torch_dtype", "dtype_name", "resolve_config",
     "apply_in_process",
 ]
 
@@ -50,6 +50,14 @@ def _select(config, path: str, default=None):
     return default if value is None else value
 
 
+def model_spec_for(config):
+    """The ModelSpec of the actor's model (`hf_config_path` if set, else `path`), from config.json."""
+    from verl.compat.model_spec import ModelSpec
+
+    return ModelSpec.from_pretrained(_select(config, "actor_rollout_ref.model.hf_config_path")
+                                     or _select(config, "actor_rollout_ref.model.path"))
+
+
 def build_plan(config, model=None) -> Plan:
     """Driver side: profile the device (or the one `compat.device` / $VERL_COMPAT_DEVICE names),
     judge the software, read the model's config.json, and plan. Adapted settings are logged as
@@ -58,13 +66,7 @@ def build_plan(config, model=None) -> Plan:
     profile = detect_profile(simulate_name(_select(config, "compat.device")))
     software = detect_software(profile)
     check_torch_supports(profile, software)
-    if model is None:
-        from verl.compat.model_spec import ModelSpec
-
-        path = (_select(config, "actor_rollout_ref.model.hf_config_path")
-                or _select(config, "actor_rollout_ref.model.path"))
-        model = ModelSpec.from_pretrained(path)
-    plan = make_plan(profile, config, software, model)
+    plan = make_plan(profile, config, software, model if model is not None else model_spec_for(config))
     if profile.note:
         plan.reasons.setdefault("device", profile.note)
     if plan.warnings and bool(_select(config, "compat.strict", False)):

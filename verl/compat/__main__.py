@@ -16,6 +16,9 @@ import contextlib
 import json
 import os
 import sys
+from dataclasses import asdict
+
+from omegaconf import OmegaConf
 
 # config.json fields of well-known models, for planning when the weights are not on this machine.
 BUILTIN_MODELS = {
@@ -61,7 +64,7 @@ def _model_spec(name: str | None):
 
 
 def plan_for(overrides: list[str], device: str | None = None, model_spec: str | None = None):
-    """(config, plan) for main_ppo-style overrides; the doctor's work without the printing."""
+    """(config, model, plan) for main_ppo-style overrides: the doctor's work without the printing."""
     from omegaconf import open_dict
 
     from verl import compat
@@ -71,7 +74,34 @@ def plan_for(overrides: list[str], device: str | None = None, model_spec: str | 
     if device:
         with open_dict(config):
             config.compat.device = device
-    return config, compat.build_plan(config, model=_model_spec(model_spec))
+    model = _model_spec(model_spec) or compat.model_spec_for(config)
+    return config, model, compat.build_plan(config, model=model)
+
+
+# How to switch on a role the config leaves off, to show what it would be planned as.
+_ROLE_SWITCHES = {"critic": ("critic.enable", True), "ref": ("algorithm.use_kl_in_reward", True)}
+
+
+def doctor_json(config, model, plan) -> dict:
+    """The plan as one JSON-ready dict. Every role appears with `enabled`; a role this config does
+    not use (the critic under GRPO, the reference model without KL) shows the settings it would be
+    planned with if switched on, so the answer for a device is complete either way."""
+    from omegaconf import open_dict
+
+    from verl import compat
+
+    out = plan.to_dict()
+    for name, role in (("actor", plan.actor), ("critic", plan.critic), ("ref", plan.ref)):
+        if role is not None:
+            out[name]["enabled"] = True
+            continue
+        key, value = _ROLE_SWITCHES[name]
+        probe = config.copy()
+        with open_dict(probe):
+            OmegaConf.update(probe, key, value, force_add=True)
+        shown = getattr(compat.make_plan(plan.device, probe, plan.software, model), name)
+        out[name] = dict(asdict(shown), enabled=False)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,14 +110,16 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-            _, plan = plan_for(overrides, args.device, args.model_spec)
-    except (ValueError, FileNotFoundError, RuntimeError) as err:
+            config, model, plan = plan_for(overrides, args.device, args.model_spec)
+            report = doctor_json(config, model, plan) if args.json else compat.format_plan(plan)
+    except FileNotFoundError as err:
+        print(f"error: {err} Or give the doctor the model's shape: --model-spec NAME|FILE.",
+              file=sys.stderr)
+        return 2
+    except (ValueError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
-    else:
-        print(compat.format_plan(plan))
+    print(json.dumps(report, indent=2, sort_keys=True) if args.json else report)
     return 0
 
 
