@@ -47,7 +47,7 @@ EXTRAS_REQUIRE = {
     "xformers": ["xformers>=0.0.28"],
     "tensorboard": ["tensorboard"],
     "wandb": ["wandb"],
-    "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6"],
+    "test": ["pytest>=7", "pytest-timeout>=2"],
 }
 
 setup(
