@@ -94,8 +94,8 @@ def _is_sharded(module: nn.Module) -> bool:
         return True
     try:
         from torch.distributed.tensor import DTensor
-    except ImportError:  # torch without DTensor has no FSDP2 either
-        return False
+    except ImportError:  # torch < 2.5 keeps it private
+        from torch.distributed._tensor import DTensor
     return any(isinstance(p, DTensor) for p in module.parameters())
 
 
