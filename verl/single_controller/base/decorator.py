@@ -1,0 +1,188 @@
+"""`register`: marks a worker method for the worker group, with how its arguments are split and joined.
+
+A registered method `m` on a Worker class becomes `group.m(...)` on the driver. The call runs
+    dispatch_fn(group, *args, **kwargs) -> per-worker args  ->  execute on workers  ->  collect_fn(group, outputs)
+`Dispatch` names the built-in (dispatch_fn, collect_fn) pairs; a dict {"dispatch_fn", "collect_fn"} gives a
+custom pair. `Execute` says whether every worker or only rank 0 runs the method.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from enum import Enum
+from types import FunctionType
+
+from verl.protocol import DataProto, DataProtoFuture, _padding_size_key, pad_dataproto_to_divisor
+
+# attribute `register` sets on the function; the worker group looks for it
+MAGIC_ATTR = "_verl_register_attrs"
+
+DEFAULT_RAY_GET_TIMEOUT_S = 3600.0
+
+
+def ray_get_timeout() -> float:
+    """Seconds the driver waits for a worker-group call (env VERL_RAY_GET_TIMEOUT, default one hour)."""
+    return float(os.environ.get("VERL_RAY_GET_TIMEOUT", DEFAULT_RAY_GET_TIMEOUT_S))
+
+
+class Dispatch(Enum):
+    """How a call's arguments reach the workers and how their outputs come back."""
+
+    RANK_ZERO = "rank_zero"  # only rank 0 runs; its single output is returned
+    ONE_TO_ALL = "one_to_all"  # every worker gets the same arguments; list of outputs
+    ALL_TO_ALL = "all_to_all"  # arguments passed through as given (lists of world_size are split); list of outputs
+    DP_COMPUTE = "dp_compute"  # every argument is already a list of world_size; list of outputs
+    DP_COMPUTE_PROTO = "dp_compute_proto"  # DataProto arguments chunked by world size; outputs concatenated
+    DP_COMPUTE_PROTO_WITH_FUNC = "dp_compute_proto_with_func"  # as above, first argument a function for all
+    DP_COMPUTE_METRIC = "dp_compute_metric"  # DataProto chunked; list of outputs (one per worker)
+
+
+class Execute(Enum):
+    ALL = "all"
+    RANK_ZERO = "rank_zero"
+
+
+# ---- dispatch / collect functions ---------------------------------------------------------------
+
+
+def dispatch_one_to_all(worker_group, *args, **kwargs):
+    n = worker_group.world_size
+    return tuple([a] * n for a in args), {k: [v] * n for k, v in kwargs.items()}
+
+
+def dispatch_all_to_all(worker_group, *args, **kwargs):
+    return args, kwargs
+
+
+def collect_all_to_all(worker_group, output):
+    return output
+
+
+def dispatch_dp_compute(worker_group, *args, **kwargs):
+    n = worker_group.world_size
+    for name, value in [*enumerate(args), *kwargs.items()]:
+        if not isinstance(value, (list, tuple)) or len(value) != n:
+            raise ValueError(f"DP_COMPUTE argument {name!r} must be a list with one entry per worker ({n})")
+    return args, kwargs
+
+
+def collect_dp_compute(worker_group, output):
+    if len(output) != worker_group.world_size:
+        raise ValueError(f"expected {worker_group.world_size} outputs, got {len(output)}")
+    return output
+
+
+def _chunk_data_args(n: int, args, kwargs, pad: bool):
+    """Chunk every DataProto argument into n parts; pad to a multiple of n first when allowed."""
+    named = [*enumerate(args), *kwargs.items()]
+    for name, value in named:
+        if not isinstance(value, (DataProto, DataProtoFuture)):
+            raise TypeError(
+                f"argument {name!r} is a {type(value).__name__}; DataProto dispatch modes take only DataProto "
+                "arguments (put scalars in meta_info)"
+            )
+    lengths = {len(v) for _, v in named if isinstance(v, DataProto)}
+    pad_size = 0
+    if pad and any(isinstance(v, DataProto) and v.is_padding_enabled() for _, v in named):
+        if len(lengths) > 1:
+            raise ValueError(f"auto-padded DataProto arguments must have one length, got {sorted(lengths)}")
+        padded = {}
+        for name, value in named:
+            if isinstance(value, DataProto):
+                value, pad_size = pad_dataproto_to_divisor(value, n)
+            padded[name] = value
+        named = list(padded.items())
+    chunked = {name: value.chunk(n) for name, value in named}
+    new_args = tuple(chunked[i] for i in range(len(args)))
+    new_kwargs = {k: chunked[k] for k in kwargs}
+    if pad_size:
+        new_kwargs[_padding_size_key] = pad_size
+    return new_args, new_kwargs
+
+
+def dispatch_dp_compute_data_proto(worker_group, *args, **kwargs):
+    return _chunk_data_args(worker_group.world_size, args, kwargs, pad=True)
+
+
+def dispatch_dp_compute_data_proto_with_func(worker_group, func, *args, **kwargs):
+    if not isinstance(func, FunctionType):
+        raise TypeError(f"DP_COMPUTE_PROTO_WITH_FUNC needs a function as first argument, got {type(func).__name__}")
+    new_args, new_kwargs = _chunk_data_args(worker_group.world_size, args, kwargs, pad=False)
+    return ([func] * worker_group.world_size, *new_args), new_kwargs
+
+
+def collect_dp_compute_data_proto(worker_group, output):
+    output = collect_dp_compute(worker_group, output)
+    if all(isinstance(o, DataProto) for o in output):
+        return DataProto.concat(output)
+    import ray
+
+    if all(isinstance(o, ray.ObjectRef) for o in output):  # non-blocking call: join lazily
+        return DataProtoFuture.concat(output)
+    raise TypeError(f"DP_COMPUTE_PROTO methods must return DataProto, got {[type(o).__name__ for o in output]}")
+
+
+DISPATCH_MODE_FN_REGISTRY = {
+    Dispatch.RANK_ZERO: {"dispatch_fn": dispatch_all_to_all, "collect_fn": collect_all_to_all},
+    Dispatch.ONE_TO_ALL: {"dispatch_fn": dispatch_one_to_all, "collect_fn": collect_all_to_all},
+    Dispatch.ALL_TO_ALL: {"dispatch_fn": dispatch_all_to_all, "collect_fn": collect_all_to_all},
+    Dispatch.DP_COMPUTE: {"dispatch_fn": dispatch_dp_compute, "collect_fn": collect_dp_compute},
+    Dispatch.DP_COMPUTE_PROTO: {"dispatch_fn": dispatch_dp_compute_data_proto, "collect_fn": collect_dp_compute_data_proto},
+    Dispatch.DP_COMPUTE_PROTO_WITH_FUNC: {
+        "dispatch_fn": dispatch_dp_compute_data_proto_with_func,
+        "collect_fn": collect_dp_compute_data_proto,
+    },
+    Dispatch.DP_COMPUTE_METRIC: {"dispatch_fn": dispatch_dp_compute_data_proto, "collect_fn": collect_dp_compute},
+}
+
+
+def get_predefined_dispatch_fn(dispatch_mode: Dispatch) -> dict:
+    return DISPATCH_MODE_FN_REGISTRY[dispatch_mode]
+
+
+def get_dispatch_fns(dispatch_mode) -> tuple:
+    """(dispatch_fn, collect_fn) for a Dispatch member or a {"dispatch_fn", "collect_fn"} dict."""
+    fns = DISPATCH_MODE_FN_REGISTRY[dispatch_mode] if isinstance(dispatch_mode, Dispatch) else dispatch_mode
+    return fns["dispatch_fn"], fns["collect_fn"]
+
+
+# ---- the decorator -------------------------------------------------------------------------------
+
+
+def _materialize_futures(args, kwargs):
+    args = tuple(a.get() if isinstance(a, DataProtoFuture) else a for a in args)
+    kwargs = {k: v.get() if isinstance(v, DataProtoFuture) else v for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def register(dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.ALL, blocking=True, materialize_futures=True):
+    """Expose a Worker method on its worker group.
+
+    dispatch_mode: a `Dispatch` member or {"dispatch_fn": f(group, *a, **kw) -> (a, kw), "collect_fn": f(group, outs)}.
+    execute_mode: `Execute.ALL` or `Execute.RANK_ZERO` (implied by `Dispatch.RANK_ZERO`).
+    blocking: False returns futures (a `DataProtoFuture` for DataProto outputs) instead of waiting.
+    materialize_futures: inside the worker, resolve `DataProtoFuture` arguments before the method runs.
+    """
+    if isinstance(dispatch_mode, dict):
+        missing = {"dispatch_fn", "collect_fn"} - set(dispatch_mode)
+        if missing:
+            raise ValueError(f"a custom dispatch_mode dict needs the keys {sorted(missing)}")
+    elif not isinstance(dispatch_mode, Dispatch):
+        raise TypeError(f"dispatch_mode must be a Dispatch or a dict, got {dispatch_mode!r}")
+    if not isinstance(execute_mode, Execute):
+        raise TypeError(f"execute_mode must be an Execute, got {execute_mode!r}")
+    if dispatch_mode is Dispatch.RANK_ZERO:
+        execute_mode = Execute.RANK_ZERO
+
+    def decorator(func):
+        @functools.wraps(func)
+        def inner(*args, **kwargs):
+            if materialize_futures:
+                args, kwargs = _materialize_futures(args, kwargs)
+            return func(*args, **kwargs)
+
+        setattr(inner, MAGIC_ATTR, {"dispatch_mode": dispatch_mode, "execute_mode": execute_mode, "blocking": blocking})
+        return inner
+
+    return decorator
