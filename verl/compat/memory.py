@@ -123,6 +123,22 @@ def _logits_bytes(m: ModelSpec, tokens: int, response_tokens: int, compute: str,
     return tokens * v * c * 2 + response_tokens * v * c * 2 + 2 * chunk
 
 
+def _vocab_grad_bytes(m: ModelSpec, role: "_Role", ws: int) -> float:
+    """Backward materialises (vocab x hidden) gradients whole before accumulating them into .grad.
+
+    Tied embeddings get two (output projection and dense embedding gradient) plus their sum,
+    all in the master dtype (measured: 3x). Untied, the output projection's gradient exists in
+    compute dtype and then in the master dtype, one matrix at a time; a critic has only the
+    embedding's."""
+    vh = m.vocab_size * m.hidden_size
+    master, compute = BYTES[role.plan.param_dtype], BYTES[role.plan.compute_dtype]
+    if role.name == "critic":
+        return vh * master
+    if m.tie_word_embeddings:
+        return 3 * vh * master
+    return vh * (master + (compute if compute != master else 0))
+
+
 # ----------------------------------------------------------------------------- roles
 
 @dataclass(frozen=True)
@@ -273,6 +289,7 @@ def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollo
             fwd_bwd["values"] = tokens * spec.hidden_size * 4 * 2
         else:
             fwd_bwd["logits"] = _logits_bytes(spec, tokens, resp, role.plan.compute_dtype, backward=True)
+        fwd_bwd["vocab grads (transient)"] = _vocab_grad_bytes(spec, role, ws)
         step = role.optimizer(ws) if role.plan.optimizer_offload else 0.0
         step += ADAM_STEP_SCRATCH * role.params * 4 / ws
         if sum(fwd_bwd.values()) >= step:

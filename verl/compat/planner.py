@@ -122,6 +122,8 @@ class _Decider:
     def attn_missing(self, attn: str, compute: str) -> str | None:
         sw = self.software
         if attn == "flash_attention_2":
+            if self.profile.backend == "cuda" and self.cc < (8, 0):
+                return f"FlashAttention-2 needs compute capability >= 8.0 ({_cc(self.profile)})"
             if not sw.flash_attn_usable:
                 return sw.notes.get("flash_attn", "flash_attn is not installed or not usable on this device "
                                                   "(needs compute capability >= 8.0)")
@@ -222,8 +224,11 @@ def _decide_role(d: _Decider, config: Any, rc: _RoleConfig, compute_default: str
 def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> tuple[RolloutPlan, Any]:
     r = "actor_rollout_ref.rollout"
     asked = _get(config, f"{r}.name")
-    usable = d.software.vllm_usable
+    usable = d.software.vllm_usable and d.profile.backend != "cpu" and \
+        (d.profile.backend != "cuda" or d.cc >= (7, 0))
     why_not = d.software.notes.get("vllm", "vllm is not installed or does not support this device/dtype")
+    if d.software.vllm_usable and not usable:
+        why_not = f"vLLM does not support {_cc(d.profile)} (it needs compute capability >= 7.0)"
     if asked is AUTO:
         name = d.note("rollout.name", "vllm" if usable else "hf",
                       "vllm is installed and supports this device" if usable
@@ -407,7 +412,7 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
         for name in roles:
             ck = asked_ckpt[name]
             po, oo = asked_off[name]
-            roles[name] = replace(roles[name], gradient_checkpointing=ck is not False and ck is not AUTO or ck is AUTO,
+            roles[name] = replace(roles[name], gradient_checkpointing=ck is not False,
                                   param_offload=po is True, optimizer_offload=oo is True)
         rollout.gpu_memory_utilization = float(util_asked) if util_asked is not AUTO else 0.5
         d.reasons["memory"] = "no model config.json given: memory not planned, user settings kept"

@@ -1,0 +1,305 @@
+"""make_plan: the rules per device, overrides, the offload ladder, PlanError, and purity."""
+import dataclasses
+import itertools
+import os
+
+import pytest
+import transformers
+
+from verl.compat.catalog import CATALOG, get_profile
+from verl.compat.model_spec import ModelSpec
+from verl.compat.planner import PlanError, make_plan
+from verl.compat.profile import SoftwareInfo
+
+QWEN05 = ModelSpec.from_hf_config(transformers.Qwen2Config(
+    vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+    intermediate_size=4864, tie_word_embeddings=True, max_position_embeddings=32768))
+PLAIN = SoftwareInfo(torch_version="2.11.0", triton_usable=True)
+FULL = SoftwareInfo(torch_version="2.11.0", triton_usable=True, flash_attn_version="2.8", flash_attn_usable=True,
+                    xformers_version="0.0.30", xformers_usable=True, vllm_version="0.11", vllm_usable=True)
+NONE = SoftwareInfo(torch_version="2.11.0")
+
+
+def config(batch, prompt, response, mini, micro, log_prob_micro, **extra):
+    cfg = {
+        "data": {"train_batch_size": batch, "max_prompt_length": prompt, "max_response_length": response},
+        "actor_rollout_ref": {
+            "model": {"attn_implementation": "auto", "use_remove_padding": "auto"},
+            "actor": {"ppo_mini_batch_size": mini, "ppo_micro_batch_size_per_gpu": micro,
+                      "use_torch_compile": "auto", "fsdp_config": {"dtype": "auto", "param_offload": "auto",
+                                                                   "optimizer_offload": "auto"}},
+            "rollout": {"name": "auto", "dtype": "auto", "gpu_memory_utilization": "auto",
+                        "log_prob_micro_batch_size_per_gpu": log_prob_micro},
+            "ref": {"log_prob_micro_batch_size_per_gpu": log_prob_micro},
+        },
+        "critic": {"ppo_micro_batch_size_per_gpu": micro},
+        "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": False},
+        "trainer": {"n_gpus_per_node": 1, "nnodes": 1},
+        "compat": {"strict": False, "memory_margin": 0.1},
+    }
+    for path, value in extra.items():
+        node = cfg
+        *parents, leaf = path.split("__")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return cfg
+
+
+QUICKSTART = config(256, 512, 512, 64, 4, 8)
+FIELD = config(1, 256, 256, 1, 1, 1)
+# devices too small for a 0.5B actor + critic under our offload semantics (optimizer back on device for its step)
+TOO_SMALL = {"quickstart": {"rtx2080ti", "p100"}, "field": {"rtx2080ti"}}
+EXPECTED_DTYPE = {"cpu": "float32", "p40": "float32", "p100": "float32", "v100-16gb": "float16",
+                  "v100-32gb": "float16", "t4": "float16", "rtx2080ti": "float16"}
+
+
+def roles(plan):
+    return [r for r in (plan.actor, plan.critic, plan.ref) if r is not None]
+
+
+@pytest.mark.parametrize("setting,cfg", [("quickstart", QUICKSTART), ("field", FIELD)])
+@pytest.mark.parametrize("device", sorted(CATALOG))
+def test_every_device_gets_a_plan(device, setting, cfg):
+    profile = CATALOG[device]
+    if device in TOO_SMALL[setting]:
+        with pytest.raises(PlanError, match=r"GiB more than the device has"):
+            make_plan(profile, cfg, PLAIN, QWEN05)
+        return
+    plan = make_plan(profile, cfg, PLAIN, QWEN05)
+    dtype = EXPECTED_DTYPE.get(device, "bfloat16")
+    for r in roles(plan):
+        assert r.compute_dtype == dtype
+        assert r.param_dtype == "float32"                 # trained roles keep float32 master weights
+        assert r.grad_scaler == (dtype == "float16")
+        assert r.attn_implementation == "sdpa"            # no flash_attn installed
+        assert r.use_remove_padding is False
+    assert plan.critic is not None and plan.ref is None   # gae needs a critic; no KL -> no reference
+    assert plan.rollout.name == "hf" and plan.rollout.dtype == dtype
+    assert plan.dist_backend == ("gloo" if device == "cpu" else "nccl")
+    assert plan.device_type == ("cpu" if device == "cpu" else "cuda")
+    assert plan.torch_compile == (device not in ("cpu", "p40", "p100"))
+    assert plan.tf32 == profile.tf32
+    assert 0 < plan.predicted_peak_gb and plan.memory["required_gb"] <= profile.memory_gb
+    assert plan.memory_limit_gb == profile.memory_gb
+    for key in ("actor.compute_dtype", "actor.attn_implementation", "rollout.name", "dist_backend",
+                "torch_compile", "actor.param_offload", "memory"):
+        assert plan.reasons[key]
+    assert plan.warnings == []
+    plan.to_dict()
+
+
+def test_field_report_on_p40_needs_no_hand_patches():
+    plan = make_plan(get_profile("p40"), FIELD, PLAIN, QWEN05)
+    assert plan.actor.compute_dtype == "float32"                  # patch 2: bf16 -> fp32
+    assert plan.actor.attn_implementation == "sdpa"               # patch 3: no flash_attention_2
+    assert plan.rollout.name == "hf" and not plan.torch_compile   # no vLLM / Triton on sm_61
+    assert "sm_61" in plan.reasons["actor.compute_dtype"]
+
+
+def test_quickstart_on_a100_with_full_software():
+    plan = make_plan(get_profile("a100-80gb"), QUICKSTART, FULL, QWEN05)
+    assert plan.actor.compute_dtype == "bfloat16" and plan.actor.param_dtype == "float32"
+    assert plan.actor.attn_implementation == "flash_attention_2" and plan.use_remove_padding
+    assert plan.rollout.name == "vllm" and plan.rollout.dtype == "bfloat16"
+    assert 0.1 <= plan.rollout.gpu_memory_utilization <= 0.9
+    assert not plan.actor.param_offload and not plan.actor.optimizer_offload
+
+
+def test_vllm_share_is_what_training_leaves():
+    small = make_plan(get_profile("l4"), QUICKSTART, FULL, QWEN05)
+    big = make_plan(get_profile("h200"), QUICKSTART, FULL, QWEN05)
+    assert small.rollout.gpu_memory_utilization < big.rollout.gpu_memory_utilization
+    assert small.memory["required_gb"] <= get_profile("l4").memory_gb
+
+
+@pytest.mark.parametrize("device", ["t4", "v100-32gb"])
+def test_volta_turing_get_vllm_in_fp16_but_not_flash(device):
+    plan = make_plan(get_profile(device), QUICKSTART, FULL, QWEN05)
+    assert plan.rollout.name == "vllm" and plan.rollout.dtype == "float16"
+    assert plan.actor.attn_implementation in ("sdpa", "xformers")
+
+
+def test_rocm_plan():
+    plan = make_plan(get_profile("mi300x"), QUICKSTART, PLAIN, QWEN05)
+    assert plan.actor.compute_dtype == "bfloat16" and plan.dist_backend == "nccl" and plan.device_type == "cuda"
+
+
+# ----------------------------------------------------------------------------- properties
+
+USER_CHOICES = {
+    "actor_rollout_ref__actor__fsdp_config__dtype": ["auto", "bfloat16", "float16", "float32"],
+    "actor_rollout_ref__model__attn_implementation": ["auto", "flash_attention_2", "xformers", "eager"],
+    "actor_rollout_ref__rollout__name": ["auto", "vllm", "hf"],
+    "actor_rollout_ref__actor__use_torch_compile": ["auto", True],
+    "actor_rollout_ref__model__use_remove_padding": ["auto", True],
+}
+
+
+def _lacks(plan, profile, software):
+    """What the plan picked that the device or software cannot do (empty when sound)."""
+    bad = []
+    cc = profile.compute_capability or (0, 0)
+    for r in roles(plan) + [plan.rollout]:
+        dt = getattr(r, "compute_dtype", None) or r.dtype
+        if dt == "bfloat16" and not profile.native_bf16:
+            bad.append("bf16")
+        if dt == "float16" and not profile.tensor_core_fp16:
+            bad.append("fp16 without tensor cores")
+        if r.attn_implementation == "flash_attention_2" and (not software.flash_attn_usable or cc < (8, 0)):
+            bad.append("flash_attention_2")
+        if r.attn_implementation == "xformers" and not software.xformers_usable:
+            bad.append("xformers")
+    for r in roles(plan):
+        if r.use_remove_padding and r.attn_implementation != "flash_attention_2":
+            bad.append("remove padding")
+        if r.grad_scaler != (r.compute_dtype == "float16" and r is not plan.ref):
+            bad.append("grad scaler")
+    if plan.rollout.name == "vllm" and (not software.vllm_usable or cc < (7, 0) or profile.backend == "cpu"):
+        bad.append("vllm")
+    if plan.torch_compile and (profile.backend == "cpu" or cc < (7, 0) or not software.triton_usable):
+        bad.append("torch.compile")
+    if plan.tf32 and not profile.tf32:
+        bad.append("tf32")
+    return bad
+
+
+def test_no_plan_picks_what_its_device_lacks():
+    """Exhaustive: every device x software x combination of user overrides (non-strict)."""
+    keys = list(USER_CHOICES)
+    checked = 0
+    for device, software in itertools.product(sorted(CATALOG), (NONE, PLAIN, FULL)):
+        profile = CATALOG[device]
+        for values in itertools.product(*USER_CHOICES.values()):
+            cfg = config(8, 128, 128, 8, 2, 2, **dict(zip(keys, values)))
+            plan = make_plan(profile, cfg, software, ModelSpec.from_hf_config(TINY))
+            assert _lacks(plan, profile, software) == [], (device, values)
+            checked += 1
+    assert checked == len(CATALOG) * 3 * 4 * 4 * 3 * 2 * 2
+
+
+TINY = transformers.Qwen2Config(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                num_key_value_heads=2, intermediate_size=128)
+
+
+@pytest.mark.parametrize("key,value,device,needle", [
+    ("actor_rollout_ref__actor__fsdp_config__dtype", "bfloat16", "p40", "bfloat16 needs compute capability >= 8.0"),
+    ("actor_rollout_ref__actor__fsdp_config__dtype", "float16", "p40", "float16 needs tensor cores"),
+    ("actor_rollout_ref__actor__fsdp_config__dtype", "bfloat16", "t4", "sm_75"),
+    ("actor_rollout_ref__model__attn_implementation", "flash_attention_2", "a100-40gb", "flash_attn"),
+    ("actor_rollout_ref__rollout__name", "vllm", "p40", "vllm"),
+    ("actor_rollout_ref__actor__use_torch_compile", True, "p40", "Triton"),
+])
+def test_impossible_override_is_adapted_with_warning_or_refused_in_strict(key, value, device, needle):
+    software = PLAIN if device != "p40" else dataclasses.replace(PLAIN, vllm_usable=True)
+    cfg = config(8, 128, 128, 8, 2, 2, **{key: value})
+    plan = make_plan(get_profile(device), cfg, software, ModelSpec.from_hf_config(TINY))
+    assert any(needle in w and str(value) in w and "using" in w for w in plan.warnings), plan.warnings
+    assert _lacks(plan, get_profile(device), software) == []
+    strict = config(8, 128, 128, 8, 2, 2, compat__strict=True, **{key: value})
+    with pytest.raises(PlanError, match="compat.strict=true"):
+        make_plan(get_profile(device), strict, software, ModelSpec.from_hf_config(TINY))
+
+
+def test_possible_override_wins():
+    cfg = config(8, 128, 128, 8, 2, 2, actor_rollout_ref__actor__fsdp_config__dtype="float32",
+                 actor_rollout_ref__model__attn_implementation="eager", actor_rollout_ref__rollout__name="hf",
+                 actor_rollout_ref__actor__use_torch_compile=False)
+    plan = make_plan(get_profile("h100"), cfg, FULL, ModelSpec.from_hf_config(TINY))
+    assert plan.actor.compute_dtype == "float32" and plan.actor.attn_implementation == "eager"
+    assert plan.rollout.name == "hf" and plan.torch_compile is False and plan.warnings == []
+    assert plan.reasons["actor.compute_dtype"].startswith("set by the user")
+
+
+def test_explicit_offload_and_checkpointing_are_honoured():
+    cfg = config(8, 128, 128, 8, 2, 2, actor_rollout_ref__actor__fsdp_config__param_offload=True,
+                 actor_rollout_ref__model__enable_gradient_checkpointing=False)
+    plan = make_plan(get_profile("h200"), cfg, PLAIN, ModelSpec.from_hf_config(TINY))
+    assert plan.actor.param_offload is True and plan.actor.gradient_checkpointing is False
+    assert plan.critic.param_offload is False
+
+
+# ----------------------------------------------------------------------------- the memory ladder
+
+def _rung(plan):
+    a = plan.actor
+    return (a.param_offload, a.optimizer_offload, -a.micro_batch_size_per_gpu)
+
+
+def test_offload_ladder_order_as_memory_shrinks():
+    """Shrinking the device walks: nothing -> optimizer offload -> params + optimizer -> smaller micro-batches."""
+    base = get_profile("a100-80gb")
+    cfg = config(64, 512, 512, 64, 8, 8, actor_rollout_ref__model__enable_gradient_checkpointing=True)
+    seen = []
+    for quarter in range(80 * 4, 4 * 4, -1):
+        gb = quarter / 4
+        try:
+            plan = make_plan(dataclasses.replace(base, memory_gb=gb), cfg, PLAIN, QWEN05)
+        except PlanError as exc:
+            seen.append("error")
+            assert "GiB more than the device has" in str(exc)
+            break
+        assert plan.memory["required_gb"] <= gb
+        state = ("params+optimizer" if plan.actor.param_offload else
+                 "optimizer" if plan.actor.optimizer_offload else "nothing")
+        if plan.actor.micro_batch_size_per_gpu < 8:
+            state = f"micro {plan.actor.micro_batch_size_per_gpu}"
+            assert "halved" in plan.reasons["actor.micro_batch_size_per_gpu"]
+        if not seen or seen[-1] != state:
+            seen.append(state)
+    assert seen[:3] == ["nothing", "optimizer", "params+optimizer"], seen
+    micro = [int(s.split()[1]) for s in seen if s.startswith("micro")]
+    assert micro and micro == sorted(micro, reverse=True) and micro[0] == 4, seen
+    assert seen[-1] == "error"
+    # the micro-batch never touches the mini-batch: the update's math is unchanged
+    assert cfg["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] == 64
+
+
+def test_plan_error_states_shortfall_and_what_would_fit():
+    tiny_gpu = dataclasses.replace(get_profile("t4"), memory_gb=9.0)
+    with pytest.raises(PlanError) as err:
+        make_plan(tiny_gpu, QUICKSTART, PLAIN, QWEN05)
+    msg = str(err.value)
+    assert "t4 (9.0 GiB)" in msg and "GiB more than the device has" in msg
+    assert "largest setting that fits" in msg.lower() or "at least" in msg
+
+
+def test_gradient_checkpointing_auto_turns_on_only_when_needed():
+    cfg = config(64, 512, 512, 64, 8, 8)
+    roomy = make_plan(get_profile("h200"), cfg, PLAIN, QWEN05)
+    tight = make_plan(get_profile("l4"), cfg, PLAIN, QWEN05)
+    assert roomy.actor.gradient_checkpointing is False
+    assert tight.actor.gradient_checkpointing is True
+    assert "do not fit" in tight.reasons["actor.gradient_checkpointing"]
+
+
+def test_without_model_spec_memory_is_not_planned():
+    plan = make_plan(get_profile("a100-80gb"), QUICKSTART, PLAIN, None)
+    assert plan.predicted_peak_gb == 0.0 and "no model config.json" in plan.reasons["memory"]
+    assert plan.actor.micro_batch_size_per_gpu == 4
+
+
+# ----------------------------------------------------------------------------- purity
+
+def test_plan_is_pure(monkeypatch):
+    import torch
+
+    def boom(*a, **k):
+        raise AssertionError("make_plan touched the device or the environment")
+
+    monkeypatch.setattr(torch.cuda, "is_available", boom)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", boom)
+    monkeypatch.setattr(os, "getenv", boom)
+    monkeypatch.setattr(os.environ, "get", boom)
+    first = make_plan(get_profile("t4"), QUICKSTART, PLAIN, QWEN05)
+    second = make_plan(get_profile("t4"), QUICKSTART, PLAIN, QWEN05)
+    assert first.to_dict() == second.to_dict()
+
+
+def test_omegaconf_config_with_auto_strings():
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create(QUICKSTART)
+    plan = make_plan(get_profile("v100-32gb"), cfg, PLAIN, QWEN05)
+    assert plan.to_dict() == make_plan(get_profile("v100-32gb"), QUICKSTART, PLAIN, QWEN05).to_dict()
+    assert plan.actor.compute_dtype == "float16"
