@@ -50,6 +50,19 @@ def _as_size(batch_size) -> torch.Size:
     return torch.Size(batch_size)
 
 
+def _normalize_index(item):
+    """An int, a slice, or a 1-D long / bool tensor selecting rows."""
+    if isinstance(item, (int, np.integer)):
+        return int(item)
+    if isinstance(item, slice):
+        return item
+    if isinstance(item, (range, list, np.ndarray)):
+        item = torch.as_tensor(np.asarray(list(item) if isinstance(item, range) else item))
+    if item.ndim == 0:
+        return int(item)
+    return item if item.dtype == torch.bool else item.long()
+
+
 def _split_sizes(total: int, chunks: int) -> list[int]:
     """Sizes of `chunks` consecutive parts of `total` rows, differing by at most one (numpy array_split)."""
     base, extra = divmod(total, chunks)
@@ -109,23 +122,18 @@ class TensorBatch:
     def __getitem__(self, item):
         if isinstance(item, str):
             return self._tensors[item]
-        if isinstance(item, _Index):
-            if isinstance(item, range):
-                item = list(item)
-            if isinstance(item, list) or isinstance(item, np.ndarray):
-                item = torch.as_tensor(np.asarray(item))
-            if isinstance(item, torch.Tensor) and item.dtype != torch.bool:
-                item = item.long()
-            indexed = {k: t[item.to(t.device) if isinstance(item, torch.Tensor) else item] for k, t in self.items()}
-            if isinstance(item, (int, np.integer)):
-                size = self._batch_size[1:]
-            else:
-                size = torch.Size([len(range(self._batch_size[0])[item])]) if isinstance(item, slice) else None
-                if size is None:
-                    size = torch.Size([int(item.sum()) if item.dtype == torch.bool else item.numel()])
-                size = size + self._batch_size[1:]
-            return TensorBatch(indexed, batch_size=size)
-        raise TypeError(f"TensorBatch cannot be indexed with {type(item).__name__}")
+        if not isinstance(item, _Index):
+            raise TypeError(f"TensorBatch cannot be indexed with {type(item).__name__}")
+        index = _normalize_index(item)
+        if isinstance(index, int):
+            size = self._batch_size[1:]
+        elif isinstance(index, slice):
+            size = torch.Size([len(range(self._batch_size[0])[index])]) + self._batch_size[1:]
+        else:
+            rows = int(index.sum()) if index.dtype == torch.bool else index.numel()
+            size = torch.Size([rows]) + self._batch_size[1:]
+        on = (lambda t: index.to(t.device)) if isinstance(index, torch.Tensor) else (lambda t: index)
+        return TensorBatch({k: t[on(t)] for k, t in self.items()}, batch_size=size)
 
     def __setitem__(self, key: str, value: torch.Tensor):
         if not isinstance(key, str):

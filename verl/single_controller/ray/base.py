@@ -147,7 +147,10 @@ class RayResourcePool(ResourcePool):
             )
 
     def get_placement_groups(self, strategy: str = "STRICT_PACK", name: Optional[str] = None, device_name=None):
-        """Create (once) and return the placement groups, sorted by node IP so ranks are stable."""
+        """Create (once) and return the placement groups, sorted by node IP so ranks are stable.
+
+        `device_name` is accepted for upstream's call sites; the bundle's device follows `use_gpu`.
+        """
         if self.pgs is not None:
             return self.pgs
         self.check_fits()
@@ -337,7 +340,8 @@ class RayWorkerGroup(WorkerGroup):
 
         cls_name = ray_cls_with_init.user_cls.__name__
         rank = 0
-        for node_idx, (pg, local_world_size) in enumerate(zip(pgs, resource_pool.store, strict=True)):
+        for node_idx, pg in enumerate(pgs):  # sorted by node IP, so read each node's size from its group
+            local_world_size = pg.bundle_count
             for local_rank in range(local_world_size):
                 env = self._worker_env(rank, resource_pool.world_size, local_rank, local_world_size)
                 name = f"{self.name_prefix}{cls_name}_{node_idx}:{local_rank}"
