@@ -194,6 +194,9 @@ def test_lr_schedules():
         return out
 
     assert lrs(lambda o: F.get_constant_schedule_with_warmup(o, 2), 4) == pytest.approx([0.0, 0.5, 1.0, 1.0])
+    # No warm-up: the full rate from the first step (an LR of 0 there would waste the first update).
+    assert lrs(lambda o: F.get_constant_schedule_with_warmup(o, 0), 3) == pytest.approx([1.0, 1.0, 1.0])
+    assert lrs(lambda o: F.get_constant_schedule_with_warmup(o, 1), 3) == pytest.approx([0.0, 1.0, 1.0])
     cos = lrs(lambda o: F.get_cosine_schedule_with_warmup(o, 2, 6, min_lr_ratio=0.1), 7)
     ref = [0.0, 0.5] + [0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - 2) / 4)) for s in range(2, 7)]
     assert cos == pytest.approx(ref)

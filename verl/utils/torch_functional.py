@@ -201,10 +201,17 @@ def postprocess_data(
 
 
 def get_constant_schedule_with_warmup(optimizer, num_warmup_steps: int, last_epoch: int = -1):
-    """Linear warm-up from 0 to the base learning rate, then constant."""
+    """Linear warm-up from 0 to the base learning rate over `num_warmup_steps`, then constant.
+
+    The ramp only covers steps below `num_warmup_steps` (upstream's convention: warm-up 2 gives
+    0, 0.5, 1, ...), so warm-up 0 means the full rate from the very first step rather than a lost
+    first update at learning rate 0.
+    """
 
     def factor(step: int) -> float:
-        return min(1.0, float(step) / float(max(1, num_warmup_steps)))
+        if step < num_warmup_steps:
+            return float(step) / float(num_warmup_steps)
+        return 1.0
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor, last_epoch)
 

@@ -84,9 +84,7 @@ def _build_optimizer(module: torch.nn.Module, optim_cfg):
     if warmup is None or int(warmup) <= 0:
         warmup = int(float(optim_cfg.get("lr_warmup_steps_ratio", 0.0) or 0.0) * max(total_steps, 0))
     style = optim_cfg.get("warmup_style") or optim_cfg.get("lr_scheduler_type", "constant") or "constant"
-    if style == "constant" and int(warmup) <= 0:
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    elif style == "constant":
+    if style == "constant":
         scheduler = get_constant_schedule_with_warmup(optimizer, num_warmup_steps=int(warmup))
     elif style == "cosine":
         if total_steps <= 0:
