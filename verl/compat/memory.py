@@ -24,7 +24,7 @@ token per layer) is kept, plus one layer recomputed during backward. Logits: the
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import RolePlan, RolloutPlan
@@ -282,20 +282,19 @@ def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollo
         terms = idle(name)
         terms.update(on_device(role, optimizer=not role.plan.optimizer_offload))
         terms[f"{name}.grads"] = role.grads(ws)
-        terms[f"{name}.compute_copy"] = _compute_copy(spec, role, ws, role.plan.compute_dtype)
         tokens, resp = _tokens(role.plan, T, R, forward=False)
-        fwd_bwd = _activations(spec, role.plan, tokens, T, train=True)
+        # three candidate peaks: end of forward / start of backward, end of backward, optimizer step
+        fwd_bwd = {f"{name}.compute_copy": _compute_copy(spec, role, ws, role.plan.compute_dtype)}
+        fwd_bwd.update(_activations(spec, role.plan, tokens, T, train=True))
         if name == "critic":
             fwd_bwd["values"] = tokens * spec.hidden_size * 4 * 2
         else:
             fwd_bwd["logits"] = _logits_bytes(spec, tokens, resp, role.plan.compute_dtype, backward=True)
-        fwd_bwd["vocab grads (transient)"] = _vocab_grad_bytes(spec, role, ws)
-        step = role.optimizer(ws) if role.plan.optimizer_offload else 0.0
-        step += ADAM_STEP_SCRATCH * role.params * 4 / ws
-        if sum(fwd_bwd.values()) >= step:
-            terms.update(fwd_bwd)
-        else:
-            terms["optimizer step"] = step
+        bwd_end = {"vocab grads (end of backward)": _vocab_grad_bytes(spec, role, ws)}
+        step = {"optimizer step": ADAM_STEP_SCRATCH * role.params * 4 / ws}
+        if role.plan.optimizer_offload:
+            step[f"{name}.optimizer"] = role.optimizer(ws)
+        terms.update(max((fwd_bwd, bwd_end, step), key=lambda t: sum(t.values())))
         label = f"{name}_update"
         phases[label] = PhaseMemory(label, terms)
 
@@ -304,6 +303,3 @@ def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollo
     context = 0.0 if backend == "cpu" else CUDA_CONTEXT_GB
     return MemoryEstimate(phases=phases, context_gb=context, fragmentation=fragmentation)
 
-
-def as_dict(estimate: MemoryEstimate) -> dict:
-    return asdict(estimate)
