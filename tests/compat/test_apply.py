@@ -265,3 +265,61 @@ def test_xformers_attention_refuses_packed_sequences():
     q = torch.zeros(1, 2, 4, 8)
     with pytest.raises(ValueError, match="flash_attention_2"):
         xformers_attention_forward(torch.nn.Module(), q, q, q, None, cu_seq_lens_q=torch.tensor([0, 4]))
+
+
+# ----------------------------------------------------------------------------- on a real GPU
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_simulated_p40_limits_are_enforced_on_the_real_gpu():
+    plan = make("p40")
+    real_total = torch.cuda.get_device_properties(0).total_memory
+    cap = plan.device.memory_gb * GiB
+    try:
+        device = apply.apply_in_process(plan)
+        kept = torch.empty(int(cap * 0.8), dtype=torch.uint8, device=device)   # fits under the cap
+        if cap < real_total * 0.9:
+            with pytest.raises(torch.OutOfMemoryError):
+                torch.empty(int(cap * 0.3), dtype=torch.uint8, device=device)  # would exceed it
+        del kept
+        assert not torch.backends.cuda.flash_sdp_enabled()
+        assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+        q = torch.randn(1, 2, 64, 64, device=device, dtype=torch.float16)
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)  # still runs
+    finally:
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(1.0, 0)
+        torch.backends.cuda.enable_flash_sdp(True)
+        torch.backends.cuda.enable_cudnn_sdp(True)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_real_xformers_kernel_matches_eager_where_it_loads():
+    from verl.compat import detect
+
+    ok, note = detect._xformers_verdict(detect.detect_profile("t4"), detect._version("xformers"))
+    if not ok:
+        pytest.skip(note)
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from verl.compat.attention import register_xformers_attention
+
+    register_xformers_attention()
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = Qwen2ForCausalLM(cfg).to("cuda", torch.float16).eval()
+    ids = torch.randint(0, 128, (2, 12), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    logits = {}
+    for impl in ("eager", "xformers"):
+        model.set_attn_implementation(impl)
+        with torch.no_grad():
+            logits[impl] = model(input_ids=ids, attention_mask=mask).logits.float()
+    real = mask.bool()
+    torch.testing.assert_close(logits["xformers"][real], logits["eager"][real], atol=2e-2, rtol=2e-2)

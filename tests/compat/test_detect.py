@@ -17,6 +17,7 @@ from verl.compat.detect import (
 from verl.compat.profile import SoftwareInfo
 
 GiB = 1024**3
+cpu_host_only = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts what a GPU-less host reports")
 CU126 = ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")      # PyTorch 2.8 + cu126
 CU128 = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")    # PyTorch 2.8 + cu128
 CU130 = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120")
@@ -41,6 +42,7 @@ def fake_gpu(monkeypatch, name, cc, total_gib, sms=80, optin=None, hip=None, arc
 
 # ----------------------------------------------------------------------------- real device
 
+@cpu_host_only
 def test_cpu_host_profile_reports_host_ram():
     profile = detect_profile()
     total, avail = detect.host_memory_gb()
@@ -86,6 +88,7 @@ def test_rocm_backend_from_hip_build(monkeypatch):
     assert p.backend == "rocm" and p.native_bf16 and p.tensor_core_fp16
 
 
+@cpu_host_only
 def test_unsupported_accelerator_is_planned_as_cpu_with_a_note(monkeypatch):
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
     p = detect_profile()
@@ -109,7 +112,7 @@ def test_every_catalog_device_can_be_simulated(name):
     assert p.simulated
     assert (p.backend, p.compute_capability, p.native_bf16, p.tf32) == (
         ref.backend, ref.compute_capability, ref.native_bf16, ref.tf32)
-    if ref.backend != "cpu":
+    if ref.backend != "cpu" and not torch.cuda.is_available():
         assert p.memory_gb == ref.memory_gb     # no real GPU here: the catalog figure as is
     software = detect_software(p)
     assert set(software.notes) >= {"torch", "flash_attn", "xformers", "vllm", "triton"}
@@ -175,13 +178,14 @@ def test_vllm_verdict(device, version, usable, words):
 
 @pytest.mark.parametrize("device,usable,words", [
     ("t4", False, "needs sm_80+"), ("v100-32gb", False, "needs sm_80+"), ("cpu", False, "no CPU"),
-    ("a100-80gb", False, "no GPU on this host"),     # this test host has no GPU to run it on
+    pytest.param("a100-80gb", False, "no GPU on this host", marks=cpu_host_only),
 ])
 def test_flash_attn_verdict(device, usable, words):
     ok, note = detect._flash_attn_verdict(get_profile(device), "2.7.4")
     assert ok is usable and words in note
 
 
+@cpu_host_only
 def test_xformers_needs_a_gpu_to_probe():
     ok, note = detect._xformers_verdict(get_profile("t4"), "0.0.29")
     assert not ok and "no GPU" in note
@@ -231,3 +235,35 @@ def test_simulated_and_cpu_profiles_are_not_checked():
     sim = dataclasses.replace(get_profile("p40"), simulated=True)
     check_torch_supports(sim, _software(CU130))
     check_torch_supports(get_profile("cpu"), _software(()))
+
+
+# ----------------------------------------------------------------------------- on a real GPU
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_real_gpu_profile_matches_torch():
+    props = torch.cuda.get_device_properties(0)
+    p = detect_profile()
+    assert p.backend == ("rocm" if torch.version.hip else "cuda") and not p.simulated
+    assert p.compute_capability == (props.major, props.minor)
+    assert p.memory_gb == pytest.approx(props.total_memory / GiB, abs=0.01)
+    assert p.sm_count == props.multi_processor_count
+    if getattr(props, "shared_memory_per_block_optin", 0):
+        assert p.shared_mem_per_block_kb == props.shared_memory_per_block_optin // 1024
+    assert p.native_bf16 == (props.major >= 8) and p.tf32 == (props.major >= 8)
+    software = detect_software(p)
+    check_torch_supports(p, software)            # the build in use runs here, by definition
+    assert software.torch_arch_list == tuple(torch.cuda.get_arch_list())
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_simulated_p40_verdicts_on_a_real_gpu_follow_sm_61():
+    real = detect_profile()
+    p40 = detect_profile("p40")
+    assert p40.simulated and p40.memory_gb == min(23.9, real.memory_gb) and p40.count == real.count
+    software = detect_software(p40)
+    assert not (software.flash_attn_usable or software.vllm_usable or software.triton_usable)

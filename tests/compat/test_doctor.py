@@ -123,7 +123,8 @@ def test_unknown_device_and_unknown_key_are_errors(capsys):
 
 
 def test_json_stdout_is_one_object_in_a_real_subprocess():
-    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
     env.pop("VERL_COMPAT_DEVICE", None)
     proc = subprocess.run([sys.executable, "-m", "verl.compat", "--json", "--device", "t4",
                            "--model-spec", "qwen2.5-0.5b", *QUICKSTART],

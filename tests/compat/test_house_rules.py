@@ -25,7 +25,8 @@ def test_no_hardware_choice_outside_compat():
 
 def test_importing_compat_does_not_import_transformers():
     code = "import sys, verl.compat; print('transformers' in sys.modules, 'ray' in sys.modules)"
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+                         env=dict(os.environ, PYTHONPATH=path), timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]

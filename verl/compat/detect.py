@@ -83,12 +83,13 @@ def _catalog_twin(gpu_name: str, total_gb: float) -> DeviceProfile | None:
 
 
 def _gpu_profile() -> DeviceProfile:
+    had_context = torch.cuda.is_initialized()   # before the property query initialises CUDA
     props = torch.cuda.get_device_properties(0)
     cc = (props.major, props.minor)
     rocm = torch.version.hip is not None
     total_gb = props.total_memory / GiB
     free_gb = None
-    if torch.cuda.is_initialized():
+    if had_context:
         # Asking the driver for free memory needs a CUDA context; only do it where one already
         # exists, so planning on the driver process never leaves a context on GPU 0.
         free_gb = torch.cuda.mem_get_info(0)[0] / GiB
@@ -204,6 +205,11 @@ def _best_dtype(profile: DeviceProfile) -> torch.dtype:
 def _xformers_probe(device_index: int, dtype: torch.dtype) -> str | None:
     """Run one tiny causal memory-efficient attention; None if it worked, else the error."""
     try:
+        import xformers
+
+        if getattr(xformers, "_has_cpp_library", True) is False:
+            return (f"its C++/CUDA extension does not load with torch {torch.__version__} "
+                    f"(the wheel was built for another torch)")
         from xformers.ops import LowerTriangularMask, memory_efficient_attention
 
         q = torch.randn(1, 16, 2, 64, device=torch.device("cuda", device_index), dtype=dtype)
