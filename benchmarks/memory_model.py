@@ -226,9 +226,20 @@ def _to(obj, device):
                     st[k] = v.to(device)
 
 
-def run_case(profile_name: str, setting_name: str, model_kwargs: dict, device: torch.device,
-             software: SoftwareInfo | None = None, rollout_batch: int | None = None) -> dict:
-    """Plan one (device, setting), run its phases, and return predicted and measured GiB per phase."""
+def _override(config: dict, overrides: dict) -> dict:
+    for path, value in overrides.items():
+        node = config
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return config
+
+
+def run_case(profile_name: str, setting_name, model_kwargs: dict, device: torch.device,
+             software: SoftwareInfo | None = None, rollout_batch: int | None = None,
+             overrides: dict | None = None, only: tuple[str, ...] | None = None) -> dict:
+    """Plan one (device, setting), run its phases (or `only` those), return predicted and measured GiB."""
     setting = SETTINGS[setting_name] if isinstance(setting_name, str) else setting_name
     profile = get_profile(profile_name)
     software = software or SoftwareInfo(torch_version=torch.__version__)
@@ -237,10 +248,11 @@ def run_case(profile_name: str, setting_name: str, model_kwargs: dict, device: t
     spec = ModelSpec.from_hf_config(transformers.Qwen2Config(**model_kwargs))
     config = make_config(setting)
     config["actor_rollout_ref"]["rollout"]["name"] = "hf"
+    _override(config, overrides or {})
     plan = make_plan(profile, config, software, spec)
     predicted = {k: v["total_gb"] for k, v in plan.memory["phases_total"].items()}
     result = {"device": profile_name, "setting": setting_name, "predicted": predicted, "measured": {},
-              "errors": {}, "plan": {"actor": dataclasses.asdict(plan.actor),
+              "errors": {}, "memory": plan.memory, "plan": {"actor": dataclasses.asdict(plan.actor),
                                      "rollout": dataclasses.asdict(plan.rollout)}}
     host = torch.device("cpu")
     roles = {}
@@ -281,7 +293,7 @@ def run_case(profile_name: str, setting_name: str, model_kwargs: dict, device: t
                   ("actor_update", "actor", lambda: run_update(*roles["actor"][:2], plan.actor, setting, device,
                                                                False, _scaler(plan.actor, device)))]
         for phase, active, fn in phases:
-            if active not in roles:
+            if active not in roles or (only and phase not in only):
                 continue
             place(active, optimizer_now=phase.endswith("update"))
             try:
