@@ -267,3 +267,13 @@ def test_simulated_p40_verdicts_on_a_real_gpu_follow_sm_61():
     assert p40.simulated and p40.memory_gb == min(23.9, real.memory_gb) and p40.count == real.count
     software = detect_software(p40)
     assert not (software.flash_attn_usable or software.vllm_usable or software.triton_usable)
+
+
+def test_xformers_probe_reports_why_it_cannot_run():
+    """The probe runs in a child process and reports the failure as one line (here: no GPU, or
+    no xformers at all on this test host)."""
+    detect._xformers_probe.cache_clear()
+    reason = detect._xformers_probe("float16")
+    if torch.cuda.is_available() and reason is None:
+        pytest.skip("xformers kernels run on this GPU")
+    assert isinstance(reason, str) and reason and "\n" not in reason

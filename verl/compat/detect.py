@@ -15,6 +15,8 @@ import importlib.util
 import logging
 import os
 import shutil
+import subprocess
+import sys
 
 import torch
 
@@ -201,23 +203,38 @@ def _best_dtype(profile: DeviceProfile) -> torch.dtype:
     return torch.float32
 
 
+# Runs in a child process: a kernel that fails to load (or crashes) cannot take the driver down,
+# and the driver never gets a CUDA context on GPU 0 just for planning.
+_XFORMERS_PROBE = """
+import sys, torch
+try:
+    import xformers
+    if getattr(xformers, "_has_cpp_library", True) is False:
+        sys.exit("its C++/CUDA extension does not load with torch " + torch.__version__
+                 + " (the wheel was built for another torch)")
+    from xformers.ops import LowerTriangularMask, memory_efficient_attention
+    q = torch.randn(1, 16, 2, 64, device="cuda", dtype=getattr(torch, sys.argv[1]))
+    out = memory_efficient_attention(q, q, q, attn_bias=LowerTriangularMask())
+    torch.cuda.synchronize()
+    ok = bool(torch.isfinite(out).all())
+except Exception as err:
+    sys.exit(type(err).__name__ + ": " + (str(err).splitlines() or [""])[0])
+sys.exit(0 if ok else "non-finite output")
+"""
+
+
 @functools.lru_cache(maxsize=None)
-def _xformers_probe(device_index: int, dtype: torch.dtype) -> str | None:
-    """Run one tiny causal memory-efficient attention; None if it worked, else the error."""
+def _xformers_probe(dtype: str) -> str | None:
+    """One tiny causal memory-efficient attention on GPU 0 in `dtype`: None if it ran, else why not."""
     try:
-        import xformers
-
-        if getattr(xformers, "_has_cpp_library", True) is False:
-            return (f"its C++/CUDA extension does not load with torch {torch.__version__} "
-                    f"(the wheel was built for another torch)")
-        from xformers.ops import LowerTriangularMask, memory_efficient_attention
-
-        q = torch.randn(1, 16, 2, 64, device=torch.device("cuda", device_index), dtype=dtype)
-        out = memory_efficient_attention(q, q, q, attn_bias=LowerTriangularMask())
-        torch.cuda.synchronize(device_index)
-        return None if bool(torch.isfinite(out).all()) else "non-finite output"
-    except Exception as err:   # any failure (import, missing kernel, bad arch) means unusable
-        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:200]
+        proc = subprocess.run([sys.executable, "-c", _XFORMERS_PROBE, dtype], capture_output=True,
+                              text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return "the probe did not finish in 300 s"
+    if proc.returncode == 0:
+        return None
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    return lines[-1][:200] if lines else f"the probe exited with code {proc.returncode}"
 
 
 def _installed(name: str, version: str | None) -> str:
@@ -249,9 +266,8 @@ def _xformers_verdict(profile: DeviceProfile, version: str | None) -> tuple[bool
         return False, "xformers not installed"
     if not torch.cuda.is_available():
         return False, f"{what}: no GPU on this host to probe its kernels"
-    dtype = _best_dtype(profile)
-    error = _xformers_probe(0, dtype)
-    dname = str(dtype).removeprefix("torch.")
+    dname = str(_best_dtype(profile)).removeprefix("torch.")
+    error = _xformers_probe(dname)
     if error:
         return False, f"{what}: kernels fail for {dname} on this GPU: {error}"
     where = f" (probed on the real {torch.cuda.get_device_name(0)})" if profile.simulated else ""
