@@ -12,7 +12,7 @@ from verl.compat import apply
 from verl.compat.catalog import get_profile
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.profile import SoftwareInfo
-from verl.trainer.config_check import CONFIG_DIR, load_config
+from verl.trainer.config_check import CONFIG_DIR
 
 GiB = 1024**3
 QUICKSTART = ["data.train_batch_size=256", "actor_rollout_ref.actor.ppo_mini_batch_size=64",

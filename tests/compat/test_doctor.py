@@ -128,7 +128,7 @@ def test_json_stdout_is_one_object_in_a_real_subprocess():
     env.pop("VERL_COMPAT_DEVICE", None)
     proc = subprocess.run([sys.executable, "-m", "verl.compat", "--json", "--device", "t4",
                            "--model-spec", "qwen2.5-0.5b", *QUICKSTART],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)              # the whole of stdout parses as one JSON object
     check_contract(out)

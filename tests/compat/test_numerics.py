@@ -2,7 +2,12 @@
 import pytest
 import torch
 
-from verl.compat.numerics import MAX_ABS_NATS, MEAN_ABS_NATS, check_half_precision, compare_logits
+from verl.compat.numerics import (
+    MAX_ABS_NATS,
+    MEAN_ABS_NATS,
+    check_half_precision,
+    compare_logits,
+)
 
 
 @pytest.fixture(scope="module")

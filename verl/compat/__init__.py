@@ -23,10 +23,24 @@ from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.profile import DeviceProfile, SoftwareInfo
 
 __all__ = [
-    "DeviceProfile", "SoftwareInfo", "Plan", "RolePlan", "RolloutPlan", "StrictModeError",
-    "UnsupportedDeviceError", "detect_profile", "detect_software", "check_torch_supports",
-    "make_plan", "model_spec_for", "build_plan", "format_plan", "torch_dtype", "dtype_name", "resolve_config",
+    "DeviceProfile",
+    "Plan",
+    "RolePlan",
+    "RolloutPlan",
+    "SoftwareInfo",
+    "StrictModeError",
+    "UnsupportedDeviceError",
     "apply_in_process",
+    "build_plan",
+    "check_torch_supports",
+    "detect_profile",
+    "detect_software",
+    "dtype_name",
+    "format_plan",
+    "make_plan",
+    "model_spec_for",
+    "resolve_config",
+    "torch_dtype",
 ]
 
 logger = logging.getLogger(__name__)

@@ -28,7 +28,10 @@ Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None
 
 def xformers_kernel(q, k, v, bias, causal, scale, dropout):
     """The real kernel: xformers.ops.memory_efficient_attention."""
-    from xformers.ops import LowerTriangularFromBottomRightMask, memory_efficient_attention
+    from xformers.ops import (
+        LowerTriangularFromBottomRightMask,
+        memory_efficient_attention,
+    )
 
     attn_bias = LowerTriangularFromBottomRightMask() if causal else bias
     return memory_efficient_attention(q, k, v, attn_bias=attn_bias, p=dropout, scale=scale)

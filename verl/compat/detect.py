@@ -223,12 +223,12 @@ sys.exit(0 if ok else "non-finite output")
 """
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _xformers_probe(dtype: str) -> str | None:
     """One tiny causal memory-efficient attention on GPU 0 in `dtype`: None if it ran, else why not."""
     try:
         proc = subprocess.run([sys.executable, "-c", _XFORMERS_PROBE, dtype], capture_output=True,
-                              text=True, timeout=300)
+                              text=True, timeout=300, check=False)
     except subprocess.TimeoutExpired:
         return "the probe did not finish in 300 s"
     if proc.returncode == 0:
@@ -253,7 +253,7 @@ def _flash_attn_verdict(profile: DeviceProfile, version: str | None) -> tuple[bo
         return False, f"{what}: no GPU on this host to run it"
     try:
         import flash_attn  # noqa: F401  (loads its CUDA extension: a mismatched build fails here)
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001  (any import failure means unusable)
         return False, f"{what} fails to import: {type(err).__name__}: {err}"[:240]
     return True, f"{what} usable on {_sm(cc)} with float16/bfloat16"
 

@@ -70,7 +70,7 @@ def check_half_precision(model: torch.nn.Module, batch: Mapping, compute_dtype: 
                          f"{sorted({str(p.dtype) for p in params})}.")
     device = params[0].device
     inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask", "position_ids")
-              if k in batch.keys() and batch[k] is not None}
+              if k in batch.keys() and batch[k] is not None}  # noqa: SIM118 (TensorDict-like batches)
     was_training = model.training
     model.eval()
     try:
