@@ -133,3 +133,18 @@ def test_json_stdout_is_one_object_in_a_real_subprocess():
     out = json.loads(proc.stdout)              # the whole of stdout parses as one JSON object
     check_contract(out)
     assert out["device"]["name"] == "t4" and out["actor"]["compute_dtype"] == "float16"
+
+
+def test_a_disabled_role_that_would_not_fit_reports_why(monkeypatch, capsys):
+    from verl import compat
+
+    def no_fit(*args, **kwargs):
+        raise ValueError("the run does not fit")
+
+    from verl.compat.__main__ import doctor_json, plan_for
+
+    config, model, plan = plan_for(QUICKSTART, device="t4", model_spec="qwen2.5-0.5b")
+    monkeypatch.setattr(compat, "make_plan", no_fit)   # the probe plan that switches the ref on
+    out = doctor_json(config, model, plan)
+    assert out["ref"] == {"enabled": False, "error": "the run does not fit"}
+    assert out["actor"]["enabled"] and out["critic"]["enabled"]

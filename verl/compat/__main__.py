@@ -103,7 +103,11 @@ def doctor_json(config, model, plan) -> dict:
         probe = config.copy()
         with open_dict(probe):
             OmegaConf.update(probe, key, value, force_add=True)
-        shown = getattr(compat.make_plan(plan.device, probe, plan.software, model), name)
+        try:
+            shown = getattr(compat.make_plan(plan.device, probe, plan.software, model), name)
+        except ValueError as err:      # switched on, the run would not fit: say so instead
+            out[name] = {"enabled": False, "error": str(err)}
+            continue
         out[name] = dict(asdict(shown), enabled=False)
     return out
 
