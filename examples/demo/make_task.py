@@ -17,7 +17,9 @@ DATA_SOURCE = "demo/repeat_digit"
 
 
 def prompt_text(digit: str) -> str:
-    return f"Write the digit {digit} again and again."
+    # The digit appears many times, so copying it only needs attention to any prompt token: a tiny
+    # randomly initialised model learns that within a few dozen steps.
+    return "Repeat after me: " + " ".join(digit * 8)
 
 
 def make_rows(digits: str, size: int, split: str) -> list[dict]:
@@ -34,7 +36,7 @@ def make_rows(digits: str, size: int, split: str) -> list[dict]:
     return rows
 
 
-def build(out_dir: str, digits: str = "0123456789", train_size: int = 256, test_size: int = 32,
+def build(out_dir: str, digits: str = "7", train_size: int = 256, test_size: int = 32,
           hidden_size: int = 64, num_layers: int = 2) -> tuple[str, str, str]:
     """Write the model and the parquet files; return (model_dir, train_file, test_file)."""
     import pandas as pd
@@ -55,7 +57,7 @@ def build(out_dir: str, digits: str = "0123456789", train_size: int = 256, test_
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir")
-    parser.add_argument("--digits", default="0123456789", help="digits the prompts ask for")
+    parser.add_argument("--digits", default="7", help="digits the prompts ask for (several: a harder, conditional task)")
     parser.add_argument("--train-size", type=int, default=256)
     parser.add_argument("--test-size", type=int, default=32)
     args = parser.parse_args()

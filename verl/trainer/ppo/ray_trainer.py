@@ -326,6 +326,7 @@ class RayPPOTrainer:
             colocated = create_colocated_worker_cls(class_dict=class_dict)
             group = self.ray_worker_group_cls(resource_pool=pool, ray_cls_with_init=colocated)
             all_wg.update(group.spawn(prefix_set=class_dict.keys()))
+            print(f"Worker processes: {group.world_size}, each holding roles: {', '.join(class_dict)}", flush=True)
 
         if self.use_critic:
             self.critic_wg = all_wg[str(Role.Critic)]
