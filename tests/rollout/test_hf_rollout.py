@@ -371,3 +371,45 @@ def test_cuda_greedy_sampling_and_plan_autocast():
     half = HFRollout(model, _config(do_sample=False), plan=plan).generate_sequences(_batch(PROMPTS, 8))
     assert next(model.parameters()).dtype == torch.float32  # autocast only; weights untouched
     assert half.batch["responses"].shape == (4, 6) and half.batch["responses"].max() < VOCAB
+
+
+# ---------------------------------------------------------------- rollout dtype (the engine's decision)
+
+
+def test_autocast_decision_follows_the_rollout_dtype_not_the_weights():
+    from verl.workers.rollout.hf_rollout import rollout_autocast_dtype
+
+    half, bf16, fp32 = torch.float16, torch.bfloat16, torch.float32
+    assert rollout_autocast_dtype(None, fp32) is None        # no plan: the weights' own dtype
+    assert rollout_autocast_dtype(fp32, fp32) is None        # float32 rollout over float32 weights
+    assert rollout_autocast_dtype(bf16, bf16) is None        # weights already gathered in the rollout dtype
+    assert rollout_autocast_dtype(half, fp32) == half
+    assert rollout_autocast_dtype(bf16, fp32) == bf16
+    assert rollout_autocast_dtype(half, bf16) == half        # a rollout dtype other than the compute dtype wins
+    with pytest.raises(ValueError, match="actor_rollout_ref.rollout.dtype"):
+        rollout_autocast_dtype(fp32, bf16)                   # autocast cannot raise precision: say so
+
+
+def _dtypes_seen(model, plan_dtype):
+    """(autocast enabled, autocast dtype) at every forward of a CPU generation under `plan_dtype`."""
+    from types import SimpleNamespace
+
+    seen = []
+    hook = model.register_forward_pre_hook(
+        lambda *_: seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))))
+    try:
+        plan = None if plan_dtype is None else SimpleNamespace(rollout=SimpleNamespace(dtype=plan_dtype))
+        out = HFRollout(model, _config(do_sample=False, response_length=3), plan=plan).generate_sequences(
+            _batch(PROMPTS, 8))
+    finally:
+        hook.remove()
+    assert out.batch["responses"].shape == (4, 3)
+    return set(seen)
+
+
+def test_engine_autocasts_to_the_plan_rollout_dtype_on_cpu_too(model):
+    assert _dtypes_seen(model, "bfloat16") == {(True, torch.bfloat16)}
+    assert _dtypes_seen(model, "float16") == {(True, torch.float16)}
+    assert not any(enabled for enabled, _ in _dtypes_seen(model, "float32"))
+    assert not any(enabled for enabled, _ in _dtypes_seen(model, None))
+    assert next(model.parameters()).dtype == torch.float32   # autocast only; weights untouched

@@ -107,9 +107,13 @@ class _PlannedModel:
 
     The fp16 numerics guard needs to fall back to float32 after the model is sharded, so float16
     compute is applied by autocast (switchable) rather than baked into FSDP's mixed-precision policy.
+    The same holds when the model also generates in a `rollout_dtype` other than its compute dtype:
+    weights gathered in the compute dtype would fix the rollout's dtype too (autocast cannot raise
+    precision), so they are gathered in the parameter dtype and autocast picks each phase's dtype.
     """
 
-    def __init__(self, name: str, role_plan, device_type: str, numerics_guard: bool):
+    def __init__(self, name: str, role_plan, device_type: str, numerics_guard: bool,
+                 rollout_dtype: torch.dtype | None = None):
         if role_plan.use_remove_padding:
             logger.warning("%s: the plan asks for use_remove_padding, which these workers do not implement yet; "
                            "running the padded path (same results, more compute on padding)", name)
@@ -119,6 +123,7 @@ class _PlannedModel:
         self.param_dtype = torch_dtype(role_plan.param_dtype)
         self.compute_dtype = torch_dtype(role_plan.compute_dtype)
         self.guard_pending = numerics_guard and self.compute_dtype == torch.float16
+        self.cast_on_gather = not self.guard_pending and rollout_dtype in (None, self.compute_dtype)
         self.note: str | None = None
         scaler = None
         if role_plan.grad_scaler and self.compute_dtype == torch.float16:
@@ -131,7 +136,7 @@ class _PlannedModel:
             module,
             param_dtype=self.param_dtype,
             compute_dtype=self.compute_dtype,
-            cast_params_for_compute=not self.guard_pending,
+            cast_params_for_compute=self.cast_on_gather,
             param_offload=self.role_plan.param_offload,
             device_type=self.device_type,
         )
@@ -231,7 +236,9 @@ class ActorRolloutRefWorker(Worker):
         self.actor = self.rollout = self.ref_policy = None
         self.actor_optimizer = self.actor_lr_scheduler = None
         if self._is_actor or self._is_rollout:
-            self._actor_model = _PlannedModel("actor", self.plan.actor, self.plan.device_type, self._numerics_guard)
+            rollout_dtype = torch_dtype(self.plan.rollout.dtype) if self._is_rollout else None
+            self._actor_model = _PlannedModel("actor", self.plan.actor, self.plan.device_type, self._numerics_guard,
+                                              rollout_dtype)
             self.actor_module = self._load(self._actor_model, train=self._is_actor)
             if self._is_actor:
                 self.actor_optimizer, self.actor_lr_scheduler = _build_optimizer(self.actor_module, self.config.actor.optim)
@@ -288,17 +295,12 @@ class ActorRolloutRefWorker(Worker):
         prompts.meta_info.setdefault("eos_token_id", self.tokenizer.eos_token_id)
         prompts.meta_info.setdefault("pad_token_id", self.tokenizer.pad_token_id)
         self._actor_model.check_numerics(self.actor_module, _model_inputs(prompts))
-        rollout_dtype = torch_dtype(self.plan.rollout.dtype)
-        use_autocast = rollout_dtype != self._actor_model.param_dtype and self._actor_model.compute_dtype != torch.float32
-        was_training = self.actor_module.training
-        self.actor_module.eval()
-        try:
-            with torch.no_grad(), fsdp_utils.full_params(self.actor_module), torch.autocast(
-                device_type=self.plan.device_type, dtype=rollout_dtype, enabled=use_autocast
-            ):
-                output = self.rollout.generate_sequences(prompts)
-        finally:
-            self.actor_module.train(was_training)
+        if self._actor_model.note is not None and self.rollout.dtype == torch.float16:
+            # The guard fell back (only it sets a note): float16 overflows this model in rollout too.
+            self.rollout.dtype = torch.float32
+        # No autocast here: the engine alone runs in the plan's rollout dtype (it also sets eval mode).
+        with torch.no_grad(), fsdp_utils.full_params(self.actor_module):
+            output = self.rollout.generate_sequences(prompts)
         output = output.to("cpu")
         metrics = output.meta_info.get("metrics") or {}
         metrics.update(self._perf_metrics())

@@ -21,7 +21,7 @@ from verl.utils.torch_functional import get_response_mask
 
 from .base import BaseRollout
 
-__all__ = ["HFRollout", "SamplingParams", "filter_logits", "sample_next_token"]
+__all__ = ["HFRollout", "SamplingParams", "filter_logits", "rollout_autocast_dtype", "sample_next_token"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,23 @@ def sample_next_token(logits: torch.Tensor, params: SamplingParams, generator: t
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
 
 
+def rollout_autocast_dtype(rollout_dtype: torch.dtype | None, weight_dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype to autocast generation to, or None to run in the weights' own dtype.
+
+    Autocast can only lower precision: float32 generation over half-precision weights is beyond it,
+    so that case fails with what to change instead of silently sampling in half precision.
+    """
+    if rollout_dtype is None or rollout_dtype == weight_dtype:
+        return None
+    if rollout_dtype == torch.float32:
+        raise ValueError(
+            f"the plan asks for a float32 rollout but the weights the engine sees are {weight_dtype}; autocast "
+            "cannot raise precision. Keep the weights float32 while generating, or set "
+            "actor_rollout_ref.rollout.dtype to the actor's compute dtype."
+        )
+    return rollout_dtype
+
+
 def _cfg(config, key, default=None):
     value = config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
     return default if value is None else value
@@ -108,15 +125,21 @@ class HFRollout(BaseRollout):
     that unshards FSDP2 once beforehand (cheaper) lets each rank stop on its own.
     `config` is the `actor_rollout_ref.rollout` section (temperature, top_k, top_p, do_sample,
     response_length, seed, ignore_eos, val_kwargs, and the optional micro_batch_size).
-    `plan` is the compat plan: its `rollout.dtype` sets autocast on accelerators when the weights
-    are kept in float32.
+    `plan` is the compat plan: generation runs in its `rollout.dtype`, by autocast when the weights
+    are in another dtype, on every device. The engine alone decides this (callers add no autocast of
+    their own); `dtype` holds the decision and the actor worker lowers it to float32 when the fp16
+    numerics guard rejects the model.
     """
 
     def __init__(self, module: nn.Module, config, plan=None):
         self.module = module
         self.config = config
-        self.plan = plan
         self._generator: torch.Generator | None = None
+        self.dtype = None
+        if plan is not None:
+            from verl.compat import torch_dtype
+
+            self.dtype = torch_dtype(plan.rollout.dtype)
         forward_params = inspect.signature(_inner_module(module).forward).parameters
         # transformers 5 renamed `past_key_values` to `cache`; follow whichever this model takes.
         self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
@@ -185,15 +208,10 @@ class HFRollout(BaseRollout):
         return self._generator
 
     def _autocast(self):
-        device = self._device()
-        if self.plan is None or device.type == "cpu":
+        dtype = rollout_autocast_dtype(self.dtype, next(self.module.parameters()).dtype)
+        if dtype is None:
             return contextlib.nullcontext()
-        from verl.compat import torch_dtype
-
-        dtype = torch_dtype(self.plan.rollout.dtype)
-        if dtype == torch.float32 or next(self.module.parameters()).dtype == dtype:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=device.type, dtype=dtype)
+        return torch.autocast(device_type=self._device().type, dtype=dtype)
 
     def _forward(self, input_ids, attention_mask, position_ids, cache):
         kwargs = {self._cache_kw: cache, "use_cache": True}
