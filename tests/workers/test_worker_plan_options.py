@@ -88,3 +88,17 @@ def test_rollout_follows_the_fp16_guard(model_dir, monkeypatch):
     failed.compute_log_prob(ppo_batch())
     assert _generation_dtypes(failed) == {(None, torch.float32)}
     assert failed.rollout.dtype == torch.float32
+
+
+# ------------------------------------------------------------------------------------ critic model
+
+
+def test_value_head_has_no_dropout_in_train_mode(model_dir):
+    """transformers' token classifiers default to dropout 0.1 before the head; a critic must not have it."""
+    from verl.utils.model_loading import build_model
+
+    critic = build_model(model_dir, role_plan(), value_head=True, train=True)
+    assert critic.training
+    assert all(m.p == 0.0 for m in critic.modules() if isinstance(m, torch.nn.Dropout))
+    ids = ppo_batch(batch_size=2).batch["input_ids"]
+    torch.testing.assert_close(critic(input_ids=ids).logits, critic(input_ids=ids).logits, atol=0, rtol=0)

@@ -47,10 +47,12 @@ def build_model(
         setattr(config, key, value)
     if value_head:
         config.num_labels = 1
-        # Token classifiers may apply dropout before the score head; a value function must not.
-        for key in ("classifier_dropout", "hidden_dropout"):
-            if hasattr(config, key):
-                setattr(config, key, 0.0)
+        # transformers' token classifiers put dropout before the score head, 0.1 unless the config sets
+        # `classifier_dropout`; a value function must not (its training forward would be noisy and
+        # differ from compute_values), so the key is set even where the config does not carry it.
+        config.classifier_dropout = 0.0
+        if hasattr(config, "hidden_dropout"):
+            config.hidden_dropout = 0.0
     auto_cls = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
     # Weights missing from the checkpoint (the critic's score head) are drawn at random: seed them so
     # every rank, and every run, starts from the same values.
