@@ -102,3 +102,23 @@ def test_value_head_has_no_dropout_in_train_mode(model_dir):
     assert all(m.p == 0.0 for m in critic.modules() if isinstance(m, torch.nn.Dropout))
     ids = ppo_batch(batch_size=2).batch["input_ids"]
     torch.testing.assert_close(critic(input_ids=ids).logits, critic(input_ids=ids).logits, atol=0, rtol=0)
+
+
+# ------------------------------------------------------------------------------------ numerics guard switch
+
+
+def test_numerics_guard_false_skips_the_check_and_casts_on_gather(model_dir, monkeypatch):
+    """`compat.numerics_guard: false` reaches the worker as numerics_guard=False: no check, FSDP casts."""
+    import verl.compat.numerics as numerics
+
+    def never(*_):
+        raise AssertionError("the numerics guard ran although numerics_guard=False")
+
+    monkeypatch.setattr(numerics, "check_half_precision", never)
+    plan = _plan(model_dir, "float16", compute_dtype="float16", grad_scaler=True)
+    worker = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir), role="actor_rollout", plan=plan,
+                                   numerics_guard=False)
+    worker.init_model()
+    assert not worker._actor_model.guard_pending and worker._actor_model.cast_on_gather
+    log_probs = worker.compute_log_prob(ppo_batch()).batch["old_log_probs"]
+    assert log_probs.dtype == torch.float32 and torch.isfinite(log_probs).all()
