@@ -23,11 +23,11 @@ python -m verl.trainer.main_ppo \
     data.train_files="$WORK/data/train.parquet" \
     data.val_files="$WORK/data/test.parquet" \
     data.train_batch_size=32 \
-    data.max_prompt_length=32 \
+    data.max_prompt_length=48 \
     data.max_response_length=8 \
     data.dataloader_num_workers=0 \
     actor_rollout_ref.model.path="$WORK/model" \
-    actor_rollout_ref.actor.optim.lr=1e-3 \
+    actor_rollout_ref.actor.optim.lr=1e-2 \
     actor_rollout_ref.actor.ppo_mini_batch_size=16 \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
     actor_rollout_ref.rollout.name=vllm \
@@ -35,7 +35,7 @@ python -m verl.trainer.main_ppo \
     actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
     actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32 \
-    critic.optim.lr=1e-3 \
+    critic.optim.lr=1e-2 \
     critic.model.path="$WORK/model" \
     critic.ppo_micro_batch_size_per_gpu=16 \
     algorithm.kl_ctrl.kl_coef=0.001 \
@@ -48,7 +48,7 @@ python -m verl.trainer.main_ppo \
     trainer.nnodes=1 \
     trainer.save_freq=-1 \
     trainer.test_freq=10 \
-    trainer.total_epochs=4 \
+    trainer.total_epochs=5 \
     "$@" 2>&1 | tee "$WORK/train.log"
 
 echo
