@@ -114,9 +114,10 @@ class _PlannedModel:
 
     def __init__(self, name: str, role_plan, device_type: str, numerics_guard: bool,
                  rollout_dtype: torch.dtype | None = None):
-        if role_plan.use_remove_padding:
-            logger.warning("%s: the plan asks for use_remove_padding, which these workers do not implement yet; "
-                           "running the padded path (same results, more compute on padding)", name)
+        if role_plan.use_remove_padding and role_plan.attn_implementation in ("sdpa", "eager"):
+            logger.warning("%s: packed sequences with %s attention use a dense block-diagonal mask over the whole "
+                           "packed row: correct, but attention costs more than in the padded batch",
+                           name, role_plan.attn_implementation)
         self.name = name
         self.role_plan = role_plan
         self.device_type = device_type
@@ -245,14 +246,16 @@ class ActorRolloutRefWorker(Worker):
                 self._offload_optimizer()
             actor_cfg = self.config.actor if self._is_actor else self.config.rollout
             self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.actor_optimizer,
-                                              precision=self._actor_model.precision)
+                                              precision=self._actor_model.precision,
+                                              use_remove_padding=self.plan.actor.use_remove_padding)
         if self._is_rollout:
             self.rollout = self._build_rollout()
         if self._is_ref:
             self._ref_model = _PlannedModel("ref", self.plan.ref or self.plan.actor, self.plan.device_type,
                                             self._numerics_guard)
             self.ref_module = self._load(self._ref_model, train=False)
-            self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module, precision=self._ref_model.precision)
+            self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module, precision=self._ref_model.precision,
+                                                   use_remove_padding=self._ref_model.role_plan.use_remove_padding)
 
     def _build_rollout(self):
         name = self.plan.rollout.name
@@ -397,7 +400,8 @@ class CriticWorker(Worker):
         self.critic_optimizer, self.critic_lr_scheduler = _build_optimizer(self.critic_module, self.config.optim)
         self._move_optimizer("cpu")
         self.critic = DataParallelPPOCritic(self.config, self.critic_module, self.critic_optimizer,
-                                            precision=self._critic_model.precision)
+                                            precision=self._critic_model.precision,
+                                            use_remove_padding=self.plan.critic.use_remove_padding)
 
     def _move_optimizer(self, device) -> None:
         if self.plan.critic.optimizer_offload and self.plan.device_type != "cpu":

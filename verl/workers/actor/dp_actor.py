@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils.fsdp_utils import global_batch_info, optimizer_step
+from verl.utils.packing import pack, unpack
 from verl.utils.seqlen_balancing import make_micro_batches, restore_dynamic_batch
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
@@ -52,11 +53,13 @@ class DataParallelPPOActor:
 
     `config` is the `actor_rollout_ref.actor` (or `.ref`) config with per-rank batch sizes already
     normalised by the worker. `actor_optimizer` is None for the reference policy.
+    `use_remove_padding` (the role plan's) runs each micro-batch as one packed row of real tokens.
     """
 
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer=None, *, precision: Precision,
-                 dp_group=None):
+                 dp_group=None, use_remove_padding: bool = False):
         self.config = config
+        self.use_remove_padding = use_remove_padding
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.precision = precision
@@ -73,6 +76,8 @@ class DataParallelPPOActor:
 
     def _forward_micro_batch(self, micro_batch: dict, temperature: float, calculate_entropy: bool):
         """(log_probs, entropy or None) of the response tokens, both (batch, response_length) float32."""
+        if self.use_remove_padding:
+            return self._forward_packed(micro_batch, temperature, calculate_entropy)
         response_length = micro_batch["responses"].shape[-1]
         kwargs = {"logits_to_keep": response_length + 1} if self._logits_to_keep else {}
         with self.precision.autocast():
@@ -89,6 +94,23 @@ class DataParallelPPOActor:
             logits = logits / temperature
         log_probs = logprobs_from_logits(logits, micro_batch["responses"])
         entropy = entropy_from_logits(logits) if calculate_entropy else None
+        return log_probs, entropy
+
+    def _forward_packed(self, micro_batch: dict, temperature: float, calculate_entropy: bool):
+        """As `_forward_micro_batch`, on one packed row; slots without a real response token are 0."""
+        responses = micro_batch["responses"]
+        packed = pack(micro_batch["input_ids"], micro_batch["attention_mask"], micro_batch["position_ids"],
+                      responses.shape[-1])
+        # Only the predicting positions go through the LM head (transformers takes an index tensor here).
+        kwargs = {"logits_to_keep": packed.predictor_index} if self._logits_to_keep else {}
+        with self.precision.autocast():
+            output = self.actor_module(input_ids=packed.input_ids, attention_mask=None,
+                                       position_ids=packed.position_ids, use_cache=False, **kwargs)
+        logits = output.logits[0] if kwargs else output.logits[0, packed.predictor_index]
+        if temperature != 1.0:
+            logits = logits / temperature
+        log_probs = unpack(logprobs_from_logits(logits, responses[packed.target]), packed)
+        entropy = unpack(entropy_from_logits(logits), packed) if calculate_entropy else None
         return log_probs, entropy
 
     def _micro_batches(self, tensors: dict, micro_batch_size, use_dynamic_bsz: bool, max_token_len):

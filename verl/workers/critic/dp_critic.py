@@ -14,6 +14,7 @@ import torch
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_value_loss
 from verl.utils.fsdp_utils import global_batch_info, optimizer_step
+from verl.utils.packing import pack, unpack
 from verl.utils.seqlen_balancing import make_micro_batches, restore_dynamic_batch
 from verl.utils.torch_functional import masked_mean
 from verl.workers.actor.dp_actor import MODEL_INPUTS, Precision
@@ -22,11 +23,15 @@ logger = logging.getLogger(__name__)
 
 
 class DataParallelPPOCritic:
-    """Values and value-loss updates for one rank; `config` is the `critic` config, normalised per rank."""
+    """Values and value-loss updates for one rank; `config` is the `critic` config, normalised per rank.
+
+    `use_remove_padding` (the role plan's) runs each micro-batch as one packed row of real tokens.
+    """
 
     def __init__(self, config, critic_module: torch.nn.Module, critic_optimizer=None, *, precision: Precision,
-                 dp_group=None):
+                 dp_group=None, use_remove_padding: bool = False):
         self.config = config
+        self.use_remove_padding = use_remove_padding
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
         self.precision = precision
@@ -36,6 +41,13 @@ class DataParallelPPOCritic:
     def _forward_micro_batch(self, micro_batch: dict) -> torch.Tensor:
         """Values of the response positions, (batch, response_length) float32."""
         response_length = micro_batch["responses"].shape[-1]
+        if self.use_remove_padding:
+            packed = pack(micro_batch["input_ids"], micro_batch["attention_mask"], micro_batch["position_ids"],
+                          response_length)
+            with self.precision.autocast():
+                output = self.critic_module(input_ids=packed.input_ids, attention_mask=None,
+                                            position_ids=packed.position_ids, use_cache=False)
+            return unpack(output.logits[0, packed.predictor_index, 0].float(), packed)
         with self.precision.autocast():
             output = self.critic_module(
                 input_ids=micro_batch["input_ids"],

@@ -1,0 +1,56 @@
+"""Remove padding: run a padded micro-batch as one packed row, then read the response slots back.
+
+Given `attention_mask=None` and position ids that restart at 0 for every sequence, transformers
+(checked in 4.56, 5.17 and 5.24: `masking_utils.find_packed_sequence_indices`, called from
+`create_causal_mask`) treats one row as independent sequences: flash-attention kernels run
+variable-length attention, sdpa and eager get a block-diagonal causal mask. The linear layers then
+see only real tokens. With sdpa/eager the dense mask covers the whole packed row, so attention costs
+more than in the padded batch; packing pays off with a variable-length kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PackedBatch:
+    input_ids: torch.Tensor        # (1, tokens): the real tokens of every sequence, one after another
+    position_ids: torch.Tensor     # (1, tokens): restarting at 0 per sequence
+    predictor_index: torch.Tensor  # (k,): packed columns whose output predicts a real response token
+    target: torch.Tensor           # (batch, response_length) bool: the response slots those k outputs fill
+
+
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+         response_length: int) -> PackedBatch:
+    """Drop the padding of (batch, seq) inputs whose last `response_length` columns are the response."""
+    if position_ids.dim() != 2:
+        raise ValueError(
+            f"packed sequences need (batch, seq) position ids, got shape {tuple(position_ids.shape)} "
+            "(multi-axis rotary positions are not supported); set use_remove_padding=False for this model."
+        )
+    keep = attention_mask.bool()
+    has_tokens = keep.any(dim=1)
+    first = keep.long().argmax(dim=1)
+    starts = position_ids[has_tokens, first[has_tokens]]
+    if (starts != 0).any():
+        # transformers finds sequence boundaries where the position does not grow by 1; a sequence not
+        # starting at 0 could silently merge with its neighbour.
+        raise ValueError("packed sequences need position ids that start at 0 on each sequence's first real token")
+    column = keep.flatten().cumsum(0).view(keep.shape) - 1  # packed column of every real token
+    seq_len = keep.shape[1]
+    responses = slice(seq_len - response_length, seq_len)
+    predictors = slice(seq_len - response_length - 1, seq_len - 1)  # position t predicts token t+1
+    target = keep[:, responses] & keep[:, predictors]
+    return PackedBatch(
+        input_ids=input_ids[keep].unsqueeze(0),
+        position_ids=position_ids[keep].unsqueeze(0),
+        predictor_index=column[:, predictors][target],  # row-major, so ascending like the packed row
+        target=target,
+    )
+
+
+def unpack(values: torch.Tensor, packed: PackedBatch) -> torch.Tensor:
+    """(k,) per-prediction values -> (batch, response_length), zero where no real token is predicted."""
+    return values.new_zeros(packed.target.shape).masked_scatter(packed.target, values)
