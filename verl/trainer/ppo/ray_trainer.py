@@ -185,8 +185,18 @@ def balanced_partitions(lengths: list[int], k: int) -> list[list[int]]:
     return [sorted(p) for p in parts]
 
 
+_printed_notes: set[str] = set()
+
+
 def _pop_metrics(output: DataProto) -> dict[str, float]:
-    """Take the workers' metrics out of an output's meta_info (so later unions see no conflict)."""
+    """Take the workers' metrics (and compat notes, printed once) out of an output's meta_info, so
+    merging it into the batch sees no conflicting keys."""
+    notes = output.meta_info.pop("compat_notes", None) or []
+    for note in (notes if isinstance(notes, (list, tuple)) else [notes]):
+        for line in (note if isinstance(note, (list, tuple)) else [note]):
+            if line not in _printed_notes:
+                _printed_notes.add(line)
+                print(f"verl.compat (worker): {line}", flush=True)
     return reduce_metrics(output.meta_info.pop("metrics", {}) or {})
 
 
@@ -358,6 +368,9 @@ class RayPPOTrainer:
             config=OmegaConf.to_container(config, resolve=True),
         )
         self.global_steps = 0
+        if config.trainer.get("save_freq", -1) > 0:
+            print(f"trainer.save_freq={config.trainer.save_freq}: checkpoint saving is not implemented in this "
+                  "build yet, so no checkpoints will be written.", flush=True)
         try:
             if config.trainer.get("val_before_train", True):
                 val_metrics = self._validate()
