@@ -406,6 +406,7 @@ class RayPPOTrainer:
                     if is_last_step:
                         progress_bar.close()
                         return
+            progress_bar.close()  # total_training_steps was more than the epochs hold
         finally:
             logger.finish()
 
