@@ -122,3 +122,130 @@ def test_numerics_guard_false_skips_the_check_and_casts_on_gather(model_dir, mon
     assert not worker._actor_model.guard_pending and worker._actor_model.cast_on_gather
     log_probs = worker.compute_log_prob(ppo_batch()).batch["old_log_probs"]
     assert log_probs.dtype == torch.float32 and torch.isfinite(log_probs).all()
+
+
+# ------------------------------------------------------------------------------------ gradient checkpointing
+
+
+class _GradRecorder:
+    """Stands in for the optimizer: records the accumulated (full) gradients at each step."""
+
+    def __init__(self, params):
+        self.params = list(params)
+        self.grads = []
+
+    def step(self):
+        self.grads.append([p.grad.full_tensor().clone() for p in self.params])
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+
+def _mlp_forward_calls(worker) -> list:
+    """Forwards of the first layer's MLP (inside the checkpointed region, so recomputes show up)."""
+    calls = []
+    worker.actor_module.model.layers[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
+    return calls
+
+
+def test_gradient_checkpointing_recomputes_and_gives_the_same_gradients(model_dir):
+    data = ppo_batch()
+    grads = {}
+    for ckpt in (False, True):
+        worker = _actor(model_dir, cpu_plan(model_dir, actor=role_plan(gradient_checkpointing=ckpt)), role="actor")
+        assert worker.actor_module.is_gradient_checkpointing is ckpt
+        batch = data.select(list(data.batch.keys()))
+        batch.batch["old_log_probs"] = worker.compute_log_prob(batch).batch["old_log_probs"]
+        recorder = _GradRecorder(worker.actor_module.parameters())
+        worker.actor.actor_optimizer = recorder
+        calls = _mlp_forward_calls(worker)
+        worker.actor.update_policy(batch)
+        grads[ckpt] = recorder.grads
+        # 8 sequences / mini-batch 4 (2 prompts x n=2) / micro-batch 2 -> 4 micro-batch forwards; checkpointing
+        # runs each layer's inner modules again during backward
+        assert len(calls) == (8 if ckpt else 4)
+    assert len(grads[True]) == len(grads[False]) == 2
+    for step_ckpt, step_plain in zip(grads[True], grads[False]):
+        for g, ref in zip(step_ckpt, step_plain):
+            torch.testing.assert_close(g, ref, atol=1e-6, rtol=0)
+
+
+# ------------------------------------------------------------------------------------ offload
+
+
+def test_offload_on_a_cpu_plan_is_a_logged_no_op(model_dir, caplog):
+    import logging
+
+    data = ppo_batch()
+    results = {}
+    for offload in (False, True):
+        plan = cpu_plan(model_dir, actor=role_plan(param_offload=offload, optimizer_offload=offload))
+        with caplog.at_level(logging.INFO, logger="verl.workers.fsdp_workers"):
+            worker = _actor(model_dir, plan, role="actor")
+        assert not worker._actor_model.optimizer_offload
+        batch = data.select(list(data.batch.keys()))
+        batch.batch["old_log_probs"] = worker.compute_log_prob(batch).batch["old_log_probs"]
+        metrics = worker.update_actor(batch).meta_info["metrics"]
+        results[offload] = (batch.batch["old_log_probs"], metrics["actor/grad_norm"], metrics["actor/pg_loss"])
+    assert "param_offload and optimizer_offload on a cpu device is a no-op" in caplog.text
+    assert results[True][1:] == results[False][1:]
+    torch.testing.assert_close(results[True][0], results[False][0], atol=0, rtol=0)
+
+
+def test_offload_decisions_on_an_accelerator_plan():
+    from verl.utils.fsdp_utils import offload_applies
+    from verl.workers.fsdp_workers import _PlannedModel
+
+    assert offload_applies(True, "cuda") and not offload_applies(True, "cpu") and not offload_applies(False, "cuda")
+    on_gpu = _PlannedModel("actor", role_plan(optimizer_offload=True), "cuda", numerics_guard=False)
+    on_cpu = _PlannedModel("actor", role_plan(optimizer_offload=True), "cpu", numerics_guard=False)
+    assert on_gpu.optimizer_offload and not on_cpu.optimizer_offload
+
+
+def test_param_offload_on_an_accelerator_plan_shards_with_a_cpu_offload_policy(model_dir, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from verl.utils import fsdp_utils
+
+    policies = []
+    monkeypatch.setattr(fsdp_utils, "fully_shard", lambda module, **kw: policies.append(kw.get("offload_policy")))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    common = dict(param_dtype=torch.float32, compute_dtype=torch.float32, cast_params_for_compute=True,
+                  param_offload=True)
+    fsdp_utils.shard_model(model, device_type="cuda", **common)   # offloaded shards never move to the GPU
+    assert len(policies) == 3 and all(isinstance(p, fsdp_utils.CPUOffloadPolicy) for p in policies)  # 2 layers + root
+    policies.clear()
+    fsdp_utils.shard_model(model, device_type="cpu", **common)
+    assert policies == [None, None, None]
+
+
+def test_move_optimizer_state_moves_every_state_tensor():
+    from verl.utils.fsdp_utils import move_optimizer_state
+
+    layer = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1)
+    layer(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    move_optimizer_state(optimizer, "meta")   # a device that is not the host, available on every machine
+    states = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    assert len(states) == 6 and all(v.device.type == "meta" for v in states)  # step, exp_avg, exp_avg_sq x 2
+
+
+def test_update_loads_the_optimizer_state_only_around_the_step(model_dir, monkeypatch):
+    """An accelerator plan's optimizer offload, with the CPU as the stand-in accelerator."""
+    from verl.utils import fsdp_utils
+
+    worker = _actor(model_dir, cpu_plan(model_dir), role="actor")
+    worker._actor_model.optimizer_offload = True   # what _PlannedModel decides for a cuda plan (tested above)
+    events = []
+    real_move = fsdp_utils.move_optimizer_state
+    monkeypatch.setattr(fsdp_utils, "move_optimizer_state",
+                        lambda opt, device: (events.append(("move", str(device))), real_move(opt, device)))
+    real_step = worker.actor_optimizer.step
+    monkeypatch.setattr(worker.actor_optimizer, "step", lambda *a, **k: (events.append(("step",)), real_step())[1])
+    data = ppo_batch()
+    data.batch["old_log_probs"] = worker.compute_log_prob(data).batch["old_log_probs"]
+    worker.update_actor(data)
+    # load to the worker's device, two optimizer steps (two mini-batches), back to host memory
+    assert events == [("move", str(worker.device)), ("step",), ("step",), ("move", "cpu")]

@@ -43,6 +43,15 @@ def init_distributed(backend: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> tupl
     return dist.get_rank(), dist.get_world_size()
 
 
+def offload_applies(requested: bool, device_type: str) -> bool:
+    """Whether a param/optimizer offload request does anything on `device_type`.
+
+    Offload moves tensors out of accelerator memory into host memory between uses. On a CPU device they
+    already live in host memory, so there the request is a no-op (the worker logs so), not a host-to-host copy.
+    """
+    return bool(requested) and device_type != "cpu"
+
+
 def _layer_classes(model: torch.nn.Module) -> set[str]:
     """Class names of the repeated blocks (transformers lists them as `_no_split_modules`)."""
     names = set(getattr(model, "_no_split_modules", None) or [])
@@ -67,16 +76,17 @@ def shard_model(
     With `cast_params_for_compute`, parameters are all-gathered in `compute_dtype` (gradients are
     reduced in float32); otherwise they stay in `param_dtype` and autocast does the down-casting, which
     the fp16 numerics guard can switch off at run time. `param_offload` keeps shards in host memory
-    (FSDP2's CPUOffloadPolicy); on a CPU device there is nothing to offload from.
+    (FSDP2's CPUOffloadPolicy) where `offload_applies`.
     """
     kwargs = {"reshard_after_forward": reshard_after_forward}
     if mesh is not None:
         kwargs["mesh"] = mesh
     if cast_params_for_compute and compute_dtype != param_dtype:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-    if param_offload and device_type != "cpu":
+    offload = offload_applies(param_offload, device_type)
+    if offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    if device_type != "cpu" and not param_offload:
+    if device_type != "cpu" and not offload:
         model.to(torch.device(device_type, torch.get_device_module(device_type).current_device()))
     layer_names = _layer_classes(model)
     for module in model.modules():
@@ -125,6 +135,22 @@ def move_optimizer_state(optimizer: torch.optim.Optimizer, device) -> None:
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
                 state[key] = value.to(device, non_blocking=True)
+
+
+@contextlib.contextmanager
+def optimizer_state_on(optimizer: torch.optim.Optimizer, device, offload: bool):
+    """With `offload`, hold the optimizer state on `device` only for the update inside, in host memory otherwise.
+
+    The state (two float32 tensors per parameter for AdamW) is needed only by `optimizer.step()`, so
+    keeping it off the accelerator between updates leaves that memory to rollout and forward passes.
+    """
+    if offload:
+        move_optimizer_state(optimizer, device)
+    try:
+        yield optimizer
+    finally:
+        if offload:
+            move_optimizer_state(optimizer, "cpu")
 
 
 def memory_metrics(device_type: str) -> dict[str, float]:

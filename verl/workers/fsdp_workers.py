@@ -126,6 +126,11 @@ class _PlannedModel:
         self.guard_pending = numerics_guard and self.compute_dtype == torch.float16
         self.cast_on_gather = not self.guard_pending and rollout_dtype in (None, self.compute_dtype)
         self.note: str | None = None
+        self.optimizer_offload = fsdp_utils.offload_applies(role_plan.optimizer_offload, device_type)
+        asked = [k for k in ("param_offload", "optimizer_offload") if getattr(role_plan, k)]
+        if asked and device_type == "cpu":
+            logger.info("%s: %s on a cpu device is a no-op: weights and optimizer state already live in host "
+                        "memory", name, " and ".join(asked))
         scaler = None
         if role_plan.grad_scaler and self.compute_dtype == torch.float16:
             scaler = torch.amp.GradScaler(device_type)
@@ -243,7 +248,6 @@ class ActorRolloutRefWorker(Worker):
             self.actor_module = self._load(self._actor_model, train=self._is_actor)
             if self._is_actor:
                 self.actor_optimizer, self.actor_lr_scheduler = _build_optimizer(self.actor_module, self.config.actor.optim)
-                self._offload_optimizer()
             actor_cfg = self.config.actor if self._is_actor else self.config.rollout
             self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.actor_optimizer,
                                               precision=self._actor_model.precision,
@@ -267,14 +271,6 @@ class ActorRolloutRefWorker(Worker):
         from verl.workers.rollout.hf_rollout import HFRollout
 
         return HFRollout(self.actor_module, self.config.rollout, plan=self.plan)
-
-    def _offload_optimizer(self) -> None:
-        if self.plan.actor.optimizer_offload and self.plan.device_type != "cpu" and self.actor_optimizer:
-            fsdp_utils.move_optimizer_state(self.actor_optimizer, "cpu")
-
-    def _load_optimizer(self) -> None:
-        if self.plan.actor.optimizer_offload and self.plan.device_type != "cpu" and self.actor_optimizer:
-            fsdp_utils.move_optimizer_state(self.actor_optimizer, self.device)
 
     def _perf_metrics(self) -> dict:
         metrics = fsdp_utils.memory_metrics(self.plan.device_type)
@@ -352,11 +348,10 @@ class ActorRolloutRefWorker(Worker):
         data = data.to(self.device)
         data.meta_info.setdefault("temperature", float(self.config.rollout.get("temperature", 1.0)))
         self._actor_model.check_numerics(self.actor_module, _model_inputs(data))
-        self._load_optimizer()
-        metrics = self.actor.update_policy(data)
+        with fsdp_utils.optimizer_state_on(self.actor_optimizer, self.device, self._actor_model.optimizer_offload):
+            metrics = self.actor.update_policy(data)
         metrics["actor/lr"] = self.actor_lr_scheduler.get_last_lr()[0]
         self.actor_lr_scheduler.step()
-        self._offload_optimizer()
         metrics.update(self._perf_metrics())
         return _output(self._meta_with_notes({"metrics": metrics}, self._actor_model))
 
@@ -398,14 +393,9 @@ class CriticWorker(Worker):
                              override_config=model_cfg.get("override_config") or {}, train=True)
         self.critic_module = self._critic_model.shard(module)
         self.critic_optimizer, self.critic_lr_scheduler = _build_optimizer(self.critic_module, self.config.optim)
-        self._move_optimizer("cpu")
         self.critic = DataParallelPPOCritic(self.config, self.critic_module, self.critic_optimizer,
                                             precision=self._critic_model.precision,
                                             use_remove_padding=self.plan.critic.use_remove_padding)
-
-    def _move_optimizer(self, device) -> None:
-        if self.plan.critic.optimizer_offload and self.plan.device_type != "cpu":
-            fsdp_utils.move_optimizer_state(self.critic_optimizer, device)
 
     def _meta(self, metrics: dict) -> dict:
         metrics.update(fsdp_utils.memory_metrics(self.plan.device_type))
@@ -428,11 +418,10 @@ class CriticWorker(Worker):
     def update_critic(self, data: DataProto) -> DataProto:
         data = data.to(self.device)
         self._critic_model.check_numerics(self.critic_module, _model_inputs(data))
-        self._move_optimizer(self.device)
-        metrics = self.critic.update_critic(data)
+        with fsdp_utils.optimizer_state_on(self.critic_optimizer, self.device, self._critic_model.optimizer_offload):
+            metrics = self.critic.update_critic(data)
         metrics["critic/lr"] = self.critic_lr_scheduler.get_last_lr()[0]
         self.critic_lr_scheduler.step()
-        self._move_optimizer("cpu")
         return _output(self._meta(metrics))
 
 
