@@ -175,6 +175,7 @@ def forward_log_prob(model, role_plan, ids, mask, response: int, critic: bool):
 def run_update(model, optimizer, role_plan, setting, device, critic: bool, scaler=None, steps_micro=2):
     """Two micro-batches of fwd+bwd (gradient accumulation) then one AdamW step."""
     micro, p, r = role_plan.micro_batch_size_per_gpu or 1, setting["prompt"], setting["response"]
+    model.train()       # HF applies gradient checkpointing only in training mode
     for _ in range(steps_micro):
         ids, mask = batch(micro, p, r, model.config.vocab_size, device)
         out = forward_log_prob(model, role_plan, ids, mask, r, critic)
@@ -192,6 +193,7 @@ def run_update(model, optimizer, role_plan, setting, device, critic: bool, scale
 @torch.no_grad()
 def run_forward(model, role_plan, setting, device, critic: bool):
     micro = role_plan.forward_micro_batch_size_per_gpu or role_plan.micro_batch_size_per_gpu or 1
+    model.eval()
     ids, mask = batch(micro, setting["prompt"], setting["response"], model.config.vocab_size, device)
     forward_log_prob(model, role_plan, ids, mask, setting["response"], critic)
 
@@ -201,6 +203,7 @@ def run_generate(model, rollout_plan, n: int, setting, device):
     """Greedy-free sampling loop with HF's KV cache: prefill, then one token per step."""
     from transformers import DynamicCache
 
+    model.eval()        # a checkpointed model in training mode would drop the KV cache
     ids, mask = batch(n, setting["prompt"], 0, model.config.vocab_size, device)
     cache = DynamicCache()
     cast = torch.autocast(device_type=device.type, dtype=torch_dtype(rollout_plan.dtype)) \

@@ -64,11 +64,14 @@ def test_fsdp_shards_persistent_state():
     assert four["actor.optimizer"] == pytest.approx(one / 4)
 
 
-def test_kv_cache_formula():
-    wl = Workload(prompt_length=512, response_length=512, rollout_batch_per_gpu=256)
-    kv = estimate(role(), workload=wl).phases["rollout"].terms["rollout.kv_cache"]
+def test_kv_cache_formula_and_rollout_peak():
     m = QWEN05
-    assert kv == pytest.approx(2 * m.num_layers * m.num_kv_heads * m.head_dim * 1024 * 256 * 2 / GiB)
+    per_token = 2 * m.num_layers * m.num_kv_heads * m.head_dim * 2 / GiB
+    long_answer = estimate(role(), workload=Workload(16, 1024, 64)).phases["rollout"].terms
+    assert long_answer["rollout.kv_cache"] == pytest.approx(per_token * 1040 * 64)    # end of decoding
+    long_prompt = estimate(role(), workload=Workload(1024, 16, 64)).phases["rollout"].terms
+    assert long_prompt["rollout.kv_cache"] == pytest.approx(per_token * 1024 * 64)    # prefill
+    assert long_prompt["rollout.prefill"] > long_prompt["rollout.kv_cache"]
 
 
 def test_checkpointing_and_attention_kernels():

@@ -49,7 +49,7 @@ def config(batch, prompt, response, mini, micro, log_prob_micro, **extra):
 QUICKSTART = config(256, 512, 512, 64, 4, 8)
 FIELD = config(1, 256, 256, 1, 1, 1)
 # devices too small for a 0.5B actor + critic under our offload semantics (optimizer back on device for its step)
-TOO_SMALL = {"quickstart": {"rtx2080ti", "p100"}, "field": {"rtx2080ti"}}
+TOO_SMALL = {"quickstart": {"rtx2080ti"}, "field": {"rtx2080ti"}}
 EXPECTED_DTYPE = {"cpu": "float32", "p40": "float32", "p100": "float32", "v100-16gb": "float16",
                   "v100-32gb": "float16", "t4": "float16", "rtx2080ti": "float16"}
 

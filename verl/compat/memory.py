@@ -139,6 +139,29 @@ def _vocab_grad_bytes(m: ModelSpec, role: "_Role", ws: int) -> float:
     return vh * (master + (compute if compute != master else 0))
 
 
+def _builtin_rollout(m: ModelSpec, actor: "_Role", wl: Workload, rollout: RolloutPlan) -> dict[str, float]:
+    """Generation with a KV cache: the larger of the prefill peak (prompt KV plus one layer's
+    transients over every prompt token) and the end of decoding (full KV, float32 sampling).
+
+    Prefill transients per token (measured on an H200): 4H*r + 3I*c, plus 4I under autocast,
+    with r the residual width (float32 when the weights are) and c the rollout dtype."""
+    c = BYTES[rollout.dtype]
+    r = max(c, BYTES[actor.plan.param_dtype])
+    batch, h, inter = wl.rollout_batch_per_gpu, m.hidden_size, m.intermediate_size
+    kv_per_token = 2 * m.num_layers * m.num_kv_heads * m.head_dim * c
+    autocast = rollout.dtype != actor.plan.param_dtype
+    weights = _compute_copy(m, actor, wl.world_size, rollout.dtype)
+    per_token = 4 * h * r + 3 * inter * c + (4 * inter if autocast else 0)
+    if rollout.attn_implementation == "eager":
+        per_token += m.num_heads * wl.prompt_length * (4 + c)
+    prefill = {"rollout.kv_cache": kv_per_token * batch * wl.prompt_length,
+               "rollout.prefill": batch * wl.prompt_length * per_token}
+    decode = {"rollout.kv_cache": kv_per_token * batch * wl.seq_len,
+              "rollout.sampling": batch * m.vocab_size * 4 * 3}
+    peak = max((prefill, decode), key=lambda t: sum(t.values()))
+    return {"rollout.weights": weights, **peak}
+
+
 # ----------------------------------------------------------------------------- roles
 
 @dataclass(frozen=True)
@@ -176,9 +199,9 @@ def _compute_copy(m: ModelSpec, role: _Role, ws: int, dtype: str) -> float:
         embedding = m.vocab_size * m.hidden_size
         casted = role.params - (embedding if (role.name == "critic" or not m.tie_word_embeddings) else 0)
         return casted * BYTES[dtype]
-    root = role.params - m.num_layers * (role.params - 2 * m.vocab_size * m.hidden_size) / max(m.num_layers, 1)
-    per_layer = (m.num_params - m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings else 2)) / m.num_layers
-    return (max(root, 0) + 2 * per_layer) * BYTES[dtype]
+    vocab = m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings or role.name == "critic" else 2)
+    per_layer = (role.params - vocab) / m.num_layers
+    return (vocab + 2 * per_layer) * BYTES[dtype]
 
 
 def _tokens(plan: RolePlan, seq_len: int, response_len: int, forward: bool) -> tuple[int, int]:
@@ -232,26 +255,17 @@ def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollo
 
     phases: dict[str, PhaseMemory] = {}
 
-    # rollout: the actor's weights drive generation
+    # rollout: vLLM holds its own weights and KV cache inside its share; the built-in engine
+    # generates with the actor's weights in place (cast under autocast, gathered under FSDP)
     a = roles["actor"]
     terms = idle("actor")
-    terms.update(on_device(a, optimizer=not actor.optimizer_offload))
-    terms["actor.weights"] = 0.0 if actor.param_offload else a.weights(ws)
+    terms["actor.optimizer"] = 0.0 if actor.optimizer_offload else a.optimizer(ws)
     if rollout.name == "vllm":
+        terms["actor.weights"] = 0.0 if actor.param_offload else a.weights(ws)
         terms["rollout.engine share"] = rollout.gpu_memory_utilization * device_memory_gb * GiB
-        terms["actor.weights"] = a.weights(ws) if not actor.param_offload else 0.0
     else:
-        rb = BYTES[rollout.dtype]
-        if ws > 1 or rollout.dtype != actor.param_dtype or actor.param_offload:
-            terms["rollout.weights"] = model.num_params * rb
-        batch = workload.rollout_batch_per_gpu
-        terms["rollout.kv_cache"] = 2 * model.num_layers * model.num_kv_heads * model.head_dim * batch * T * rb
-        prefill = batch * workload.prompt_length
-        scores = 0
-        if rollout.attn_implementation == "eager":
-            scores = batch * model.num_heads * workload.prompt_length ** 2 * (4 + rb)
-        terms["rollout.prefill"] = prefill * (4 * model.hidden_size + 3 * model.intermediate_size) * rb + scores
-        terms["rollout.logits"] = batch * model.vocab_size * 4 * 3
+        terms["actor.weights"] = a.weights(ws)
+        terms.update(_builtin_rollout(model, a, workload, rollout))
     phases["rollout"] = PhaseMemory("rollout", terms)
 
     # no-grad forwards: old log-probs (actor), reference log-probs, values (critic)
