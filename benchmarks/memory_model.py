@@ -321,6 +321,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--devices", default="p40,t4,a100-40gb,h200")
     ap.add_argument("--settings", default="field_report,quickstart")
+    ap.add_argument("--phases", default=None, help="comma-separated subset, e.g. rollout,actor_update")
     ap.add_argument("--rollout-batch", type=int, default=None,
                     help="sequences generated per case (default: the setting's train batch)")
     args = ap.parse_args(argv)
@@ -329,7 +330,8 @@ def main(argv=None) -> int:
     for dev in args.devices.split(","):
         for setting in args.settings.split(","):
             try:
-                row = run_case(dev, setting, QWEN25_05B, device, rollout_batch=args.rollout_batch)
+                row = run_case(dev, setting, QWEN25_05B, device, rollout_batch=args.rollout_batch,
+                               only=tuple(args.phases.split(",")) if args.phases else None)
             except Exception as exc:       # a planning error (PlanError) is a result too
                 row = {"device": dev, "setting": setting, "error": f"{type(exc).__name__}: {exc}"}
             rows.append(row)
@@ -345,6 +347,8 @@ def _print_row(row: dict) -> None:
         return
     for phase, pred in row["predicted"].items():
         meas = row["measured"].get(phase)
+        if meas is None and phase not in row["errors"]:
+            continue
         err = row["errors"].get(phase, "")
         diff = f"{100 * (pred - meas) / meas:+6.1f}%" if meas else ""
         print(f"{row['device']:10s} {row['setting']:13s} {phase:14s} predicted {pred:7.2f} GiB  "
