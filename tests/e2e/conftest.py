@@ -29,7 +29,7 @@ def run_main_ppo(overrides: list[str], log_path: Path | None = None, timeout: in
     if log_path is not None:
         env["VERL_FILE_LOGGER_PATH"] = str(log_path)
     proc = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *overrides], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, check=False)
     if proc.returncode != 0:
         print(proc.stdout[-6000:])
         print(proc.stderr[-6000:], file=sys.stderr)

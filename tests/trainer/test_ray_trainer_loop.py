@@ -12,7 +12,12 @@ import torch
 from omegaconf import OmegaConf
 
 from verl.protocol import DataProto
-from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role, TrainingDivergedError
+from verl.trainer.ppo.ray_trainer import (
+    RayPPOTrainer,
+    ResourcePoolManager,
+    Role,
+    TrainingDivergedError,
+)
 from verl.utils.dataset.rl_dataset import collate_fn
 
 PROMPT_LEN, RESPONSE_LEN, VOCAB = 4, 3, 11
@@ -55,12 +60,12 @@ class FakeWorkerGroup:
 
     def compute_values(self, batch):
         self.calls.append("values")
-        self.seen["values_has_old_log_probs"] = "old_log_probs" in batch.batch.keys()
+        self.seen["values_has_old_log_probs"] = "old_log_probs" in batch.batch
         return DataProto.from_dict(tensors={"values": torch.zeros(len(batch), RESPONSE_LEN)})
 
     def update_critic(self, batch):
         self.calls.append("update_critic")
-        self.seen["critic_has_returns"] = "returns" in batch.batch.keys()
+        self.seen["critic_has_returns"] = "returns" in batch.batch
         return DataProto(meta_info={"metrics": {"critic/vf_loss": [0.25, 0.75]}})
 
     def update_actor(self, batch):

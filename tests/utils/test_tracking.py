@@ -17,7 +17,7 @@ def test_file_logger_default_path_and_format(tmp_path, monkeypatch):
     tracker.log({"a/loss": 0.25}, step=2)
     tracker.finish()
     tracker.finish()  # idempotent
-    lines = [json.loads(line) for line in open(tmp_path / "proj" / "exp.jsonl")]
+    lines = [json.loads(line) for line in (tmp_path / "proj" / "exp.jsonl").read_text().splitlines()]
     assert lines == [{"step": 1, "data": {"a/loss": 0.5, "b": 2.0, "c": 3, "bad": "nan"}},
                      {"step": 2, "data": {"a/loss": 0.25}}]
 

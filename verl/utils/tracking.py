@@ -49,7 +49,7 @@ class FileLogger:
         os.makedirs(directory, exist_ok=True)
         self.path = path
         print(f"File logger writes to {os.path.abspath(path)}", flush=True)
-        self._fp = open(path, "w", buffering=1)  # line-buffered: a crash loses at most one line
+        self._fp = open(path, "w", buffering=1)  # noqa: SIM115 - open for the whole run; line-buffered
 
     def log(self, data: dict, step: int) -> None:
         clean = {}
@@ -113,7 +113,7 @@ class WandbLogger:
 class Tracking:
     """Fan one metrics dict out to every configured backend."""
 
-    supported_backend = list(SUPPORTED_BACKENDS)
+    supported_backend = SUPPORTED_BACKENDS
 
     def __init__(self, project_name: str, experiment_name: str, default_backend="console", config: dict | None = None):
         backends = [default_backend] if isinstance(default_backend, str) else list(default_backend or [])
@@ -146,9 +146,3 @@ class Tracking:
         self._finished = True
         for logger in self.logger.values():
             logger.finish()
-
-    def __del__(self):
-        try:
-            self.finish()
-        except Exception:
-            pass

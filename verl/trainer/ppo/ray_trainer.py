@@ -15,7 +15,6 @@ import uuid
 from dataclasses import dataclass, field
 from enum import Enum
 from pprint import pprint
-from typing import Optional
 
 import numpy as np
 import torch
@@ -24,7 +23,12 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm import tqdm
 
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
-from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
+from verl.single_controller.ray import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    create_colocated_worker_cls,
+)
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.core_algos import AdvantageEstimator, agg_loss
 from verl.trainer.ppo.metric_utils import (
@@ -144,7 +148,7 @@ def compute_advantage(
     config=None,
 ) -> DataProto:
     """Fill `advantages` and `returns` with the configured estimator (GAE needs `values`, GRPO needs `uid`)."""
-    if "response_mask" not in data.batch.keys():
+    if "response_mask" not in data.batch:
         data.batch["response_mask"] = compute_response_mask(data)
     rewards, mask = data.batch["token_level_rewards"], data.batch["response_mask"]
 
@@ -163,7 +167,7 @@ def compute_advantage(
         kwargs = {"token_level_rewards": rewards, "response_mask": mask, "config": config}
         if "uid" in data.non_tensor_batch:
             kwargs["index"] = data.non_tensor_batch["uid"]
-        if "reward_baselines" in data.batch.keys():
+        if "reward_baselines" in data.batch:
             kwargs["reward_baselines"] = data.batch["reward_baselines"]
         advantages, returns = core_algos.get_adv_estimator_fn(adv_estimator)(**kwargs)
 
@@ -230,11 +234,11 @@ class RayPPOTrainer:
         processor=None,
         reward_fn=None,
         val_reward_fn=None,
-        train_dataset: Optional[Dataset] = None,
-        val_dataset: Optional[Dataset] = None,
+        train_dataset: Dataset | None = None,
+        val_dataset: Dataset | None = None,
         collate_fn=None,
-        train_sampler: Optional[Sampler] = None,
-        device_name: Optional[str] = None,
+        train_sampler: Sampler | None = None,
+        device_name: str | None = None,
         plan=None,
     ):
         self.config = config
@@ -429,7 +433,7 @@ class RayPPOTrainer:
             metrics.update(_pop_metrics(gen_output))
             gen_output.meta_info.pop("timing", None)
         batch = batch.repeat(repeat_times=rollout_n, interleave=True).union(gen_output)
-        if "response_mask" not in batch.batch.keys():
+        if "response_mask" not in batch.batch:
             batch.batch["response_mask"] = compute_response_mask(batch)
         if config.trainer.get("balance_batch", False):
             self._balance_batch(batch, metrics)
@@ -443,7 +447,7 @@ class RayPPOTrainer:
         with marked_timer("old_log_prob", timing_raw):
             old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)
             metrics.update(_pop_metrics(old_log_prob))
-            if "entropys" in old_log_prob.batch.keys():
+            if "entropys" in old_log_prob.batch:
                 entropys = old_log_prob.batch.pop("entropys")
                 metrics["actor/entropy"] = agg_loss(
                     loss_mat=entropys, loss_mask=batch.batch["response_mask"],
@@ -500,7 +504,7 @@ class RayPPOTrainer:
 
     def _pop_gen_batch(self, batch: DataProto) -> DataProto:
         """Move what the rollout needs (prompt tensors, raw prompt ids) out of the batch."""
-        tensor_keys = [k for k in ("input_ids", "attention_mask", "position_ids") if k in batch.batch.keys()]
+        tensor_keys = [k for k in ("input_ids", "attention_mask", "position_ids") if k in batch.batch]
         non_tensor_keys = [k for k in ("raw_prompt_ids", "raw_prompt", "multi_modal_data", "tools_kwargs",
                                        "interaction_kwargs") if k in batch.non_tensor_batch]
         return batch.pop(batch_keys=tensor_keys, non_tensor_batch_keys=non_tensor_keys)

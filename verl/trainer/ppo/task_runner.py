@@ -95,7 +95,11 @@ def build_trainer(config, plan):
 
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role
     from verl.trainer.ppo.reward import load_reward_manager
-    from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset, create_rl_sampler
+    from verl.utils.dataset.rl_dataset import (
+        collate_fn,
+        create_rl_dataset,
+        create_rl_sampler,
+    )
     from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
     model_cfg = config.actor_rollout_ref.model
