@@ -27,28 +27,28 @@ from torch.utils._pytree import tree_leaves
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verl.compat.catalog import get_profile  # noqa: E402
-from verl.compat.memory import GiB  # noqa: E402
-from verl.compat.model_spec import ModelSpec  # noqa: E402
-from verl.compat.planner import make_plan  # noqa: E402
-from verl.compat.profile import SoftwareInfo  # noqa: E402
-from verl.utils.torch_functional import logprobs_from_logits  # noqa: E402
+from verl.compat.catalog import get_profile
+from verl.compat.memory import GiB
+from verl.compat.model_spec import ModelSpec
+from verl.compat.planner import make_plan
+from verl.compat.profile import SoftwareInfo
+from verl.utils.torch_functional import logprobs_from_logits
 
 
 def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
-QWEN25_05B = dict(vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True,
-                  max_position_embeddings=32768)
+QWEN25_05B = {"vocab_size": 151936, "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+                  "num_key_value_heads": 2, "intermediate_size": 4864, "tie_word_embeddings": True,
+                  "max_position_embeddings": 32768}
 
 SETTINGS = {
     # the field report: batch 1, micro-batch 1, 256 + 256 tokens
-    "field_report": dict(train_batch_size=1, ppo_mini_batch_size=1, micro=1, log_prob_micro=1,
-                         prompt=256, response=256),
+    "field_report": {"train_batch_size": 1, "ppo_mini_batch_size": 1, "micro": 1, "log_prob_micro": 1,
+                         "prompt": 256, "response": 256},
     # upstream's quick start: batch 256, mini 64, micro 4 (log-prob micro 8 / ref 4), 512 + 512
-    "quickstart": dict(train_batch_size=256, ppo_mini_batch_size=64, micro=4, log_prob_micro=8,
-                       ref_micro=4, prompt=512, response=512),
+    "quickstart": {"train_batch_size": 256, "ppo_mini_batch_size": 64, "micro": 4, "log_prob_micro": 8,
+                       "ref_micro": 4, "prompt": 512, "response": 512},
 }
 
 
@@ -332,7 +332,7 @@ def main(argv=None) -> int:
             try:
                 row = run_case(dev, setting, QWEN25_05B, device, rollout_batch=args.rollout_batch,
                                only=tuple(args.phases.split(",")) if args.phases else None)
-            except Exception as exc:       # a planning error (PlanError) is a result too
+            except Exception as exc:  # noqa: BLE001 (a PlanError or a failed case is a result too)
                 row = {"device": dev, "setting": setting, "error": f"{type(exc).__name__}: {exc}"}
             rows.append(row)
             _print_row(row)

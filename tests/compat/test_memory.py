@@ -112,10 +112,10 @@ def test_vllm_share_and_context():
 
 # ----------------------------------------------------------------------------- against measurement
 
-TINY = dict(vocab_size=1000, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=1024, tie_word_embeddings=False, max_position_embeddings=1024)
-MID = dict(vocab_size=151936, hidden_size=896, num_hidden_layers=2, num_attention_heads=14, num_key_value_heads=2,
-           intermediate_size=4864, tie_word_embeddings=True, max_position_embeddings=1024)
+TINY = {"vocab_size": 1000, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "intermediate_size": 1024, "tie_word_embeddings": False, "max_position_embeddings": 1024}
+MID = {"vocab_size": 151936, "hidden_size": 896, "num_hidden_layers": 2, "num_attention_heads": 14, "num_key_value_heads": 2,
+           "intermediate_size": 4864, "tie_word_embeddings": True, "max_position_embeddings": 1024}
 
 
 def _check(result):
@@ -135,8 +135,8 @@ def _threads():
 
 def test_tiny_model_every_phase_fp32():
     """actor + critic + reference, float32 (the P40 plan): rollout, log-probs, values, both updates."""
-    setting = dict(train_batch_size=2, ppo_mini_batch_size=2, micro=2, log_prob_micro=2, prompt=24, response=8,
-                   adv_estimator="gae", kl=True)
+    setting = {"train_batch_size": 2, "ppo_mini_batch_size": 2, "micro": 2, "log_prob_micro": 2, "prompt": 24, "response": 8,
+                   "adv_estimator": "gae", "kl": True}
     result = bench.run_case("p40", setting, TINY, torch.device("cpu"))
     assert set(result["measured"]) == {"rollout", "log_prob", "ref", "values", "actor_update", "critic_update"}
     _check(result)
@@ -149,8 +149,8 @@ def test_tiny_model_every_phase_fp32():
 ])
 def test_mid_model_large_vocab(device, overrides):
     """hidden 896, 2 layers, Qwen's 151,936-token vocab: logits and vocab gradients dominate."""
-    setting = dict(train_batch_size=2, ppo_mini_batch_size=2, micro=2, log_prob_micro=2, prompt=48, response=32,
-                   adv_estimator="grpo")
+    setting = {"train_batch_size": 2, "ppo_mini_batch_size": 2, "micro": 2, "log_prob_micro": 2, "prompt": 48, "response": 32,
+                   "adv_estimator": "grpo"}
     result = bench.run_case(device, setting, MID, torch.device("cpu"), overrides=overrides,
                             only=("log_prob", "actor_update"))
     _check(result)

@@ -123,7 +123,7 @@ def _logits_bytes(m: ModelSpec, tokens: int, response_tokens: int, compute: str,
     return tokens * v * c * 2 + response_tokens * v * c * 2 + 2 * chunk
 
 
-def _vocab_grad_bytes(m: ModelSpec, role: "_Role", ws: int) -> float:
+def _vocab_grad_bytes(m: ModelSpec, role: _Role) -> float:
     """Backward materialises (vocab x hidden) gradients whole before accumulating them into .grad.
 
     Tied embeddings get two (output projection and dense embedding gradient) plus their sum,
@@ -139,7 +139,7 @@ def _vocab_grad_bytes(m: ModelSpec, role: "_Role", ws: int) -> float:
     return vh * (master + (compute if compute != master else 0))
 
 
-def _builtin_rollout(m: ModelSpec, actor: "_Role", wl: Workload, rollout: RolloutPlan) -> dict[str, float]:
+def _builtin_rollout(m: ModelSpec, actor: _Role, wl: Workload, rollout: RolloutPlan) -> dict[str, float]:
     """Generation with a KV cache: the larger of the prefill peak (prompt KV plus one layer's
     transients over every prompt token) and the end of decoding (full KV, float32 sampling).
 
@@ -304,7 +304,7 @@ def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollo
             fwd_bwd["values"] = tokens * spec.hidden_size * 4 * 2
         else:
             fwd_bwd["logits"] = _logits_bytes(spec, tokens, resp, role.plan.compute_dtype, backward=True)
-        bwd_end = {"vocab grads (end of backward)": _vocab_grad_bytes(spec, role, ws)}
+        bwd_end = {"vocab grads (end of backward)": _vocab_grad_bytes(spec, role)}
         step = {"optimizer step": ADAM_STEP_SCRATCH * role.params * 4 / ws}
         if role.plan.optimizer_offload:
             step[f"{name}.optimizer"] = role.optimizer(ws)

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 # model_type -> (bias on q/k/v, bias on o, per-head q/k norms); others follow `attention_bias`.
 _ATTENTION_LAYOUT = {

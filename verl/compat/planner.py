@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from verl.compat.memory import GiB, Workload, estimate_memory  # noqa: F401  (GiB re-exported for callers)
+from verl.compat.memory import BYTES, GiB, Workload, estimate_memory
 from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.profile import DeviceProfile, SoftwareInfo
@@ -37,8 +37,8 @@ def _get(config: Any, path: str, default: Any = AUTO) -> Any:
         if node is None:
             return default
         try:
-            node = node[key] if key in node else None
-        except TypeError:
+            node = node.get(key)
+        except (AttributeError, TypeError):
             node = getattr(node, key, None)
     if node is None or (isinstance(node, str) and node.strip().lower() == "auto"):
         return default
@@ -351,7 +351,6 @@ def _apply_batches(roles: dict[str, RolePlan], b: _Batch, dynamic: bool, budgets
 
 def _vllm_need_gb(model: ModelSpec, workload: Workload, dtype: str) -> float:
     """The least vLLM needs: its weights, KV for min(batch, 16) full sequences, 0.5 GiB of scratch."""
-    from verl.compat.memory import BYTES
     seqs = min(workload.rollout_batch_per_gpu, 16)
     kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * seqs * workload.seq_len * BYTES[dtype]
     return (model.num_params * BYTES[dtype] + kv) / GiB + 0.5
@@ -455,7 +454,7 @@ def _fit(d: _Decider, model, workload, roles, rollout, util_asked, batches, dyna
 
     def vllm_util(offload, ckpt_on, b, budgets_now) -> tuple[float | None, str]:
         """The vLLM share: user's if it fits, else what the other phases leave (None: too little)."""
-        rs, ro, est = build(offload, ckpt_on, b, budgets_now, 0.0)
+        est = build(offload, ckpt_on, b, budgets_now, 0.0)[2]
         rollout_other = est.phases["rollout"].total_gb
         free = (limit - est.context_gb) / (1 + margin) - rollout_other
         left = math.floor(100 * free / limit) / 100
@@ -508,7 +507,7 @@ def _fit(d: _Decider, model, workload, roles, rollout, util_asked, batches, dyna
         b, bud = smaller
         halvings += 1
 
-    rung, ckpt_on, rs, ro, est, util_why = found
+    rung, _, rs, ro, est, util_why = found
     for name, rp in rs.items():
         ck = asked_ckpt[name]
         d.note(f"{name}.gradient_checkpointing", rp.gradient_checkpointing,
