@@ -1,0 +1,44 @@
+"""Write a Qwen2.5-0.5B-shaped model with random weights and the real Qwen tokenizer to a folder.
+
+No weights can be downloaded here, so the GPU benchmarks train this stand-in: the real vocabulary and
+shapes give realistic token counts and memory, while rewards on GSM8K stay near 0 (random weights).
+
+    python benchmarks/build_qwen_shaped.py OUT_DIR --tokenizer ../shared/data/qwen-tokenizer [--layers 24]
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+QWEN25_05B = dict(vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                  num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True,
+                  max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir")
+    parser.add_argument("--tokenizer", required=True, help="folder with tokenizer.json + tokenizer_config.json")
+    parser.add_argument("--layers", type=int, default=QWEN25_05B["num_hidden_layers"])
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(args.tokenizer) / name, out / name)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    config = Qwen2Config(**{**QWEN25_05B, "num_hidden_layers": args.layers},
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(args.seed)
+    model = Qwen2ForCausalLM(config)
+    model.save_pretrained(out)
+    print(f"{out}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params, vocab {config.vocab_size}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Summarise a training run from the file logger's JSON lines: s/step, timing breakdown, memory.
+
+    python benchmarks/summarize_run.py RUN.jsonl [--name NAME] [--json OUT.json]
+
+The first step carries warm-up (allocator growth, kernel selection), so s/step is the median of the
+steps after it when there are any.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+TIMINGS = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "step")
+MEMORY = ("perf/predicted_peak_gb", "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb")
+
+
+def summarize(path: str) -> dict:
+    with open(path) as f:
+        steps = [json.loads(line)["data"] for line in f if line.strip()]
+    steps = [s for s in steps if "timing_s/step" in s]
+    if not steps:
+        raise SystemExit(f"{path}: no training steps logged")
+    timed = steps[1:] or steps
+
+    def median(key):
+        values = [s[key] for s in timed if isinstance(s.get(key), (int, float))]
+        return round(statistics.median(values), 3) if values else None
+
+    return {
+        "steps": len(steps),
+        "s_per_step": median("timing_s/step"),
+        "first_step_s": round(steps[0]["timing_s/step"], 3),
+        "timing_s": {k: median(f"timing_s/{k}") for k in TIMINGS},
+        "memory_gb": {k: max((s[k] for s in steps if isinstance(s.get(k), (int, float))), default=None)
+                      for k in MEMORY},
+        "score_first_last": (steps[0].get("critic/score/mean"), steps[-1].get("critic/score/mean")),
+        "response_length_mean": median("response_length/mean"),
+        "throughput_tokens_per_s": median("perf/throughput"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("path")
+    parser.add_argument("--name", default="")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    summary = {"name": args.name or args.path, **summarize(args.path)}
+    print(f"{summary['name']}: {summary['steps']} steps, {summary['s_per_step']} s/step "
+          f"(first {summary['first_step_s']} s), throughput {summary['throughput_tokens_per_s']} tok/s")
+    print("  " + "  ".join(f"{k}={v}" for k, v in summary["timing_s"].items()))
+    print("  " + "  ".join(f"{k.split('/')[-1]}={v}" for k, v in summary["memory_gb"].items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
