@@ -182,12 +182,16 @@ def run_update(model, optimizer, role_plan, setting, device, critic: bool, scale
         loss = (out ** 2).mean() if critic else -out.mean()
         (scaler.scale(loss) if scaler else loss).backward()
         del out, loss
+    if role_plan.optimizer_offload:      # an offloaded optimizer visits the device only for its step
+        _to(optimizer, device)
     if scaler:
         scaler.step(optimizer)
         scaler.update()
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    if role_plan.optimizer_offload:
+        _to(optimizer, torch.device("cpu"))
 
 
 @torch.no_grad()
@@ -274,13 +278,12 @@ def run_case(profile_name: str, setting_name, model_kwargs: dict, device: torch.
                     opt.state[p]["exp_avg_sq"] = torch.zeros_like(p)
             roles[name] = (model, opt, rp)
 
-        def place(active: str, optimizer_now: bool):
+        def place(active: str):
+            """The active role's weights on the device; idle roles' offloaded state on the host."""
             for name, (model, opt, rp) in roles.items():
-                on = name == active or not rp.param_offload
-                _to(model, device if on else host)
+                _to(model, device if name == active or not rp.param_offload else host)
                 if opt is not None:
-                    keep = (name == active and (optimizer_now or not rp.optimizer_offload)) or not rp.optimizer_offload
-                    _to(opt, device if keep else host)
+                    _to(opt, host if rp.optimizer_offload else device)
 
         def resident():
             return [x for m, o, _ in roles.values() for x in (m, o) if x is not None
@@ -298,7 +301,7 @@ def run_case(profile_name: str, setting_name, model_kwargs: dict, device: torch.
         for phase, active, fn in phases:
             if active not in roles or (only and phase not in only):
                 continue
-            place(active, optimizer_now=phase.endswith("update"))
+            place(active)
             try:
                 result["measured"][phase] = round(measure(fn, device, resident() if device.type == "cpu" else ()), 3)
             except torch.OutOfMemoryError as exc:

@@ -33,7 +33,7 @@ GiB = 1024 ** 3
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 LOGPROB_CHUNK_ROWS = 1024        # rows per float32 chunk in verl.utils.torch_functional
 CUDA_CONTEXT_GB = 0.75           # CUDA context + cuBLAS workspace, outside the allocator's count
-ADAM_STEP_SCRATCH = 1.0          # foreach AdamW temporaries, in units of one fp32 shard of params
+ADAM_STEP_SCRATCH = 1.0          # foreach AdamW temporaries, in units of one fp32 shard of params (measured)
 
 
 @dataclass(frozen=True)
