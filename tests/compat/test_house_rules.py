@@ -30,3 +30,27 @@ def test_importing_compat_does_not_import_transformers():
                          env=dict(os.environ, PYTHONPATH=path), timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_compat_imports_without_omegaconf():
+    """The benchmark hosts carry torch but not omegaconf: the compat package, the planner and the
+    catalog must import there, and a plan must be made from a plain dict."""
+    code = (
+        "import sys\n"
+        "class NoOmegaconf:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'omegaconf' or name.startswith('omegaconf.'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}')\n"
+        "sys.meta_path.insert(0, NoOmegaconf())\n"
+        "import verl.compat, verl.compat.planner, verl.compat.catalog\n"
+        "from verl.compat.catalog import get_profile\n"
+        "from verl.compat.profile import SoftwareInfo\n"
+        "plan = verl.compat.make_plan(get_profile('t4'), {'trainer': {'n_gpus_per_node': 1}},\n"
+        "                             SoftwareInfo(torch_version='2.4.0'), None)\n"
+        "print(plan.actor.compute_dtype, 'omegaconf' in sys.modules)\n"
+    )
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=path), timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["float16", "False"]

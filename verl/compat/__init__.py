@@ -5,7 +5,7 @@
     verl.compat.resolve_config(config, plan)     # concrete values over every `auto`
     device = verl.compat.apply_in_process(plan, local_rank)   # first thing in every worker
 
-Importing this package loads torch and omegaconf only; the planner and transformers load when used.
+Importing this package loads torch only; omegaconf, the planner and transformers load when used.
 """
 from __future__ import annotations
 

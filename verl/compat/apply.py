@@ -9,11 +9,14 @@ code reads ordinary upstream keys and never sees `auto`.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.compat.plan import Plan, RolePlan
+
+if TYPE_CHECKING:      # omegaconf loads only when a config is resolved: `import verl.compat` stays light
+    from omegaconf import DictConfig
 
 logger = logging.getLogger(__name__)
 
@@ -142,12 +145,16 @@ _HARDWARE_LEAVES = {"attn_implementation", "use_remove_padding", "use_torch_comp
 
 
 def _exists(config: DictConfig, path: str) -> bool:
+    from omegaconf import OmegaConf
+
     return OmegaConf.select(config, path, default=None, throw_on_missing=False) is not None
 
 
 def _set(config: DictConfig, path: str, value, written: dict, over_interpolation: bool = False) -> None:
     """Write `value` over an existing key. Keys the config lacks are not added (upstream's key tree
     stays as it is); interpolations are left to follow their source unless `over_interpolation`."""
+    from omegaconf import OmegaConf
+
     parent, _, leaf = path.rpartition(".")
     node = OmegaConf.select(config, parent, default=None, throw_on_missing=False) if parent else config
     if not OmegaConf.is_dict(node) or leaf not in node:
@@ -208,6 +215,8 @@ def resolve_config(config: DictConfig, plan: Plan) -> dict:
     Every hardware key gets the planned value: the planner already honoured explicit settings the
     device can run and adapted (with a warning) those it cannot, so the plan is the single truth.
     """
+    from omegaconf import OmegaConf, open_dict
+
     written: dict = {}
     with open_dict(config):
         for name in ("actor", "ref", "critic"):
