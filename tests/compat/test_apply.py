@@ -155,11 +155,84 @@ def test_resolve_writes_every_hardware_auto():
     OmegaConf.resolve(cfg)                               # every interpolation still resolves
 
 
-def test_resolve_clears_the_deprecated_global_micro_batch():
+def test_resolve_keeps_a_deprecated_global_micro_batch_the_user_set():
+    """Upstream's global form is an explicit choice: the workers divide it by dp, the plan's per-GPU
+    value must not replace it (the other passes still get the plan's values)."""
     cfg = fresh_config()
     cfg.actor_rollout_ref.actor.ppo_micro_batch_size = 16
-    apply.resolve_config(cfg, make())
-    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size is None
+    cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size = 32
+    written = apply.resolve_config(cfg, make(ref=role(forward_micro_batch_size_per_gpu=5)))
+    a = cfg.actor_rollout_ref
+    assert (a.actor.ppo_micro_batch_size, a.actor.ppo_micro_batch_size_per_gpu) == (16, None)
+    assert (a.rollout.log_prob_micro_batch_size, a.rollout.log_prob_micro_batch_size_per_gpu) == (32, None)
+    assert not any(k.startswith(("actor_rollout_ref.actor.ppo_micro", "actor_rollout_ref.rollout.log_prob_micro"))
+                   for k in written)
+    assert a.ref.log_prob_micro_batch_size_per_gpu == 5
+
+
+FORWARD_KEYS = {"actor": ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                          "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"),
+                "ref": ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+                        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"),
+                "critic": ("critic.forward_micro_batch_size_per_gpu", "critic.forward_max_token_len_per_gpu")}
+GAE_KL = QUICKSTART + ["algorithm.use_kl_in_reward=true", "critic.forward_micro_batch_size_per_gpu=auto"]
+
+
+@pytest.mark.parametrize("device", ["t4", "a100-80gb"])
+def test_resolve_writes_the_planned_forward_micro_batches(device):
+    """With the real planner: each no-grad pass (old log-probs, ref log-probs, values) gets the
+    plan's forward micro-batch, and nothing is left `auto`."""
+    from verl.compat.__main__ import plan_for
+
+    config, _, plan = plan_for(GAE_KL, device=device, model_spec="qwen2.5-0.5b")
+    compat.resolve_config(config, plan)
+    for name, (micro_key, _) in FORWARD_KEYS.items():
+        expected = getattr(plan, name).forward_micro_batch_size_per_gpu
+        assert isinstance(expected, int) and OmegaConf.select(config, micro_key) == expected, name
+
+
+def test_resolve_keeps_explicit_forward_micro_batches():
+    from verl.compat.__main__ import plan_for
+
+    explicit = {"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 2,
+                "critic.forward_micro_batch_size_per_gpu": 1}
+    overrides = [o for o in GAE_KL if o.split("=")[0] not in explicit]
+    config, _, plan = plan_for(overrides + [f"{k}={v}" for k, v in explicit.items()], device="a100-80gb",
+                               model_spec="qwen2.5-0.5b")
+    assert not plan.warnings
+    compat.resolve_config(config, plan)
+    assert {k: OmegaConf.select(config, k) for k in explicit} == explicit
+
+
+def test_resolve_writes_forward_token_budgets_under_dynamic_batching():
+    """use_dynamic_bsz: the token budgets come from the plan and the micro-batch keys become null
+    (token budgets batch those passes), not a left-over `auto`."""
+    from verl.compat.__main__ import plan_for
+
+    config, _, plan = plan_for(GAE_KL + ["actor_rollout_ref.actor.use_dynamic_bsz=true",
+                                         "critic.forward_max_token_len_per_gpu=4096"],
+                               device="a100-80gb", model_spec="qwen2.5-0.5b")
+    compat.resolve_config(config, plan)
+    for name, (micro_key, budget_key) in FORWARD_KEYS.items():
+        assert OmegaConf.select(config, micro_key) is None, name
+        assert OmegaConf.select(config, budget_key) == getattr(plan, name).forward_max_token_len_per_gpu, name
+    assert config.critic.forward_max_token_len_per_gpu == 4096           # the user's budget
+    assert config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is None
+
+
+def test_resolve_writes_a_forward_micro_batch_the_planner_shrank():
+    """An explicit micro-batch the device cannot hold is halved by the planner, with a warning; the
+    config then carries the planned value."""
+    from verl.compat.__main__ import plan_for
+
+    overrides = [o for o in GAE_KL if not o.startswith("critic.forward")]
+    config, _, plan = plan_for(overrides + ["critic.forward_micro_batch_size_per_gpu=256"], device="t4",
+                               model_spec="qwen2.5-0.5b")
+    assert any("critic_forward micro-batch reduced" in w for w in plan.warnings)
+    assert plan.critic.forward_micro_batch_size_per_gpu < 256
+    compat.resolve_config(config, plan)
+    assert config.critic.forward_micro_batch_size_per_gpu == plan.critic.forward_micro_batch_size_per_gpu
 
 
 def test_resolve_never_adds_keys_and_skips_absent_roles():

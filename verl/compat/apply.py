@@ -150,6 +150,24 @@ def _exists(config: DictConfig, path: str) -> bool:
     return OmegaConf.select(config, path, default=None, throw_on_missing=False) is not None
 
 
+def _is_auto(config: DictConfig, path: str) -> bool:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(config, path, default=None, throw_on_missing=False) == "auto"
+
+
+def _set_by_user(config: DictConfig, path: str) -> bool:
+    """A concrete value (not null, `auto` or an interpolation of another key) sits at `path`."""
+    from omegaconf import OmegaConf
+
+    parent, _, leaf = path.rpartition(".")
+    node = OmegaConf.select(config, parent, default=None, throw_on_missing=False) if parent else config
+    if not OmegaConf.is_dict(node) or leaf not in node or OmegaConf.is_missing(node, leaf) \
+            or OmegaConf.is_interpolation(node, leaf):
+        return False
+    return node[leaf] is not None and node[leaf] != "auto"
+
+
 def _set(config: DictConfig, path: str, value, written: dict, over_interpolation: bool = False) -> None:
     """Write `value` over an existing key. Keys the config lacks are not added (upstream's key tree
     stays as it is); interpolations are left to follow their source unless `over_interpolation`."""
@@ -202,9 +220,12 @@ def _resolve_role(config: DictConfig, name: str, role: RolePlan, plan: Plan, wri
         if which == "forward":
             micro = role.forward_micro_batch_size_per_gpu or micro
             budget = role.forward_max_token_len_per_gpu or budget
-        if micro is not None:
+        if _set_by_user(config, f"{section}.{global_key}"):
+            pass   # upstream's deprecated global form, the user's choice: each worker divides it by its dp size
+        elif micro is not None:
             _set(config, f"{section}.{per_gpu}", micro, written, over_interpolation=True)
-            _set(config, f"{section}.{global_key}", None, written)   # the per-GPU value supersedes it
+        elif _is_auto(config, f"{section}.{per_gpu}"):
+            _set(config, f"{section}.{per_gpu}", None, written)   # token budgets batch this pass
         if budget is not None:
             _set(config, f"{section}.{tokens}", budget, written, over_interpolation=True)
 
@@ -214,6 +235,8 @@ def resolve_config(config: DictConfig, plan: Plan) -> dict:
 
     Every hardware key gets the planned value: the planner already honoured explicit settings the
     device can run and adapted (with a warning) those it cannot, so the plan is the single truth.
+    Forward passes (log-probs, values) get the plan's forward micro-batch or token budget. Upstream's
+    deprecated global micro-batch keys, where the user set them, stay: workers divide them by dp.
     """
     from omegaconf import OmegaConf, open_dict
 
