@@ -148,3 +148,31 @@ def test_a_disabled_role_that_would_not_fit_reports_why(monkeypatch, capsys):
     out = doctor_json(config, model, plan)
     assert out["ref"] == {"enabled": False, "error": "the run does not fit"}
     assert out["actor"]["enabled"] and out["critic"]["enabled"]
+
+
+def test_text_report_shows_the_memory_breakdown_json_carries_it(capsys):
+    """Every phase with its total and non-zero terms, the peak phase marked, and the required total;
+    the numbers are the ones --json carries under `memory`."""
+    memory = doctor_json(capsys, "t4")["memory"]
+    assert set(memory) >= {"phases", "peak_phase", "required_gb", "predicted_peak_gb"}
+    assert main(["--device", "t4", "--model-spec", "qwen2.5-0.5b", *QUICKSTART]) == 0
+    text = capsys.readouterr().out
+    block = text[text.index("  memory    GiB per device"):].splitlines()
+    rows = {line.split()[0]: line for line in block[1:] if line.startswith("    ") and not line.startswith("      ")}
+    assert set(rows) == set(memory["phases"]) | {"required"}
+    for phase, terms in memory["phases"].items():
+        total = float(rows[phase].split()[1])
+        assert total == pytest.approx(sum(terms.values()), abs=0.006)
+        assert rows[phase].endswith("<- peak") == (phase == memory["peak_phase"])
+        shown = [t for t, gb in terms.items() if gb >= 0.0005]
+        assert all(f"      {t}" in text for t in shown)
+    assert f"required {memory['required_gb']:.2f} GiB" in rows["required"]
+    assert f"in {memory['peak_phase']}" in rows["required"]
+
+
+def test_text_report_without_a_memory_plan_has_no_memory_block():
+    from verl.compat.__main__ import _text_report, plan_for
+
+    _, _, plan = plan_for(QUICKSTART, device="t4", model_spec="qwen2.5-0.5b")
+    plan.memory = {}
+    assert "memory    GiB" not in _text_report(plan)

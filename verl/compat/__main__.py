@@ -112,14 +112,35 @@ def doctor_json(config, model, plan) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    args, overrides = _parse(sys.argv[1:] if argv is None else argv)
+def format_memory(memory: dict, limit_gb: float) -> str:
+    """The memory model's breakdown: each phase's total and its terms, the peak and what it needs."""
+    phases = memory.get("phases") or {}
+    if not phases:
+        return ""
+    lines = ["  memory    GiB per device at each phase's peak"]
+    for name, terms in phases.items():
+        mark = "  <- peak" if name == memory.get("peak_phase") else ""
+        lines.append(f"    {name:30s} {sum(terms.values()):8.2f}{mark}")
+        lines += [f"      {term:28s} {gb:8.3f}" for term, gb in terms.items() if gb >= 0.0005]
+    lines.append(f"    required {memory['required_gb']:.2f} GiB = peak {memory['predicted_peak_gb']:.2f} in "
+                 f"{memory['peak_phase']} x (1 + {memory['fragmentation']:.0%} margin) + "
+                 f"{memory['context_gb']:.2f} context; the device has {limit_gb:.2f}")
+    return "\n".join(lines)
+
+
+def _text_report(plan) -> str:
     from verl import compat
 
+    memory = format_memory(plan.memory, plan.memory_limit_gb)
+    return compat.format_plan(plan) + (f"\n\n{memory}" if memory else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = _parse(sys.argv[1:] if argv is None else argv)
     try:
         with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
             config, model, plan = plan_for(overrides, args.device, args.model_spec)
-            report = doctor_json(config, model, plan) if args.json else compat.format_plan(plan)
+            report = doctor_json(config, model, plan) if args.json else _text_report(plan)
     except FileNotFoundError as err:
         print(f"error: {err} Or give the doctor the model's shape: --model-spec NAME|FILE.",
               file=sys.stderr)
