@@ -5,6 +5,7 @@ naming, critic warmup, KL-in-reward, and that a NaN loss stops the run with an a
 the step was logged.
 """
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -203,3 +204,42 @@ def test_nan_loss_stops_with_actionable_error_after_logging(tmp_path, monkeypatc
         trainer.fit()
     records = read_log(log)  # the failing step is on disk, the file closed cleanly
     assert [r["step"] for r in records] == [1] and records[0]["data"]["actor/pg_loss"] == "nan"
+
+
+@pytest.mark.parametrize("guard", [True, False])
+def test_workers_receive_the_plan_and_compat_numerics_guard(tmp_path, monkeypatch, guard):
+    """init_workers builds ActorRolloutRefWorker and CriticWorker with `plan` and
+    numerics_guard=compat.numerics_guard, arguments their constructors accept."""
+    import inspect
+
+    from verl.trainer.ppo import ray_trainer
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+
+    cfg = make_config(tmp_path, **{"compat.numerics_guard": guard})
+    roles = {Role.ActorRollout: ActorRolloutRefWorker, Role.Critic: CriticWorker}
+    pool = ResourcePoolManager(resource_pool_spec={"global_pool": [1]}, mapping={r: "global_pool" for r in roles})
+    monkeypatch.setattr(pool, "create_resource_pool", lambda: pool.resource_pool_dict.update(global_pool="pool"))
+    plan = SimpleNamespace(device_type="cpu")
+    built = {}
+    monkeypatch.setattr(ray_trainer, "create_colocated_worker_cls", lambda class_dict: built.update(class_dict))
+
+    class FakeGroup:
+        world_size = 1
+
+        def __init__(self, resource_pool, ray_cls_with_init):
+            pass
+
+        def spawn(self, prefix_set):
+            return {name: SimpleNamespace(init_model=lambda: None) for name in prefix_set}
+
+    trainer = RayPPOTrainer(config=cfg, tokenizer=None, role_worker_mapping=roles, resource_pool_manager=pool,
+                            ray_worker_group_cls=FakeGroup, reward_fn=reward_fn, train_dataset=make_dataset(8),
+                            val_dataset=make_dataset(3), collate_fn=collate_fn,
+                            train_sampler=torch.utils.data.SequentialSampler(range(8)), plan=plan)
+    trainer.init_workers()
+    assert set(built) == {"actor_rollout", "critic"}
+    for name, cls in (("actor_rollout", ActorRolloutRefWorker), ("critic", CriticWorker)):
+        spec = built[name]
+        assert spec.user_cls is cls
+        assert spec.kwargs["numerics_guard"] is guard and spec.kwargs["plan"] is plan
+        inspect.signature(cls).bind(*spec.args, **spec.kwargs)   # the constructor takes exactly these

@@ -359,6 +359,8 @@ class RayPPOTrainer:
         pool = self.resource_pool_manager.get_resource_pool(group)
         if self.plan is not None:
             init_kwargs["plan"] = self.plan
+        # compat.numerics_guard=false lets workers skip the fp16 weight-range check (verl.compat.numerics).
+        init_kwargs["numerics_guard"] = bool(OmegaConf.select(self.config, "compat.numerics_guard", default=True))
         pool_to_classes[pool][str(group)] = RayClassWithInitArgs(cls=self.role_worker_mapping[group], **init_kwargs)
 
     # ------------------------------------------------------------------ the loop
