@@ -1,9 +1,19 @@
 """Each consistency rule of config_check.validate, on the upstream quick start with one thing changed."""
 import pytest
 from omegaconf import OmegaConf
+from test_config import (  # tests/trainer is on sys.path (pytest rootdir-less import)
+    GRPO_GSM8K,
+    QUICKSTART_PPO,
+)
 
-from test_config import GRPO_GSM8K, QUICKSTART_PPO  # tests/trainer is on sys.path (pytest rootdir-less import)
-from verl.trainer.config_check import ADV_ESTIMATORS, LOSS_AGG_MODES, ConfigError, load_config, validate
+from verl.trainer.config_check import (
+    ADV_ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    ConfigError,
+    load_config,
+    validate,
+)
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +172,22 @@ def test_adv_estimator_list_matches_core_algos():
 
 def test_kl_estimators(ppo):
     assert validate(changed(ppo, "actor_rollout_ref.actor.kl_loss_type=k3+", "algorithm.kl_penalty=k1")) == []
+    assert validate(changed(ppo, "actor_rollout_ref.actor.kl_loss_type=low_var_kl+",
+                            "algorithm.kl_penalty=kl+")) == []
     assert "is not a KL estimator" in errors_of(changed(ppo, "algorithm.kl_penalty=kl3"))
+    assert "Did you mean k3+?" in errors_of(changed(ppo, "actor_rollout_ref.actor.kl_loss_type=k3++"))
+
+
+def test_kl_estimator_list_matches_core_algos():
+    """Every name the check lets through is one core_algos.kl_penalty computes, and vice versa."""
+    core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
+    torch = pytest.importorskip("torch")
+    assert set(KL_ESTIMATORS) == {name + plus for name in core_algos.KL_ESTIMATORS for plus in ("", "+")}
+    logprob, ref = torch.tensor([-1.0, -0.5]), torch.tensor([-0.8, -0.9])
+    for name in KL_ESTIMATORS:
+        assert torch.isfinite(core_algos.kl_penalty(logprob, ref, name)).all(), name
+    with pytest.raises(ValueError, match="unsupported KL estimator"):
+        core_algos.kl_penalty(logprob, ref, "full")
 
 
 def test_kl_twice_warns(ppo):

@@ -272,7 +272,10 @@ ADV_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_bas
 UPSTREAM_ONLY_ADV_ESTIMATORS = ("remax", "opo", "grpo_passk", "gpg", "rloo_vectorized",
                                 "grpo_vectorized", "optimal_token_baseline",
                                 "tir_optimal_token_baseline", "gdpo")
-KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+# KL estimators of core_algos.kl_penalty, and their straight-through forms: a trailing '+' keeps the
+# estimator's value with the k2 gradient (a test keeps this list in step with core_algos).
+_KL_BASE = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_ESTIMATORS = _KL_BASE + tuple(f"{name}+" for name in _KL_BASE)
 ROLLOUT_NAMES = ("auto", "hf", "vllm")
 DEVICES = ("auto", "cuda", "cpu")
 TRUNCATIONS = ("error", "left", "right", "middle")
@@ -419,10 +422,11 @@ def _check_choices(cfg, errors: list[str], warnings: list[str]) -> None:
         one_of("algorithm.adv_estimator", ADV_ESTIMATORS)
     for path in ("actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_penalty"):
         value = _get(cfg, path)
-        base = value[:-1] if isinstance(value, str) and value.endswith("+") else value
-        if base not in KL_ESTIMATORS:
-            errors.append(f"{path}={value!r} is not a KL estimator; use one of {', '.join(KL_ESTIMATORS)} "
-                          f"(a trailing + takes the k2 gradient, e.g. low_var_kl+).")
+        if value not in KL_ESTIMATORS:
+            near = difflib.get_close_matches(str(value), KL_ESTIMATORS, n=1)
+            errors.append(f"{path}={value!r} is not a KL estimator; use one of {', '.join(_KL_BASE)}, or "
+                          f"one with a trailing + for the k2 gradient (e.g. low_var_kl+)."
+                          + (f" Did you mean {near[0]}?" if near else ""))
     one_of("algorithm.kl_ctrl.type", ("fixed", "adaptive"))
     one_of("data.truncation", TRUNCATIONS)
     one_of("actor_rollout_ref.rollout.name", ROLLOUT_NAMES,

@@ -485,6 +485,11 @@ def compute_value_loss(
 # --------------------------------------------------------------------------- KL estimators
 
 
+# Estimator names `kl_penalty` takes; each also with a trailing '+' (config_check lists both forms,
+# a test keeps the two in step).
+KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+
+
 def _kl_estimate(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) -> torch.Tensor:
     """Per-token estimators of KL(policy || ref) from sampled log-probs (Schulman's k1/k2/k3)."""
     diff = logprob - ref_logprob
@@ -498,7 +503,7 @@ def _kl_estimate(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) ->
         log_r = torch.clamp(-diff, min=-20.0, max=20.0)
         return torch.clamp(torch.exp(log_r) - log_r - 1.0, min=-10.0, max=10.0)
     raise ValueError(
-        f"unsupported KL estimator {kind!r}; use kl/k1, abs, mse/k2 or low_var_kl/k3 "
+        f"unsupported KL estimator {kind!r}; use one of {', '.join(KL_ESTIMATORS)} "
         "(append '+' for a k2 gradient with the chosen estimator's value)"
     )
 
