@@ -12,16 +12,12 @@ import torch
 
 from verl.compat import torch_dtype
 from verl.compat.plan import RolePlan
+from verl.utils.tokenizer import hf_tokenizer
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
-    """AutoTokenizer with a pad token (falls back to EOS, as many causal-LM tokenizers ship without one)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(path), trust_remote_code=trust_remote_code)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+    """The tokenizer at `path` (`~` expanded), with a pad token: see verl.utils.tokenizer.hf_tokenizer."""
+    return hf_tokenizer(os.path.expanduser(path), trust_remote_code=trust_remote_code)
 
 
 def build_model(
@@ -39,7 +35,11 @@ def build_model(
     Weights are loaded in the plan's `param_dtype` with its `attn_implementation`; gradient
     checkpointing (non-reentrant, which composes with FSDP) is switched on where the plan asks.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForTokenClassification,
+    )
 
     path = os.path.expanduser(path)
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)

@@ -91,7 +91,6 @@ def _time_limit(seconds: float, message: str):
 def build_trainer(config, plan):
     """Everything `RayPPOTrainer` needs, from the config alone."""
     import ray
-    from transformers import AutoTokenizer
 
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role
     from verl.trainer.ppo.reward import load_reward_manager
@@ -100,12 +99,12 @@ def build_trainer(config, plan):
         create_rl_dataset,
         create_rl_sampler,
     )
+    from verl.utils.model_loading import load_tokenizer
     from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
     model_cfg = config.actor_rollout_ref.model
-    tokenizer = AutoTokenizer.from_pretrained(
-        os.path.expanduser(model_cfg.path), trust_remote_code=model_cfg.get("trust_remote_code", False)
-    )
+    tokenizer = load_tokenizer(model_cfg.get("tokenizer_path") or model_cfg.path,
+                               trust_remote_code=model_cfg.get("trust_remote_code", False))
 
     # Roles: actor+rollout (+ref when a KL term needs the reference policy), critic for GAE.
     needs_ref = bool(config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
