@@ -154,3 +154,76 @@ def test_mid_model_large_vocab(device, overrides):
     result = bench.run_case(device, setting, MID, torch.device("cpu"), overrides=overrides,
                             only=("log_prob", "actor_update"))
     _check(result)
+
+
+# ----------------------------------------------------------------------------- built-in rollout chunks
+
+def test_rollout_phase_is_one_chunk_of_linear_per_sequence_cost():
+    """Generation memory is linear in the sequences generated together; the phase counts one chunk."""
+    from verl.compat.memory import ENGINE_TERMS, generation_bytes_per_sequence
+
+    actor = role(compute="float32")
+    fp32 = dataclasses.replace(HF, dtype="float32")
+    per_seq = generation_bytes_per_sequence(QWEN05, actor, fp32, 256, 256)
+    val = Workload(256, 256, 1319)                     # the whole GSM8K test set in one call
+
+    def engine(micro, workload=val):
+        terms = estimate(actor, rollout=dataclasses.replace(fp32, micro_batch_size=micro), workload=workload)
+        return sum(v for k, v in terms.phases["rollout"].terms.items() if k in ENGINE_TERMS)
+
+    assert engine(64) == pytest.approx(64 * per_seq / GiB)
+    assert engine(None) == pytest.approx(1319 * per_seq / GiB)          # no chunking: the whole batch
+    assert engine(4096) == engine(None)                                 # a chunk never exceeds the batch
+    # prefill dominates at 256+256 in float32: prompt KV + 4H*4 + 3I*4 bytes per prompt token
+    m = QWEN05
+    kv = 2 * m.num_layers * m.num_kv_heads * m.head_dim * 4
+    assert per_seq == 256 * (kv + 4 * m.hidden_size * 4 + 3 * m.intermediate_size * 4)
+
+
+def test_room_and_resident_during_rollout():
+    critic = role()
+    est = estimate(role(), critic=critic, memory=24.0)
+    terms = est.phases["rollout"].terms
+    assert est.rollout_resident_gb() == pytest.approx(
+        sum(v for k, v in terms.items() if not k.startswith("rollout.")) + terms["rollout.weights"])
+    room = est.room_gb(24.0)
+    assert room * (1 + est.fragmentation) + est.context_gb == pytest.approx(24.0)   # inverse of required_gb
+
+
+def test_chunked_generation_measured_equals_one_chunk():
+    """HFRollout on 8 prompts in chunks of 2 peaks like 2 prompts alone, as predicted (CPU, float32)."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from verl.protocol import DataProto
+    from verl.workers.rollout import HFRollout
+
+    model = bench.build_model(TINY, "actor", "sdpa", torch.float32, torch.device("cpu"), False)
+    spec = ModelSpec.from_hf_config(transformers.Qwen2Config(**TINY))
+    prompt, response = 64, 16
+    cfg = OmegaConf.create({"response_length": response, "do_sample": True, "temperature": 1.0, "top_k": -1,
+                            "top_p": 1.0, "seed": 0, "ignore_eos": True})
+
+    def run(n, micro):
+        ids = torch.randint(1, TINY["vocab_size"], (n, prompt))
+        batch = DataProto.from_dict(
+            tensors={"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                     "position_ids": torch.arange(prompt).expand(n, prompt).clone()},
+            meta_info={"eos_token_id": [TINY["vocab_size"] + 1], "pad_token_id": 0})
+        rollout = HFRollout(model, cfg, plan=SimpleNamespace(rollout=SimpleNamespace(dtype="float32",
+                                                                                     micro_batch_size=micro)))
+        measured = bench.measure(lambda: rollout.generate_sequences(batch), torch.device("cpu"), resident=[model])
+        plan = RolloutPlan(name="hf", dtype="float32", gpu_memory_utilization=0.0, enforce_eager=True,
+                           attn_implementation="sdpa", micro_batch_size=micro)
+        terms = estimate_memory(spec, Workload(prompt, response, n), role(compute="float32"), plan,
+                                device_memory_gb=32, backend="cpu").phases["rollout"].terms
+        predicted = terms["actor.weights"] + sum(v for k, v in terms.items() if k.startswith("rollout."))
+        return measured, predicted
+
+    alone, chunked, whole = run(2, None), run(8, 2), run(8, None)
+    weights = bench.resident_bytes(model) / GiB
+    assert chunked[0] == pytest.approx(alone[0], rel=0.02)
+    assert whole[0] - weights > 3 * (chunked[0] - weights)          # unchunked: ~4x the generation memory
+    for measured, predicted in (alone, chunked, whole):
+        assert abs((predicted - weights) - (measured - weights)) <= TOLERANCE * (measured - weights)

@@ -7,6 +7,7 @@ import pytest
 import transformers
 
 from verl.compat.catalog import CATALOG, get_profile
+from verl.compat.memory import Workload, estimate_memory
 from verl.compat.model_spec import ModelSpec
 from verl.compat.planner import PlanError, make_plan
 from verl.compat.profile import SoftwareInfo
@@ -86,6 +87,7 @@ def test_every_device_gets_a_plan(device, setting, cfg):
                 "torch_compile", "actor.param_offload", "memory"):
         assert plan.reasons[key]
     assert plan.warnings == []
+    assert 1 <= plan.rollout.micro_batch_size <= 1024 and plan.reasons["rollout.micro_batch_size"]
     plan.to_dict()
 
 
@@ -303,3 +305,66 @@ def test_omegaconf_config_with_auto_strings():
     plan = make_plan(get_profile("v100-32gb"), cfg, PLAIN, QWEN05)
     assert plan.to_dict() == make_plan(get_profile("v100-32gb"), QUICKSTART, PLAIN, QWEN05).to_dict()
     assert plan.actor.compute_dtype == "float16"
+
+
+# ----------------------------------------------------------------------------- built-in rollout chunks
+
+def _rollout_required(plan, batch, prompt=256, response=256, margin=0.1):
+    """Predicted GiB the rollout phase needs (context and margin included) for `batch` prompts in one call."""
+    est = estimate_memory(QWEN05, Workload(prompt, response, batch), plan.actor, plan.rollout, plan.critic,
+                          plan.ref, device_memory_gb=plan.memory_limit_gb, backend=plan.device.backend,
+                          fragmentation=margin)
+    return est.phases["rollout"].total_gb * (1 + margin) + est.context_gb
+
+
+def test_field_report_validation_set_is_generated_in_chunks_that_fit_the_p40():
+    """The field report died when validation handed all 1,319 GSM8K test prompts to one generate pass."""
+    plan = make_plan(get_profile("p40"), FIELD, PLAIN, QWEN05)
+    chunk = plan.rollout.micro_batch_size
+    assert chunk == 256 and "free while generating" in plan.reasons["rollout.micro_batch_size"]
+    assert _rollout_required(plan, 1319) <= 23.9                     # a chunk of the validation set fits
+    assert _rollout_required(plan, chunk + 1) == _rollout_required(plan, 1319)
+    unchunked = dataclasses.replace(plan, rollout=dataclasses.replace(plan.rollout, micro_batch_size=None))
+    assert _rollout_required(unchunked, 1319) > 1.5 * 23.9            # what OOM'd: the whole set at once
+    doubled = dataclasses.replace(plan, rollout=dataclasses.replace(plan.rollout, micro_batch_size=2 * chunk))
+    assert _rollout_required(doubled, 1319) > 23.9                    # the largest power of two that fits
+    assert not plan.actor.param_offload and not plan.actor.optimizer_offload   # training plan unchanged
+
+
+def test_rollout_chunk_uses_host_memory_on_cpu_and_is_none_for_vllm():
+    cpu = get_profile("cpu")
+    small = make_plan(dataclasses.replace(cpu, memory_gb=24.0), FIELD, PLAIN, QWEN05)
+    big = make_plan(dataclasses.replace(cpu, memory_gb=48.0), FIELD, PLAIN, QWEN05)
+    assert small.rollout.micro_batch_size < big.rollout.micro_batch_size
+    assert _rollout_required(small, 1319) <= 24.0 and small.memory["context_gb"] == 0
+    vllm = make_plan(get_profile("a100-80gb"), QUICKSTART, FULL, QWEN05)
+    assert vllm.rollout.name == "vllm" and vllm.rollout.micro_batch_size is None
+    assert "vLLM schedules" in vllm.reasons["rollout.micro_batch_size"]
+
+
+def test_user_rollout_micro_batch_wins_when_it_fits_else_adapts():
+    key = "actor_rollout_ref__rollout__micro_batch_size"
+    fits = make_plan(get_profile("p40"), config(1, 256, 256, 1, 1, 1, **{key: 32}), PLAIN, QWEN05)
+    assert fits.rollout.micro_batch_size == 32 and fits.warnings == []
+    assert fits.reasons["rollout.micro_batch_size"].startswith("set by the user")
+    too_big = make_plan(get_profile("p40"), config(1, 256, 256, 1, 1, 1, **{key: 1000}), PLAIN, QWEN05)
+    assert too_big.rollout.micro_batch_size == 256
+    assert any("micro_batch_size=1000" in w and "using 256" in w for w in too_big.warnings), too_big.warnings
+    with pytest.raises(PlanError, match="compat.strict=true"):
+        make_plan(get_profile("p40"), config(1, 256, 256, 1, 1, 1, compat__strict=True, **{key: 1000}),
+                  PLAIN, QWEN05)
+    with pytest.raises(PlanError, match="positive whole number"):
+        make_plan(get_profile("p40"), config(1, 256, 256, 1, 1, 1, **{key: 0}), PLAIN, QWEN05)
+    unplanned = make_plan(get_profile("p40"), config(1, 256, 256, 1, 1, 1, **{key: 8}), PLAIN, None)
+    assert unplanned.rollout.micro_batch_size == 8
+
+
+def test_training_batch_stays_one_pass_when_it_can_and_is_chunked_when_it_cannot():
+    quick = make_plan(get_profile("t4"), QUICKSTART, PLAIN, QWEN05)
+    assert quick.rollout.micro_batch_size >= 256                     # 256 prompts generated in one pass
+    assert quick.actor.param_offload                                  # offloading bought that, as before
+    huge = config(4096, 512, 512, 256, 4, 8)                          # 4,096 prompts never fit one pass
+    plan = make_plan(get_profile("l4"), huge, PLAIN, QWEN05)
+    assert plan.rollout.micro_batch_size < 1024
+    assert plan.memory["required_gb"] <= get_profile("l4").memory_gb
+    assert _rollout_required(plan, 4096, 512, 512) <= get_profile("l4").memory_gb

@@ -239,6 +239,28 @@ def test_micro_batches_match_one_batch(model):
     assert torch.equal(parts.batch["responses"], whole)
 
 
+def test_plan_micro_batch_bounds_every_forward(model):
+    """A batch larger than the plan's micro-batch is generated in chunks, each exactly as if alone,
+    and no forward (prefill or decode step) ever sees more rows than the micro-batch."""
+    from types import SimpleNamespace
+
+    prompts = PROMPTS + [[12, 7], [44, 45, 46, 47, 48, 49], [3]]
+    plan = SimpleNamespace(rollout=SimpleNamespace(dtype="float32", micro_batch_size=3))
+    rows = []
+    hook = model.register_forward_pre_hook(lambda _m, _a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        # the plan's size wins over the config's
+        out = HFRollout(model, _config(do_sample=False, micro_batch_size=100), plan=plan).generate_sequences(
+            _batch(prompts, 8))
+    finally:
+        hook.remove()
+    assert max(rows) == 3 and set(rows) == {3, 1}          # chunks of 3, 3 and 1 rows
+    alone = [_greedy(model, prompts[i:i + 3]).batch["responses"] for i in range(0, len(prompts), 3)]
+    assert torch.equal(out.batch["responses"], torch.cat(alone))
+    assert list(out.non_tensor_batch["uid"]) == [f"p{i}" for i in range(len(prompts))]   # order kept
+    assert out.batch["responses"].tolist() == [_greedy_reference(model, p, 6) for p in prompts]
+
+
 def test_top_k_one_equals_greedy(model):
     greedy = _greedy(model, PROMPTS).batch["responses"]
     rollout = HFRollout(model, _config(do_sample=True, top_k=1, temperature=0.7))
@@ -314,8 +336,12 @@ def _fsdp_rank(rank, world, port, out_dir, eos):
         unsharded = rollout.generate_sequences(batch)
         for u in units:
             u.reshard()
-        torch.save({"sharded": sharded.batch["responses"], "unsharded": unsharded.batch["responses"]},
-                   os.path.join(out_dir, f"rank{rank}.pt"))
+            u.set_reshard_after_forward(True, recurse=False)
+        # uneven rows with micro-batch 1 and sharded weights: rank 1 must idle through rank 0's extra passes
+        chunked = HFRollout(model, _config(do_sample=False, response_length=6, micro_batch_size=1))
+        uneven = chunked.generate_sequences(_batch(PROMPTS[:3] if rank == 0 else PROMPTS[3:], 8, eos_token_id=eos))
+        torch.save({"sharded": sharded.batch["responses"], "unsharded": unsharded.batch["responses"],
+                    "uneven": uneven.batch["responses"]}, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -342,8 +368,9 @@ def test_fsdp2_two_ranks_stopping_at_different_steps(tmp_path, model):
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     expected = _greedy(model, PROMPTS, response_length=6, eos_token_id=eos).batch["responses"]
     assert torch.equal(expected[2:], free[2:]) and expected[:2, 2:].eq(PAD).all()  # ranks stop at different steps
-    for mode in ("sharded", "unsharded"):
+    for mode in ("sharded", "unsharded", "uneven"):
         assert torch.equal(torch.cat([r[mode] for r in ranks]), expected), mode
+    assert [len(r["uneven"]) for r in ranks] == [3, 1]
 
 
 # ---------------------------------------------------------------- CUDA
@@ -367,7 +394,7 @@ def test_cuda_greedy_sampling_and_plan_autocast():
     b = rollout.generate_sequences(gpu_batch).batch["responses"]
     assert a.device == device and torch.equal(a, b)
 
-    plan = SimpleNamespace(rollout=SimpleNamespace(dtype="float16"))
+    plan = SimpleNamespace(rollout=SimpleNamespace(dtype="float16", micro_batch_size=None))
     half = HFRollout(model, _config(do_sample=False), plan=plan).generate_sequences(_batch(PROMPTS, 8))
     assert next(model.parameters()).dtype == torch.float32  # autocast only; weights untouched
     assert half.batch["responses"].shape == (4, 6) and half.batch["responses"].max() < VOCAB
@@ -398,7 +425,8 @@ def _dtypes_seen(model, plan_dtype):
     hook = model.register_forward_pre_hook(
         lambda *_: seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))))
     try:
-        plan = None if plan_dtype is None else SimpleNamespace(rollout=SimpleNamespace(dtype=plan_dtype))
+        plan = None if plan_dtype is None else SimpleNamespace(
+            rollout=SimpleNamespace(dtype=plan_dtype, micro_batch_size=None))
         out = HFRollout(model, _config(do_sample=False, response_length=3), plan=plan).generate_sequences(
             _batch(PROMPTS, 8))
     finally:

@@ -21,6 +21,10 @@ value matmul); sdpa/flash keep O(T). With gradient checkpointing only the layer 
 token per layer) is kept, plus one layer recomputed during backward. Logits: the micro-batch
 (tokens x vocab) in compute dtype, plus the float32 log-prob scratch of verl's chunked
 `logprobs_from_logits` and the logits' gradient.
+
+The built-in rollout engine generates `rollout.micro_batch_size` sequences at a time. Its memory
+is linear in that count (`generation_bytes_per_sequence`), so the rollout phase is predicted for
+one such chunk, however large the batch handed to it (a whole validation set, say).
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 LOGPROB_CHUNK_ROWS = 1024        # rows per float32 chunk in verl.utils.torch_functional
 CUDA_CONTEXT_GB = 0.75           # CUDA context + cuBLAS workspace, outside the allocator's count
 ADAM_STEP_SCRATCH = 1.0          # foreach AdamW temporaries, in units of one fp32 shard of params (measured)
+ENGINE_TERMS = ("rollout.kv_cache", "rollout.prefill", "rollout.sampling", "rollout.engine share")
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,15 @@ class MemoryEstimate:
     @property
     def required_gb(self) -> float:
         return self.predicted_peak_gb * (1 + self.fragmentation) + self.context_gb
+
+    def room_gb(self, limit_gb: float) -> float:
+        """The largest phase peak a device of `limit_gb` holds (`required_gb` solved for the peak)."""
+        return (limit_gb - self.context_gb) / (1 + self.fragmentation)
+
+    def rollout_resident_gb(self) -> float:
+        """What stays allocated while generating: everything in the rollout phase except the
+        engine's own memory (its per-sequence terms, or vLLM's share)."""
+        return sum(v for k, v in self.phases["rollout"].terms.items() if k not in ENGINE_TERMS)
 
     def to_dict(self) -> dict:
         out = {name: {k: round(v, 3) for k, v in p.terms.items()} for name, p in self.phases.items()}
@@ -139,27 +153,43 @@ def _vocab_grad_bytes(m: ModelSpec, role: _Role) -> float:
     return vh * (master + (compute if compute != master else 0))
 
 
-def _builtin_rollout(m: ModelSpec, actor: _Role, wl: Workload, rollout: RolloutPlan) -> dict[str, float]:
-    """Generation with a KV cache: the larger of the prefill peak (prompt KV plus one layer's
-    transients over every prompt token) and the end of decoding (full KV, float32 sampling).
+def _generation_terms(m: ModelSpec, actor: RolePlan, rollout: RolloutPlan, prompt_length: int,
+                      response_length: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Bytes the built-in engine adds per generated sequence at its two candidate peaks: the end of
+    prefill (prompt KV plus one layer's transients over the prompt) and the end of decoding (full
+    KV, float32 sampling over the last position's logits).
 
     Prefill transients per token (measured on an H200): 4H*r + 3I*c, plus 4I under autocast,
     with r the residual width (float32 when the weights are) and c the rollout dtype."""
     c = BYTES[rollout.dtype]
-    r = max(c, BYTES[actor.plan.param_dtype])
-    batch, h, inter = wl.rollout_batch_per_gpu, m.hidden_size, m.intermediate_size
+    r = max(c, BYTES[actor.param_dtype])
+    h, inter = m.hidden_size, m.intermediate_size
     kv_per_token = 2 * m.num_layers * m.num_kv_heads * m.head_dim * c
-    autocast = rollout.dtype != actor.plan.param_dtype
-    weights = _compute_copy(m, actor, wl.world_size, rollout.dtype)
+    autocast = rollout.dtype != actor.param_dtype
     per_token = 4 * h * r + 3 * inter * c + (4 * inter if autocast else 0)
     if rollout.attn_implementation == "eager":
-        per_token += m.num_heads * wl.prompt_length * (4 + c)
-    prefill = {"rollout.kv_cache": kv_per_token * batch * wl.prompt_length,
-               "rollout.prefill": batch * wl.prompt_length * per_token}
-    decode = {"rollout.kv_cache": kv_per_token * batch * wl.seq_len,
-              "rollout.sampling": batch * m.vocab_size * 4 * 3}
+        per_token += m.num_heads * prompt_length * (4 + c)
+    prefill = {"rollout.kv_cache": kv_per_token * prompt_length, "rollout.prefill": prompt_length * per_token}
+    decode = {"rollout.kv_cache": kv_per_token * (prompt_length + response_length),
+              "rollout.sampling": m.vocab_size * 4 * 3}
+    return prefill, decode
+
+
+def generation_bytes_per_sequence(m: ModelSpec, actor: RolePlan, rollout: RolloutPlan, prompt_length: int,
+                                  response_length: int) -> float:
+    """Peak bytes one more sequence costs the built-in engine; generation memory is linear in the
+    sequences generated together, so the planner divides free memory by this to size its chunks."""
+    return max(sum(t.values()) for t in _generation_terms(m, actor, rollout, prompt_length, response_length))
+
+
+def _builtin_rollout(m: ModelSpec, actor: _Role, wl: Workload, rollout: RolloutPlan) -> dict[str, float]:
+    """The actor's weights as the engine computes with them, plus one chunk of sequences
+    (`rollout.micro_batch_size` of them, or the whole per-device batch when that is smaller or unset)."""
+    chunk = min(wl.rollout_batch_per_gpu, rollout.micro_batch_size or wl.rollout_batch_per_gpu)
+    prefill, decode = _generation_terms(m, actor.plan, rollout, wl.prompt_length, wl.response_length)
     peak = max((prefill, decode), key=lambda t: sum(t.values()))
-    return {"rollout.weights": weights, **peak}
+    weights = _compute_copy(m, actor, wl.world_size, rollout.dtype)
+    return {"rollout.weights": weights, **{k: v * chunk for k, v in peak.items()}}
 
 
 # ----------------------------------------------------------------------------- roles

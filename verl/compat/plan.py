@@ -39,6 +39,7 @@ class RolloutPlan:
     enforce_eager: bool
     attn_implementation: str
     predicted_peak_gb: float = 0.0
+    micro_batch_size: int | None = None   # most sequences the built-in engine generates at once; None: vLLM schedules
 
 
 @dataclass

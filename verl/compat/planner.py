@@ -12,7 +12,13 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from verl.compat.memory import BYTES, GiB, Workload, estimate_memory
+from verl.compat.memory import (
+    BYTES,
+    GiB,
+    Workload,
+    estimate_memory,
+    generation_bytes_per_sequence,
+)
 from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.profile import DeviceProfile, SoftwareInfo
@@ -22,6 +28,7 @@ _DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "float": "float32", "f3
                 "float16": "float16", "fp16": "float16", "half": "float16", "f16": "float16",
                 "bfloat16": "bfloat16", "bf16": "bfloat16"}
 _ATTN = ("eager", "sdpa", "xformers", "flash_attention_2")
+MAX_ROLLOUT_MICRO_BATCH = 1024   # past this, bigger built-in generate passes gain little and hold the device longer
 
 
 class PlanError(RuntimeError):
@@ -221,7 +228,8 @@ def _decide_role(d: _Decider, config: Any, rc: _RoleConfig, compute_default: str
                     optimizer_offload=False)
 
 
-def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> tuple[RolloutPlan, Any]:
+def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> tuple[RolloutPlan, dict]:
+    """The engine and its dtype; also returns the user's memory settings for the fit to weigh."""
     r = "actor_rollout_ref.rollout"
     asked = _get(config, f"{r}.name")
     usable = d.software.vllm_usable and d.profile.backend != "cpu" and \
@@ -258,8 +266,17 @@ def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> 
     else:
         eager = d.note("rollout.enforce_eager", bool(eager_asked), "set by the user")
     attn = actor_attn if name == "hf" else "vllm"
+    micro = _get(config, f"{r}.micro_batch_size")
+    if micro is not AUTO and (isinstance(micro, bool) or not str(micro).isdigit() or int(micro) < 1):
+        raise PlanError(f"{r}.micro_batch_size={micro} is not a positive whole number of sequences; "
+                        "set it to 1 or more, or leave it unset (auto).")
+    micro = micro if micro is AUTO else int(micro)
+    if name == "vllm":
+        d.note("rollout.micro_batch_size", None, "vLLM schedules its own batches"
+               + (f" ({r}.micro_batch_size is read by the built-in engine only)" if micro is not AUTO else ""))
+    asked = {"gpu_memory_utilization": _get(config, f"{r}.gpu_memory_utilization"), "micro_batch_size": micro}
     return RolloutPlan(name=name, dtype=dtype, gpu_memory_utilization=0.0, enforce_eager=eager,
-                       attn_implementation=attn), _get(config, f"{r}.gpu_memory_utilization")
+                       attn_implementation=attn), asked
 
 
 def _decide_globals(d: _Decider, config: Any) -> dict:
@@ -380,7 +397,8 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     if ref_on:
         roles["ref"] = _decide_role(d, config, roles_cfg["ref"], compute_default)
     d.reasons.pop("compute_dtype")
-    rollout, util_asked = _decide_rollout(d, config, roles["actor"].compute_dtype, roles["actor"].attn_implementation)
+    rollout, rollout_asked = _decide_rollout(d, config, roles["actor"].compute_dtype,
+                                             roles["actor"].attn_implementation)
 
     world = int(_get(config, "trainer.n_gpus_per_node", 1)) * int(_get(config, "trainer.nnodes", 1))
     world = 1 if profile.backend == "cpu" else max(world, 1)
@@ -413,13 +431,18 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
             po, oo = asked_off[name]
             roles[name] = replace(roles[name], gradient_checkpointing=ck is not False,
                                   param_offload=po is True, optimizer_offload=oo is True)
+        util_asked, micro_asked = rollout_asked["gpu_memory_utilization"], rollout_asked["micro_batch_size"]
         rollout.gpu_memory_utilization = float(util_asked) if util_asked is not AUTO else 0.5
+        if rollout.name == "hf":
+            rollout.micro_batch_size = None if micro_asked is AUTO else micro_asked
+            d.note("rollout.micro_batch_size", rollout.micro_batch_size,
+                   "no model config.json given: whole batches" if micro_asked is AUTO else "set by the user")
         d.reasons["memory"] = "no model config.json given: memory not planned, user settings kept"
         plan_kwargs.update(actor=roles["actor"], critic=roles.get("critic"), ref=roles.get("ref"))
         return Plan(reasons=d.reasons, warnings=d.warnings, **plan_kwargs)
 
-    return _fit(d, model, workload, roles, rollout, util_asked, batches, dynamic, budgets, asked_ckpt, asked_off,
-                margin, plan_kwargs)
+    return _fit(d, model, workload, roles, rollout, rollout_asked, batches, dynamic, budgets, asked_ckpt,
+                asked_off, margin, plan_kwargs)
 
 
 def _ladder(asked_off: dict, roles: dict):
@@ -437,26 +460,51 @@ def _ladder(asked_off: dict, roles: dict):
             ("params + optimizer offload", offload(2))]
 
 
-def _fit(d: _Decider, model, workload, roles, rollout, util_asked, batches, dynamic, budgets, asked_ckpt,
+def _chunk_size(fits: int, batch: int, asked: Any, whole: bool) -> int | None:
+    """Sequences per built-in generate pass, given how many fit at once (None: too few fit).
+
+    The user's size when it fits; else the largest power of two that fits (at most
+    MAX_ROLLOUT_MICRO_BATCH), raised to the training batch when that fits whole so a training
+    rollout runs in one pass. `whole` asks for the training batch (or the user's size) to fit
+    in one pass, which the fit tries before settling for chunked training rollouts.
+    """
+    fits = min(fits, MAX_ROLLOUT_MICRO_BATCH)
+    target = min(batch, MAX_ROLLOUT_MICRO_BATCH) if asked is AUTO else min(batch, asked)
+    if fits < (target if whole else 1):
+        return None
+    if asked is not AUTO and asked <= fits:
+        return asked
+    return max(1 << (fits.bit_length() - 1), min(batch, fits))
+
+
+def _fit(d: _Decider, model, workload, roles, rollout, rollout_asked, batches, dynamic, budgets, asked_ckpt,
          asked_off, margin, plan_kwargs) -> Plan:
     profile = d.profile
     limit = profile.memory_gb
+    util_asked, micro_asked = rollout_asked["gpu_memory_utilization"], rollout_asked["micro_batch_size"]
+    per_seq = generation_bytes_per_sequence(model, roles["actor"], rollout, workload.prompt_length,
+                                            workload.response_length) / GiB
 
-    def build(offload, ckpt_on, b, budgets_now, util):
+    def build(offload, ckpt_on, b, budgets_now, util, chunk=None):
         rs = _apply_batches(roles, b, dynamic, budgets_now)
         for name in rs:
             rs[name] = replace(rs[name], gradient_checkpointing=ckpt_on[name], param_offload=offload[name][0],
                                optimizer_offload=offload[name][1])
-        ro = replace(rollout, gpu_memory_utilization=util)
+        ro = replace(rollout, gpu_memory_utilization=util, micro_batch_size=chunk)
         est = estimate_memory(model, workload, rs["actor"], ro, rs.get("critic"), rs.get("ref"),
                               device_memory_gb=limit, backend=profile.backend, fragmentation=margin)
         return rs, ro, est
 
+    def hf_chunk(offload, ckpt_on, b, budgets_now, whole: bool) -> int | None:
+        """The built-in engine's chunk: as many sequences as the memory free while generating holds."""
+        est = build(offload, ckpt_on, b, budgets_now, 0.0, chunk=1)[2]
+        free = est.room_gb(limit) - est.rollout_resident_gb()
+        return _chunk_size(max(int(free // per_seq), 0), workload.rollout_batch_per_gpu, micro_asked, whole)
+
     def vllm_util(offload, ckpt_on, b, budgets_now) -> tuple[float | None, str]:
         """The vLLM share: user's if it fits, else what the other phases leave (None: too little)."""
         est = build(offload, ckpt_on, b, budgets_now, 0.0)[2]
-        rollout_other = est.phases["rollout"].total_gb
-        free = (limit - est.context_gb) / (1 + margin) - rollout_other
+        free = est.room_gb(limit) - est.rollout_resident_gb()
         left = math.floor(100 * free / limit) / 100
         need = _vllm_need_gb(model, workload, rollout.dtype) / limit
         if util_asked is not AUTO:
@@ -477,15 +525,19 @@ def _fit(d: _Decider, model, workload, roles, rollout, util_asked, batches, dyna
     if any(asked_ckpt[n] is AUTO for n in roles):
         ckpt_options.append({n: (asked_ckpt[n] if asked_ckpt[n] is not AUTO else True) for n in roles})
 
-    def attempt(b: _Batch, budgets_now: dict):
+    def attempt(b: _Batch, budgets_now: dict, whole: bool):
         for rung, offload in _ladder(asked_off, roles):
             for ckpt_on in ckpt_options:
-                util, why = 0.0, ""
+                util, why, chunk = 0.0, "", None
                 if rollout.name == "vllm":
                     util, why = vllm_util(offload, ckpt_on, b, budgets_now)
                     if util is None:
                         continue
-                rs, ro, est = build(offload, ckpt_on, b, budgets_now, util)
+                else:
+                    chunk = hf_chunk(offload, ckpt_on, b, budgets_now, whole)
+                    if chunk is None:
+                        continue
+                rs, ro, est = build(offload, ckpt_on, b, budgets_now, util, chunk)
                 if rollout.name != "vllm":
                     engine = sum(v for k, v in est.phases["rollout"].terms.items() if k.startswith("rollout."))
                     util = round(min(engine / limit, 1.0), 3)
@@ -495,17 +547,24 @@ def _fit(d: _Decider, model, workload, roles, rollout, util_asked, batches, dyna
                     return rung, ckpt_on, rs, ro, est, why
         return None
 
-    b, bud = batches, dict(budgets)
-    halvings = 0
-    while True:
-        found = attempt(b, bud)
-        if found is not None:
-            break
-        smaller = _halve(b, bud, dynamic, workload.seq_len)
-        if smaller is None:
-            _raise_shortfall(d, model, workload, roles, rollout, b, bud, dynamic, asked_off, margin, limit)
-        b, bud = smaller
-        halvings += 1
+    def search(whole: bool):
+        """Walk the ladder, halving micro-batches until a rung fits; None at the floor."""
+        b, bud, halvings = batches, dict(budgets), 0
+        while (found := attempt(b, bud, whole)) is None:
+            smaller = _halve(b, bud, dynamic, workload.seq_len)
+            if smaller is None:
+                return None, b, bud, halvings
+            b, bud = smaller
+            halvings += 1
+        return found, b, bud, halvings
+
+    # First keep each training rollout in one pass (offloading for it, as before chunking existed);
+    # the built-in engine may then settle for chunked training rollouts.
+    found, b, bud, halvings = search(whole=True)
+    if found is None and rollout.name == "hf":
+        found, b, bud, halvings = search(whole=False)
+    if found is None:
+        _raise_shortfall(d, model, workload, roles, rollout, b, bud, dynamic, asked_off, margin, limit)
 
     rung, _, rs, ro, est, util_why = found
     for name, rp in rs.items():
@@ -530,6 +589,8 @@ def _fit(d: _Decider, model, workload, roles, rollout, util_asked, batches, dyna
                                   f"gradient accumulation keeps the mini-batch and the math unchanged.")
                 break
     d.note("rollout.gpu_memory_utilization", ro.gpu_memory_utilization, util_why)
+    if ro.name == "hf":
+        _note_chunk(d, ro.micro_batch_size, micro_asked, est, limit, per_seq, workload)
     for name, rp in rs.items():
         phases = [p for k, p in est.phases.items() if k.startswith(name) or (name == "critic" and k == "values")]
         rs[name] = replace(rp, predicted_peak_gb=round(max(p.total_gb for p in phases), 3))
@@ -542,6 +603,21 @@ def _fit(d: _Decider, model, workload, roles, rollout, util_asked, batches, dyna
     plan_kwargs.update(actor=rs["actor"], critic=rs.get("critic"), ref=rs.get("ref"), rollout=ro,
                        predicted_peak_gb=round(est.predicted_peak_gb, 3))
     return Plan(reasons=d.reasons, warnings=d.warnings, memory=memory, **plan_kwargs)
+
+
+def _note_chunk(d: _Decider, chunk: int, asked: Any, est, limit: float, per_seq: float, wl: Workload) -> None:
+    """Reason (or adaptation warning) for the built-in engine's chunk size."""
+    free = est.room_gb(limit) - est.rollout_resident_gb()
+    full = est.rollout_resident_gb() + chunk * per_seq
+    sizing = (f"{free:.2f} GiB free while generating / {per_seq * 1024:.1f} MiB per sequence of {wl.seq_len} "
+              f"tokens (KV cache, prefill transients, sampling); a full pass peaks at {full:.2f} GiB")
+    if asked is AUTO:
+        d.note("rollout.micro_batch_size", chunk, f"{chunk} sequences per pass: {sizing}")
+    elif asked == chunk:
+        d.note("rollout.micro_batch_size", chunk, f"set by the user; {sizing}")
+    else:
+        d.adapt("rollout.micro_batch_size", "actor_rollout_ref.rollout.micro_batch_size", asked, chunk,
+                f"{asked} sequences need {asked * per_seq:.2f} GiB while generating, {free:.2f} GiB are free")
 
 
 def _halve(b: _Batch, budgets: dict, dynamic: bool, seq_len: int):
@@ -567,7 +643,7 @@ def _raise_shortfall(d, model, workload, roles, rollout, b, bud, dynamic, asked_
         for name in rs:
             rs[name] = replace(rs[name], gradient_checkpointing=ck[name], param_offload=offload[name][0],
                                optimizer_offload=offload[name][1])
-        ro = replace(rollout, gpu_memory_utilization=0.0)
+        ro = replace(rollout, gpu_memory_utilization=0.0, micro_batch_size=1)   # the engine can chunk to 1
         if rollout.name == "vllm":
             ro = replace(ro, gpu_memory_utilization=_vllm_need_gb(model, wl, rollout.dtype) / limit)
         return estimate_memory(model, wl, rs["actor"], ro, rs.get("critic"), rs.get("ref"),

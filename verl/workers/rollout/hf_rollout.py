@@ -129,6 +129,9 @@ class HFRollout(BaseRollout):
     are in another dtype, on every device. The engine alone decides this (callers add no autocast of
     their own); `dtype` holds the decision and the actor worker lowers it to float32 when the fp16
     numerics guard rejects the model.
+    Every call is generated `micro_batch_size` rows at a time (the plan's `rollout.micro_batch_size`,
+    sized by the memory model; else the config's; else the whole batch), so a batch of any size, a
+    whole validation set included, peaks at one chunk's memory.
     """
 
     def __init__(self, module: nn.Module, config, plan=None):
@@ -136,10 +139,12 @@ class HFRollout(BaseRollout):
         self.config = config
         self._generator: torch.Generator | None = None
         self.dtype = None
+        self.micro_batch_size = _cfg(config, "micro_batch_size")
         if plan is not None:
             from verl.compat import torch_dtype
 
             self.dtype = torch_dtype(plan.rollout.dtype)
+            self.micro_batch_size = plan.rollout.micro_batch_size or self.micro_batch_size
         forward_params = inspect.signature(_inner_module(module).forward).parameters
         # transformers 5 renamed `past_key_values` to `cache`; follow whichever this model takes.
         self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
@@ -155,15 +160,19 @@ class HFRollout(BaseRollout):
         generator = self._generator_for(meta)
 
         batch_size = len(prompts)
-        micro = int(_cfg(self.config, "micro_batch_size", batch_size) or batch_size)
+        micro = int(self.micro_batch_size or batch_size)
         parts = [prompts] if micro >= batch_size else prompts.split(micro)
+        passes = self._agreed_passes(len(parts))
         outputs = []
         was_training = self.module.training
         self.module.eval()
         try:
             with torch.no_grad(), self._autocast():
-                for part in parts:
-                    outputs.append(self._generate(part, params, response_length, eos_ids, pad_id, generator))
+                for i in range(passes):
+                    if i < len(parts):
+                        outputs.append(self._generate(parts[i], params, response_length, eos_ids, pad_id, generator))
+                    else:  # this rank ran out of rows: a discarded one-row pass keeps the gathers matched
+                        self._generate(parts[-1][:1], params, response_length, eos_ids, pad_id, generator)
         finally:
             self.module.train(was_training)
         return outputs[0] if len(outputs) == 1 else DataProto.concat(outputs)
@@ -267,6 +276,15 @@ class HFRollout(BaseRollout):
         return DataProto.from_dict(
             tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=dict(prompts.meta_info)
         )
+
+    def _agreed_passes(self, passes: int) -> int:
+        """With sharded weights every forward is a collective, so every rank must run as many passes
+        as the busiest one; the dispatcher's chunks may differ by a row, and so may their pass counts."""
+        if not _is_sharded(self.module):
+            return passes
+        count = torch.tensor([passes], dtype=torch.int64, device=self._device())
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        return int(count.item())
 
     @staticmethod
     def _all_finished(finished: torch.Tensor, lockstep: bool) -> bool:
