@@ -277,3 +277,48 @@ def test_xformers_probe_reports_why_it_cannot_run():
     if torch.cuda.is_available() and reason is None:
         pytest.skip("xformers kernels run on this GPU")
     assert isinstance(reason, str) and reason and "\n" not in reason
+
+
+# ----------------------------------------------------------------------------- a simulated GPU with no GPU
+
+SIM_RUN = ["data.train_batch_size=256", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=auto",
+           "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=auto",
+           "critic.ppo_micro_batch_size_per_gpu=auto", "trainer.n_gpus_per_node=1"]
+
+
+def test_training_a_simulated_gpu_on_a_gpu_less_host_fails_before_anything_starts(monkeypatch):
+    """compat.device=p40 without a real GPU: a clear error from build_plan, before Ray or a model."""
+    from verl.compat import SimulationNeedsGPUError
+    from verl.trainer.config_check import load_config
+    from verl.trainer.ppo import task_runner
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(task_runner, "_init_ray", lambda *a: pytest.fail("Ray started"))
+    config = load_config(SIM_RUN + ["compat.device=p40"])
+    with pytest.raises(SimulationNeedsGPUError) as err:
+        task_runner.run_ppo(config)
+    message = str(err.value)
+    assert "compat.device=p40" in message and "this host has no GPU" in message
+    assert "python -m verl.compat --device p40" in message and "drop compat.device" in message
+
+
+def test_env_var_simulation_is_checked_too_and_the_doctor_still_plans(monkeypatch, capsys):
+    from verl import compat
+    from verl.compat.__main__ import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv(detect.ENV_DEVICE, "t4")
+    with pytest.raises(compat.SimulationNeedsGPUError, match="VERL_COMPAT_DEVICE"):
+        compat.build_plan({"compat": {"device": None}})
+    for device in ("p40", "t4", "a100-80gb", "h200", "cpu"):
+        assert main(["--device", device, "--model-spec", "qwen2.5-0.5b", *SIM_RUN]) == 0, device
+        assert f"{device} (simulated)" in capsys.readouterr().out
+
+
+def test_simulation_runs_where_a_gpu_or_only_the_cpu_is_asked(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    detect.check_can_run(detect_profile())                      # the real CPU
+    detect.check_can_run(detect_profile("cpu"))                 # a simulated CPU is the CPU
+    fake_gpu(monkeypatch, "Tesla P100-PCIE-16GB", (6, 0), 16)
+    detect.check_can_run(detect_profile("p40"))                 # a real GPU to simulate on

@@ -34,7 +34,7 @@ def test_importing_compat_does_not_import_transformers():
 
 def test_compat_imports_without_omegaconf():
     """The benchmark hosts carry torch but not omegaconf: the compat package, the planner and the
-    catalog must import there, and a plan must be made from a plain dict."""
+    catalog must import there, and build_plan must plan from a plain dict."""
     code = (
         "import sys\n"
         "class NoOmegaconf:\n"
@@ -43,10 +43,11 @@ def test_compat_imports_without_omegaconf():
         "            raise ModuleNotFoundError(f'No module named {name!r}')\n"
         "sys.meta_path.insert(0, NoOmegaconf())\n"
         "import verl.compat, verl.compat.planner, verl.compat.catalog\n"
-        "from verl.compat.catalog import get_profile\n"
-        "from verl.compat.profile import SoftwareInfo\n"
-        "plan = verl.compat.make_plan(get_profile('t4'), {'trainer': {'n_gpus_per_node': 1}},\n"
-        "                             SoftwareInfo(torch_version='2.4.0'), None)\n"
+        "from verl.compat.model_spec import ModelSpec\n"
+        "model = ModelSpec.from_hf_config({'model_type': 'qwen2', 'hidden_size': 64, 'intermediate_size': 128,\n"
+        "    'num_hidden_layers': 2, 'num_attention_heads': 4, 'num_key_value_heads': 2, 'vocab_size': 256})\n"
+        "config = {'compat': {'device': 't4'}, 'trainer': {'n_gpus_per_node': 1}}\n"
+        "plan = verl.compat.build_plan(config, model=model, to_run=False)\n"
         "print(plan.actor.compute_dtype, 'omegaconf' in sys.modules)\n"
     )
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))

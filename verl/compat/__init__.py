@@ -13,7 +13,9 @@ import logging
 
 from verl.compat.apply import apply_in_process, dtype_name, resolve_config, torch_dtype
 from verl.compat.detect import (
+    SimulationNeedsGPUError,
     UnsupportedDeviceError,
+    check_can_run,
     check_torch_supports,
     detect_profile,
     detect_software,
@@ -27,11 +29,13 @@ __all__ = [
     "Plan",
     "RolePlan",
     "RolloutPlan",
+    "SimulationNeedsGPUError",
     "SoftwareInfo",
     "StrictModeError",
     "UnsupportedDeviceError",
     "apply_in_process",
     "build_plan",
+    "check_can_run",
     "check_torch_supports",
     "detect_profile",
     "detect_software",
@@ -58,10 +62,13 @@ def make_plan(profile, config, software, model) -> Plan:
 
 
 def _select(config, path: str, default=None):
-    from omegaconf import OmegaConf
-
-    value = OmegaConf.select(config, path, default=default, throw_on_missing=False)
-    return default if value is None else value
+    """`config.a.b` from a DictConfig or a plain dict (hosts without omegaconf plan from dicts)."""
+    node = config
+    for key in path.split("."):
+        node = node.get(key) if hasattr(node, "get") else None
+        if node is None:
+            return default
+    return node
 
 
 def model_spec_for(config):
@@ -72,12 +79,15 @@ def model_spec_for(config):
                                      or _select(config, "actor_rollout_ref.model.path"))
 
 
-def build_plan(config, model=None) -> Plan:
+def build_plan(config, model=None, *, to_run: bool = True) -> Plan:
     """Driver side: profile the device (or the one `compat.device` / $VERL_COMPAT_DEVICE names),
     judge the software, read the model's config.json, and plan. Adapted settings are logged as
     warnings, or raise StrictModeError under `compat.strict=true`. `model` (a ModelSpec) replaces
-    reading `actor_rollout_ref.model.path`."""
+    reading `actor_rollout_ref.model.path`. `to_run=False` plans without running (the doctor): a
+    simulated GPU then needs no real one (else SimulationNeedsGPUError, before anything starts)."""
     profile = detect_profile(simulate_name(_select(config, "compat.device")))
+    if to_run:
+        check_can_run(profile)
     software = detect_software(profile)
     check_torch_supports(profile, software)
     plan = make_plan(profile, config, software, model if model is not None else model_spec_for(config))

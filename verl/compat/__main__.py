@@ -79,7 +79,7 @@ def plan_for(overrides: list[str], device: str | None = None, model_spec: str | 
         with open_dict(config):
             config.compat.device = device
     model = _model_spec(model_spec) or compat.model_spec_for(config)
-    return config, model, compat.build_plan(config, model=model)
+    return config, model, compat.build_plan(config, model=model, to_run=False)
 
 
 # How to switch on a role the config leaves off, to show what it would be planned as.

@@ -45,6 +45,10 @@ class UnsupportedDeviceError(RuntimeError):
     """The installed torch has no kernels for this GPU; the message says which build does."""
 
 
+class SimulationNeedsGPUError(RuntimeError):
+    """A simulated GPU was asked for a run on a host without a GPU to simulate it on."""
+
+
 # ----------------------------------------------------------------------------- device
 
 def host_memory_gb() -> tuple[float, float | None]:
@@ -174,6 +178,19 @@ def detect_profile(simulate: str | None = None) -> DeviceProfile:
     free = memory if real.free_memory_gb is None else min(memory, real.free_memory_gb)
     return dataclasses.replace(sim, memory_gb=memory, free_memory_gb=free, count=real.count,
                                host_memory_gb=real.host_memory_gb, simulated=True)
+
+
+def check_can_run(profile: DeviceProfile) -> None:
+    """A simulated GPU profile runs on a real GPU, capped to the simulated memory and kernels. Planning
+    for one works anywhere (the doctor does it); training on a host without a GPU cannot."""
+    if not profile.simulated or profile.backend == "cpu" or torch.cuda.is_available():
+        return
+    name = profile.name
+    raise SimulationNeedsGPUError(
+        f"compat.device={name} (or ${ENV_DEVICE}={name}) simulates a {name} on a real GPU, capped to its "
+        f"memory and kernels, and this host has no GPU. To see the {name} plan here, run "
+        f"`python -m verl.compat --device {name}` with the same overrides; to train on this host's CPU, "
+        f"drop compat.device (and unset {ENV_DEVICE}).")
 
 
 # ----------------------------------------------------------------------------- software
