@@ -36,3 +36,18 @@ def test_unknown_attribute_and_submodules():
     from verl import compat, protocol
 
     assert compat.torch_dtype("fp16") is not None and protocol.DataProto is verl.DataProto
+
+
+def test_upstream_trainer_paths_lead_to_one_definition_each():
+    """verl.trainer.ppo.utils and ray_trainer re-export; nothing is defined twice."""
+    from verl.single_controller import ray as sc_ray
+    from verl.trainer import config_check
+    from verl.trainer.ppo import ray_trainer, utils
+    from verl.utils.dataset import rl_dataset
+
+    assert utils.create_rl_dataset is rl_dataset.create_rl_dataset
+    assert utils.create_rl_sampler is rl_dataset.create_rl_sampler
+    assert utils.need_critic is config_check.need_critic
+    assert utils.need_reference_policy is config_check.need_reference_policy
+    assert ray_trainer.Role is utils.Role and str(utils.Role.ActorRolloutRef) == "actor_rollout_ref"
+    assert ray_trainer.ResourcePoolManager is sc_ray.ResourcePoolManager

@@ -154,6 +154,11 @@ def test_user_registered_manager_is_found():
     assert extra == {} and torch.equal(tensor, torch.full((2, 3), 2.0))
 
 
+def test_compute_reward_takes_a_tensor_from_a_kwargs_function():
+    tensor, extra = compute_reward(None, lambda data, **kwargs: torch.ones(2, 3))
+    assert extra == {} and torch.equal(tensor, torch.ones(2, 3))
+
+
 def test_manager_class_from_a_file(tmp_path):
     path = write(
         tmp_path,

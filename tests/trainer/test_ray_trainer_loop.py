@@ -243,3 +243,30 @@ def test_workers_receive_the_plan_and_compat_numerics_guard(tmp_path, monkeypatc
         assert spec.user_cls is cls
         assert spec.kwargs["numerics_guard"] is guard and spec.kwargs["plan"] is plan
         inspect.signature(cls).bind(*spec.args, **spec.kwargs)   # the constructor takes exactly these
+
+
+def test_an_error_inside_the_reward_function_is_not_retried(tmp_path, monkeypatch):
+    """A TypeError raised by the user's scoring code surfaces as is, after one call."""
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "log.jsonl"))
+    calls = []
+
+    def broken_reward(data, return_dict=False):
+        calls.append(return_dict)
+        return None + 1     # a bug in the user's function
+
+    cfg = make_config(tmp_path, **{"trainer.val_before_train": False, "trainer.test_freq": -1})
+    trainer, _ = make_trainer(cfg, [])
+    trainer.reward_fn = broken_reward
+    with pytest.raises(TypeError, match="NoneType"):
+        trainer.fit()
+    assert calls == [True]
+
+
+def test_a_reward_function_without_return_dict_gives_just_the_tensor(tmp_path, monkeypatch):
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "log.jsonl"))
+    cfg = make_config(tmp_path, **{"trainer.val_before_train": False, "trainer.test_freq": -1,
+                                   "trainer.total_training_steps": 1})
+    trainer, _ = make_trainer(cfg, [])
+    trainer.reward_fn = lambda data: reward_fn(data)
+    trainer.fit()
+    assert read_log(tmp_path / "log.jsonl")[0]["data"]["critic/score/mean"] == pytest.approx(0.5)

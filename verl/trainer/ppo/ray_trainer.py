@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import dataclass, field
-from enum import Enum
 from pprint import pprint
 
 import numpy as np
@@ -25,8 +23,8 @@ from tqdm import tqdm
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import (
     RayClassWithInitArgs,
-    RayResourcePool,
     RayWorkerGroup,
+    ResourcePoolManager,
     create_colocated_worker_cls,
 )
 from verl.trainer.ppo import core_algos
@@ -38,82 +36,15 @@ from verl.trainer.ppo.metric_utils import (
     process_validation_metrics,
     reduce_metrics,
 )
+from verl.trainer.ppo.reward import compute_reward
+from verl.trainer.ppo.utils import Role
 from verl.utils.timer import marked_timer
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking
 
 
-class Role(Enum):
-    """What a worker group does; its string form names the group (and the colocated method prefix)."""
-
-    Actor = 0
-    Rollout = 1
-    ActorRollout = 2
-    Critic = 3
-    RefPolicy = 4
-    RewardModel = 5
-    ActorRolloutRef = 6
-
-    def __str__(self) -> str:
-        return {
-            Role.Actor: "actor",
-            Role.Rollout: "rollout",
-            Role.ActorRollout: "actor_rollout",
-            Role.Critic: "critic",
-            Role.RefPolicy: "ref",
-            Role.RewardModel: "rm",
-            Role.ActorRolloutRef: "actor_rollout_ref",
-        }[self]
-
-
 class TrainingDivergedError(RuntimeError):
     """A loss or training statistic became NaN/inf; continuing would only train on garbage."""
-
-
-@dataclass
-class ResourcePoolManager:
-    """Named pools of devices (GPUs, or CPU worker slots when the plan says CPU) and which role uses which.
-
-    `resource_pool_spec` maps a pool name to devices per node, e.g. {"global_pool": [8, 8]} for two
-    nodes of eight. With `use_gpu=False` each entry counts CPU worker processes instead.
-    """
-
-    resource_pool_spec: dict[str, list[int]]
-    mapping: dict[Role, str]
-    use_gpu: bool = True
-    max_colocate_count: int = 1
-    resource_pool_dict: dict[str, RayResourcePool] = field(default_factory=dict)
-
-    def create_resource_pool(self) -> None:
-        self._check_resource_available()
-        for name, process_on_nodes in self.resource_pool_spec.items():
-            self.resource_pool_dict[name] = RayResourcePool(
-                process_on_nodes=process_on_nodes,
-                use_gpu=self.use_gpu,
-                max_colocate_count=self.max_colocate_count,
-                name_prefix=name,
-            )
-
-    def get_resource_pool(self, role: Role) -> RayResourcePool:
-        return self.resource_pool_dict[self.mapping[role]]
-
-    def get_n_gpus(self) -> int:
-        """Devices (or CPU workers) across all pools: the denominator of perf/throughput."""
-        return sum(n for nodes in self.resource_pool_spec.values() for n in nodes)
-
-    def _check_resource_available(self) -> None:
-        import ray
-
-        kind = "GPU" if self.use_gpu else "CPU"
-        needed = self.get_n_gpus()
-        available = int(ray.cluster_resources().get(kind, 0))
-        if available < needed:
-            unit = "GPUs" if self.use_gpu else "CPU slots for worker processes"
-            raise ValueError(
-                f"The run needs {needed} {unit} (trainer.nnodes x trainer.n_gpus_per_node) but the Ray cluster "
-                f"has {available}. Lower trainer.n_gpus_per_node / trainer.nnodes"
-                + (", or start Ray with more CPUs (ray_kwargs.ray_init.num_cpus)." if not self.use_gpu else ".")
-            )
 
 
 # --------------------------------------------------------------------------- step helpers (pure tensor math)
@@ -202,17 +133,6 @@ def _pop_metrics(output: DataProto) -> dict[str, float]:
                 _printed_notes.add(line)
                 print(f"verl.compat (worker): {line}", flush=True)
     return reduce_metrics(output.meta_info.pop("metrics", {}) or {})
-
-
-def _compute_reward(data: DataProto, reward_fn) -> tuple[torch.Tensor, dict]:
-    """Call a reward manager; it may return a tensor or {"reward_tensor", "reward_extra_info"}."""
-    try:
-        result = reward_fn(data, return_dict=True)
-    except TypeError:
-        result = reward_fn(data)
-    if isinstance(result, dict):
-        return result["reward_tensor"], dict(result.get("reward_extra_info", {}) or {})
-    return result, {}
 
 
 # Metrics that must stay finite. grad_norm is left out on purpose: with fp16 a dynamic loss scaler
@@ -443,7 +363,7 @@ class RayPPOTrainer:
 
         # 2. reward
         with marked_timer("reward", timing_raw):
-            reward_tensor, reward_extra_info = _compute_reward(batch, self.reward_fn)
+            reward_tensor, reward_extra_info = compute_reward(batch, self.reward_fn)
 
         # 3. log-probs of the sampling policy (the PPO ratio's denominator)
         with marked_timer("old_log_prob", timing_raw):
@@ -555,7 +475,7 @@ class RayPPOTrainer:
             output.meta_info.pop("timing", None)
             batch = batch.union(unpad_dataproto(output, pad_size=pad_size))
 
-            reward_tensor, reward_extra_info = _compute_reward(batch, reward_fn)
+            reward_tensor, reward_extra_info = compute_reward(batch, reward_fn)
             scores.extend(reward_tensor.sum(-1).tolist())
             for key, values in reward_extra_info.items():
                 extra_infos.setdefault(key, []).extend(np.asarray(values).tolist())

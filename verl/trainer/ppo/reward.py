@@ -141,4 +141,6 @@ def compute_reward(data, reward_fn) -> tuple[Any, dict[str, list]]:
     if not takes_return_dict:
         return reward_fn(data), {}
     result = reward_fn(data, return_dict=True)
-    return result["reward_tensor"], dict(result.get("reward_extra_info", {}))
+    if not isinstance(result, Mapping):      # a function that takes **kwargs may still return the tensor
+        return result, {}
+    return result["reward_tensor"], dict(result.get("reward_extra_info", {}) or {})

@@ -92,8 +92,10 @@ def build_trainer(config, plan):
     """Everything `RayPPOTrainer` needs, from the config alone."""
     import ray
 
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role
+    from verl.single_controller.ray import ResourcePoolManager
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.reward import load_reward_manager
+    from verl.trainer.ppo.utils import Role, need_critic, need_reference_policy
     from verl.utils.dataset.rl_dataset import (
         collate_fn,
         create_rl_dataset,
@@ -107,16 +109,16 @@ def build_trainer(config, plan):
                                trust_remote_code=model_cfg.get("trust_remote_code", False))
 
     # Roles: actor+rollout (+ref when a KL term needs the reference policy), critic for GAE.
-    needs_ref = bool(config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
-    actor_role = Role.ActorRolloutRef if needs_ref else Role.ActorRollout
+    actor_role = Role.ActorRolloutRef if need_reference_policy(config) else Role.ActorRollout
     role_worker_mapping = {actor_role: ray.remote(ActorRolloutRefWorker)}
-    if _needs_critic(config):
+    if need_critic(config):
         role_worker_mapping[Role.Critic] = ray.remote(CriticWorker)
     pool = "global_pool"
     resource_pool_manager = ResourcePoolManager(
         resource_pool_spec={pool: [config.trainer.n_gpus_per_node] * config.trainer.nnodes},
         mapping={role: pool for role in role_worker_mapping},
         use_gpu=plan.device_type != "cpu",
+        max_colocate_count=1,   # one process per device holds every role (create_colocated_worker_cls)
     )
 
     reward_kwargs = OmegaConf.select(config, "reward_model.reward_kwargs", default=None) or {}
@@ -145,10 +147,3 @@ def build_trainer(config, plan):
         plan=plan,
     )
 
-
-def _needs_critic(config) -> bool:
-    """A critic is built for GAE, or when critic.enable says so explicitly (upstream's rule)."""
-    enable = config.critic.get("enable")
-    if enable is not None:
-        return bool(enable)
-    return config.algorithm.adv_estimator == "gae"
