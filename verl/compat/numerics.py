@@ -1,5 +1,5 @@
-"""The half-precision numerics guard: one forward pass in float32 and one under the planned half
-dtype, on a real batch, before training starts.
+"""The half-precision numerics guard: forward passes in float32 and under the planned half dtype,
+on a few real rows, before training starts.
 
 Device rules say float16 is *fast* on a V100 or T4; they cannot say a given model's activations
 stay inside float16's range (max 65504). A model that overflows trains on garbage, so the worker
@@ -12,6 +12,11 @@ difference exceeds `max_abs` nats, or when the mean exceeds `mean_abs` nats. The
 0.05) sit well above float16's rounding noise on a healthy model (~1e-2 nats on average) and well
 below what an overflowing one produces; a 0.05-nat mean error is a 5% error in the PPO ratio,
 a quarter of the usual 0.2 clip range.
+
+Memory: the first batch a role sees can be the whole validation set (1,319 GSM8K prompts x 256
+tokens x a 152k vocabulary is ~205 GB of float32 logits), so the guard looks at `GUARD_ROWS` rows
+(`guard_sample`), runs them one at a time trimmed to their real tokens, and reduces each row's
+logits to per-token numbers a slice of positions at a time before the next pass.
 """
 from __future__ import annotations
 
@@ -24,61 +29,148 @@ from verl.compat.apply import dtype_name, torch_dtype
 MAX_ABS_NATS = 1.0
 MEAN_ABS_NATS = 0.05
 
+GUARD_ROWS = 4
+"""Rows of the first batch the guard checks. Overflow comes from the weights' scale (a layer whose
+activations exceed 65504 does so on ordinary text), so any real row shows it; four prompts of
+~100-250 tokens give several hundred token pairs, plenty for a stable mean against the 0.05-nat
+limit, while two passes over four rows cost well under one training micro-batch. Rows run one at a
+time, so the guard's memory is that of a one-row forward whatever this number is."""
 
-def _token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """log p(input_ids[:, t+1] | prefix) from logits[:, t], in float32: shape [batch, seq-1]."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+LOGPROB_CHUNK = 128
+"""Positions per log-softmax slice: 128 x a 152k vocabulary x 4 bytes is ~78 MB of float32,
+whatever the sequence length."""
+
+_INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+
+def _has_real_pair(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Per row: does it hold two consecutive real tokens (the only positions the metric compares)?"""
+    valid = attention_mask.bool()
+    return (valid[:, :-1] & valid[:, 1:]).any(dim=-1)
+
+
+def guard_sample(batch: Mapping, rows: int = GUARD_ROWS) -> dict[str, torch.Tensor]:
+    """The first `rows` rows of `batch` that hold real tokens (rows of only padding, or of one
+    token, are skipped: they have nothing to compare), as a dict of the model-input tensors."""
+    usable = _has_real_pair(batch["attention_mask"]).nonzero().flatten()[:rows]
+    if usable.numel() == 0:
+        raise ValueError("The batch has no pair of consecutive real tokens to compare.")
+    index = usable.to(batch["attention_mask"].device)
+    return {k: batch[k][index] for k in _INPUT_KEYS if k in batch.keys() and batch[k] is not None}  # noqa: SIM118
+
+
+def _reduce(logits: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per position, the number of non-finite logits [batch, seq] and, in float32,
+    log p(input_ids[:, t+1] | prefix) from logits[:, t] [batch, seq-1]; computed LOGPROB_CHUNK
+    positions at a time, so no float32 copy of the full-vocabulary logits is ever whole."""
+    batch, seq, _ = logits.shape
+    bad = torch.empty(batch, seq, dtype=torch.long, device=logits.device)
+    logp = torch.empty(batch, seq - 1, dtype=torch.float32, device=logits.device)
+    for start in range(0, seq, LOGPROB_CHUNK):
+        end = min(start + LOGPROB_CHUNK, seq)
+        part = logits[:, start:end].float()
+        bad[:, start:end] = (~torch.isfinite(part)).sum(-1)
+        last = min(end, seq - 1)            # the final position has no next token
+        if last > start:
+            part = part[:, : last - start]
+            nxt = input_ids[:, start + 1 : last + 1].unsqueeze(-1)
+            logp[:, start:last] = part.gather(-1, nxt).squeeze(-1) - torch.logsumexp(part, dim=-1)
+    return bad, logp
+
+
+class _Tally:
+    """What the verdict needs, summed over rows: non-finite counts and per-token log-prob errors."""
+
+    def __init__(self):
+        self.reference_bad = 0
+        self.half_bad = 0
+        self.diffs: list[torch.Tensor] = []
+
+    def add(self, reference, half, attention_mask: torch.Tensor) -> None:
+        """`reference` and `half` are `_reduce` results for the same rows."""
+        valid = attention_mask.bool()
+        self.reference_bad += int(reference[0][valid].sum())
+        self.half_bad += int(half[0][valid].sum())
+        pairs = valid[:, :-1] & valid[:, 1:]
+        self.diffs.append((reference[1] - half[1]).abs()[pairs])
+
+    def verdict(self, dtype: str, max_abs: float, mean_abs: float) -> tuple[bool, str]:
+        if self.reference_bad:
+            raise ValueError("The float32 reference forward itself produced non-finite logits; the "
+                             "model or batch is broken, not the half-precision run.")
+        if self.half_bad:
+            return False, (f"{dtype} forward produced {self.half_bad} non-finite logits on a real batch "
+                           f"(activations overflow {dtype}); using float32")
+        diff = torch.cat(self.diffs) if self.diffs else torch.empty(0)
+        if diff.numel() == 0:
+            raise ValueError("The batch has no pair of consecutive real tokens to compare.")
+        worst, mean = float(diff.max()), float(diff.mean())
+        summary = (f"token log-prob |{dtype} - float32|: max {worst:.3g} nats (limit {max_abs:g}), "
+                   f"mean {mean:.3g} (limit {mean_abs:g}) over {diff.numel()} tokens")
+        if worst > max_abs or mean > mean_abs:
+            return False, f"{summary}; using float32"
+        return True, summary
 
 
 def compare_logits(reference: torch.Tensor, half: torch.Tensor, input_ids: torch.Tensor,
                    attention_mask: torch.Tensor, dtype: str = "float16", *,
                    max_abs: float = MAX_ABS_NATS, mean_abs: float = MEAN_ABS_NATS) -> tuple[bool, str]:
     """Judge half-precision logits against float32 ones for the same batch; (ok, reason)."""
-    valid = attention_mask.bool()
-    if not torch.isfinite(reference[valid]).all():
-        raise ValueError("The float32 reference forward itself produced non-finite logits; the "
-                         "model or batch is broken, not the half-precision run.")
-    bad = int((~torch.isfinite(half[valid])).sum())
-    if bad:
-        return False, (f"{dtype} forward produced {bad} non-finite logits on a real batch "
-                       f"(activations overflow {dtype}); using float32")
-    pairs = valid[:, :-1] & valid[:, 1:]
-    if not pairs.any():
-        raise ValueError("The batch has no pair of consecutive real tokens to compare.")
-    diff = (_token_logprobs(reference, input_ids) - _token_logprobs(half, input_ids)).abs()[pairs]
-    worst, mean = float(diff.max()), float(diff.mean())
-    summary = (f"token log-prob |{dtype} - float32|: max {worst:.3g} nats (limit {max_abs:g}), "
-               f"mean {mean:.3g} (limit {mean_abs:g}) over {int(pairs.sum())} tokens")
-    if worst > max_abs or mean > mean_abs:
-        return False, f"{summary}; using float32"
-    return True, summary
+    tally = _Tally()
+    tally.add(_reduce(reference, input_ids), _reduce(half, input_ids), attention_mask)
+    return tally.verdict(dtype, max_abs, mean_abs)
+
+
+def _real_span(row: Mapping, index: int) -> dict[str, torch.Tensor]:
+    """Row `index` as a batch of one, cut to its first..last real token. Position ids are kept
+    (made from the untrimmed row when absent), so the cut changes no logit at a real token."""
+    mask = row["attention_mask"][index]
+    real = mask.nonzero().flatten()
+    first, last = int(real[0]), int(real[-1]) + 1
+    positions = row.get("position_ids")
+    if positions is None:
+        positions = torch.arange(mask.shape[-1], device=mask.device)
+    else:
+        positions = positions[index]
+    return {
+        "input_ids": row["input_ids"][index, first:last].unsqueeze(0),
+        "attention_mask": mask[first:last].unsqueeze(0),
+        "position_ids": positions[..., first:last].unsqueeze(0),
+    }
 
 
 @torch.no_grad()
 def check_half_precision(model: torch.nn.Module, batch: Mapping, compute_dtype: str | torch.dtype, *,
                          max_abs: float = MAX_ABS_NATS,
                          mean_abs: float = MEAN_ABS_NATS) -> tuple[bool, str]:
-    """Forward `batch` (input_ids, attention_mask, optional position_ids) through `model` in float32
-    and under autocast to `compute_dtype`; (ok, reason). `model` must hold float32 weights (the
-    master copy), otherwise both passes would run in the half dtype and prove nothing."""
+    """Forward each row of `batch` (input_ids, attention_mask, optional position_ids) through `model`
+    in float32 and under autocast to `compute_dtype`; (ok, reason). Two passes per row that holds
+    a real token, so pass `guard_sample(batch)` rather than a whole batch; it runs on the batch's
+    device (the worker's). `model` must hold
+    float32 weights (the master copy), otherwise both passes would run in the half dtype and
+    prove nothing."""
     dtype = torch_dtype(compute_dtype)
     name = dtype_name(dtype)
     params = [p for p in model.parameters() if p.is_floating_point()]
     if any(p.dtype != torch.float32 for p in params):
         raise ValueError("check_half_precision needs the model's float32 master weights; got "
                          f"{sorted({str(p.dtype) for p in params})}.")
-    device = params[0].device
-    inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask", "position_ids")
-              if k in batch.keys() and batch[k] is not None}  # noqa: SIM118 (TensorDict-like batches)
+    rows = {k: batch[k] for k in _INPUT_KEYS if k in batch.keys() and batch[k] is not None}  # noqa: SIM118
+    # The inputs' device, not the weights': offloaded FSDP shards live in host memory between passes.
+    device = rows["input_ids"].device
+    tally = _Tally()
     was_training = model.training
     model.eval()
     try:
-        with torch.autocast(device.type, enabled=False):
-            reference = model(**inputs, use_cache=False).logits
-        with torch.autocast(device.type, dtype=dtype):
-            half = model(**inputs, use_cache=False).logits
+        for index in range(rows["input_ids"].shape[0]):
+            if not bool(rows["attention_mask"][index].any()):
+                continue
+            inputs = _real_span(rows, index)
+            with torch.autocast(device.type, enabled=False):
+                reference = _reduce(model(**inputs, use_cache=False).logits, inputs["input_ids"])
+            with torch.autocast(device.type, dtype=dtype):
+                half = _reduce(model(**inputs, use_cache=False).logits, inputs["input_ids"])
+            tally.add(reference, half, inputs["attention_mask"])
     finally:
         model.train(was_training)
-    return compare_logits(reference, half, inputs["input_ids"], inputs["attention_mask"], name,
-                          max_abs=max_abs, mean_abs=mean_abs)
+    return tally.verdict(name, max_abs, mean_abs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 import torch
+import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from verl.compat import torch_dtype
@@ -19,7 +20,10 @@ from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.base.worker import Worker
 from verl.utils import fsdp_utils
 from verl.utils.model_loading import build_model, load_tokenizer
-from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+from verl.utils.torch_functional import (
+    get_constant_schedule_with_warmup,
+    get_cosine_schedule_with_warmup,
+)
 from verl.workers.actor.dp_actor import DataParallelPPOActor, Precision
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
 
@@ -148,19 +152,51 @@ class _PlannedModel:
         )
 
     def check_numerics(self, module: torch.nn.Module, batch: dict) -> None:
-        """On the first real batch, compare float16 with float32; fall back to float32 if it fails."""
+        """On the first real batch, compare float16 with float32 on a few of its rows (that batch
+        may be the whole validation set); fall back to float32 if it fails."""
         if not self.guard_pending:
             return
         self.guard_pending = False
-        from verl.compat.numerics import check_half_precision
+        from verl.compat import numerics
 
-        ok, reason = check_half_precision(module, batch, self.compute_dtype)
+        sample = _same_row_count_on_every_rank(numerics.guard_sample(batch, numerics.GUARD_ROWS))
+        ok, reason = _agreed_verdict(*numerics.check_half_precision(module, sample, self.compute_dtype),
+                                     sample["input_ids"].device)
         if not ok:
             self.note = f"{self.name}: float16 compute failed the numerics check ({reason}); switched to float32"
             logger.warning(self.note)
             self.compute_dtype = torch.float32
             self.precision.autocast_dtype = None if self.param_dtype == torch.float32 else torch.float32
             self.precision.scaler = None
+
+
+def _ranks() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _same_row_count_on_every_rank(sample: dict) -> dict:
+    """The guard runs two forwards per row and, with sharded weights, every forward is a collective:
+    ranks whose samples are shorter (smaller chunk, padding rows skipped) repeat their rows."""
+    if _ranks() == 1:
+        return sample
+    rows = sample["input_ids"].shape[0]
+    most = torch.tensor([rows], dtype=torch.int64, device=sample["input_ids"].device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    if int(most) == rows:
+        return sample
+    index = torch.arange(int(most), device=most.device) % rows
+    return {k: v[index] for k, v in sample.items()}
+
+
+def _agreed_verdict(ok: bool, reason: str, device: torch.device) -> tuple[bool, str]:
+    """One precision for the whole data-parallel group: if any rank's sample fails, all fall back."""
+    if _ranks() == 1:
+        return ok, reason
+    all_ok = torch.tensor([int(ok)], dtype=torch.int64, device=device)
+    dist.all_reduce(all_ok, op=dist.ReduceOp.MIN)
+    if ok and not int(all_ok):
+        return False, "another data-parallel rank's sample failed the check"
+    return ok, reason
 
 
 def _model_inputs(data: DataProto) -> dict:
@@ -425,4 +461,4 @@ class CriticWorker(Worker):
         return _output(self._meta(metrics))
 
 
-__all__ = ["ActorRolloutRefWorker", "CriticWorker", "ROLES"]
+__all__ = ["ROLES", "ActorRolloutRefWorker", "CriticWorker"]
