@@ -2,8 +2,8 @@
 
 Builds a Qwen2.5-0.5B-shaped model with random weights (no download), plans it for simulated
 devices with `verl.compat.planner.make_plan`, then runs each phase for real on one device in
-the plan's dtypes: generation with a KV cache, no-grad log-probs / values, and actor / critic
-fwd+bwd+AdamW steps (autocast and gradient checkpointing as planned), with every role's
+the plan's dtypes: generation with a KV cache in the plan's rollout chunks, no-grad log-probs /
+values, and actor / critic fwd+bwd+AdamW steps (autocast and gradient checkpointing as planned), with every role's
 persistent state (weights, optimizer) resident or offloaded to the host as the plan says.
 Measurement: `torch.cuda.max_memory_allocated` per phase on CUDA; on CPU (tests) the bytes of
 every tensor storage created while a phase runs, plus the bytes resident at its start.
@@ -204,21 +204,28 @@ def run_forward(model, role_plan, setting, device, critic: bool):
 
 @torch.no_grad()
 def run_generate(model, rollout_plan, n: int, setting, device):
-    """Greedy-free sampling loop with HF's KV cache: prefill, then one token per step."""
-    from transformers import DynamicCache
-
+    """`n` sequences in chunks of `rollout_plan.micro_batch_size` (all at once when unset), as the
+    built-in engine generates them; the memory model's rollout phase is one such chunk."""
     model.eval()        # a checkpointed model in training mode would drop the KV cache
-    ids, mask = batch(n, setting["prompt"], 0, model.config.vocab_size, device)
-    cache = DynamicCache()
+    chunk = min(n, rollout_plan.micro_batch_size or n)
     cast = torch.autocast(device_type=device.type, dtype=torch_dtype(rollout_plan.dtype)) \
         if next(model.parameters()).dtype != torch_dtype(rollout_plan.dtype) else contextlib.nullcontext()
     with cast:
-        out = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        for _ in range(setting["response"]):
-            probs = torch.softmax(out.logits[:, -1].float(), dim=-1)
-            nxt = torch.multinomial(probs, 1)
-            mask = torch.cat([mask, torch.ones_like(nxt)], dim=1)
-            out = model(input_ids=nxt, attention_mask=mask, past_key_values=out.past_key_values, use_cache=True)
+        for start in range(0, n, chunk):
+            _generate_chunk(model, min(chunk, n - start), setting, device)
+
+
+def _generate_chunk(model, rows: int, setting, device) -> None:
+    """Sampling with HF's KV cache: prefill, then one token per step; the cache dies on return."""
+    from transformers import DynamicCache
+
+    ids, mask = batch(rows, setting["prompt"], 0, model.config.vocab_size, device)
+    out = model(input_ids=ids, attention_mask=mask, past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1)
+    for _ in range(setting["response"]):
+        probs = torch.softmax(out.logits[:, -1].float(), dim=-1)
+        nxt = torch.multinomial(probs, 1)
+        mask = torch.cat([mask, torch.ones_like(nxt)], dim=1)
+        out = model(input_ids=nxt, attention_mask=mask, past_key_values=out.past_key_values, use_cache=True)
 
 
 # ----------------------------------------------------------------------------- one case

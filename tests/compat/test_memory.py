@@ -227,3 +227,31 @@ def test_chunked_generation_measured_equals_one_chunk():
     assert whole[0] - weights > 3 * (chunked[0] - weights)          # unchunked: ~4x the generation memory
     for measured, predicted in (alone, chunked, whole):
         assert abs((predicted - weights) - (measured - weights)) <= TOLERANCE * (measured - weights)
+
+
+def test_benchmark_generates_in_the_plans_chunks():
+    """The benchmark's rollout phase runs as the engine does: `micro_batch_size` rows per prefill
+    (the last chunk holds the rest), all rows at once when unset; chunked, it peaks like one chunk."""
+    from types import SimpleNamespace
+
+    model = bench.build_model(TINY, "actor", "sdpa", torch.float32, torch.device("cpu"), False)
+    setting = {"prompt": 32, "response": 4}
+    prefills = []
+    hook = model.register_forward_pre_hook(
+        lambda m, a, kw: prefills.append(kw["input_ids"].shape[0]) if kw["input_ids"].shape[1] > 1 else None,
+        with_kwargs=True)
+
+    def run(n, micro):
+        prefills.clear()
+        plan = SimpleNamespace(dtype="float32", micro_batch_size=micro)
+        peak = bench.measure(lambda: bench.run_generate(model, plan, n, setting, torch.device("cpu")),
+                             torch.device("cpu"), resident=[model])
+        return list(prefills), peak
+
+    try:
+        (five, _), (whole, _), (big, _) = run(5, 2), run(5, None), run(3, 64)
+        (chunked_calls, chunked), (_, alone) = run(8, 2), run(2, None)
+    finally:
+        hook.remove()
+    assert five == [2, 2, 1] and whole == [5] and big == [3] and chunked_calls == [2, 2, 2, 2]
+    assert chunked == pytest.approx(alone, rel=0.02)
