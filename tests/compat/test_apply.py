@@ -264,6 +264,7 @@ def test_resolved_quickstart_config_has_no_auto_left(device):
     fsdp = config.actor_rollout_ref.actor.fsdp_config
     assert (fsdp.dtype, fsdp.model_dtype) == (plan.actor.compute_dtype, plan.actor.param_dtype)
     assert config.actor_rollout_ref.rollout.name == plan.rollout.name
+    assert config.actor_rollout_ref.rollout.micro_batch_size == plan.rollout.micro_batch_size
     assert config.trainer.device == plan.device_type
     assert isinstance(config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, int)
 

@@ -441,3 +441,11 @@ def test_engine_autocasts_to_the_plan_rollout_dtype_on_cpu_too(model):
     assert not any(enabled for enabled, _ in _dtypes_seen(model, "float32"))
     assert not any(enabled for enabled, _ in _dtypes_seen(model, None))
     assert next(model.parameters()).dtype == torch.float32   # autocast only; weights untouched
+
+
+def test_unresolved_auto_micro_batch_means_the_whole_batch():
+    """A config straight from the yaml (`micro_batch_size: auto`, no plan) generates in one piece."""
+    from omegaconf import OmegaConf
+
+    engine = HFRollout(torch.nn.Linear(2, 2), OmegaConf.create({"micro_batch_size": "auto"}))
+    assert engine.micro_batch_size is None

@@ -139,7 +139,9 @@ class HFRollout(BaseRollout):
         self.config = config
         self._generator: torch.Generator | None = None
         self.dtype = None
-        self.micro_batch_size = _cfg(config, "micro_batch_size")
+        # An unresolved `auto` (no plan ran over this config) means the whole batch at once.
+        configured = _cfg(config, "micro_batch_size")
+        self.micro_batch_size = None if configured == "auto" else configured
         if plan is not None:
             from verl.compat import torch_dtype
 
