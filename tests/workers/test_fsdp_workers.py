@@ -290,3 +290,18 @@ def test_world_size_two_matches_world_size_one(model_dir, tmp_path):
     for rank in pair:
         assert rank["metrics"]["actor/grad_norm"] == pytest.approx(single["metrics"]["actor/grad_norm"], rel=1e-5)
     assert len(single["metrics"]["actor/grad_norm"]) == 2   # ppo_epochs=2 over one mini-batch
+
+
+def test_planned_torch_compile_compiles_the_entropy_with_equal_results(model_dir):
+    """plan.torch_compile is what the actor acts on (upstream's use_torch_compile: a compiled entropy);
+    the compiled and eager paths give the same log-probs and entropies."""
+    import dataclasses
+
+    eager = _actor(model_dir)
+    compiled = _actor(model_dir, plan=dataclasses.replace(cpu_plan(model_dir), torch_compile=True))
+    assert compiled.actor._entropy is not eager.actor._entropy
+    data = ppo_batch()
+    a, b = eager.compute_log_prob(data), compiled.compute_log_prob(data)
+    mask = data.batch["response_mask"].bool()
+    torch.testing.assert_close(b.batch["entropys"][mask], a.batch["entropys"][mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(b.batch["old_log_probs"], a.batch["old_log_probs"], atol=0, rtol=0)

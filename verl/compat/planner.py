@@ -301,8 +301,9 @@ def _decide_globals(d: _Decider, config: Any) -> dict:
     elif not d.software.triton_usable:
         blocker = d.software.notes.get("triton", "triton is not installed or not usable on this device")
     if blocker is None:
+        why = "triton usable here: actor and ref compile their entropy over the vocabulary"
         out["torch_compile"] = d.note("torch_compile", True if asked is AUTO else bool(asked),
-                                      "triton usable here" if asked is AUTO else "set by the user")
+                                      why if asked is AUTO else "set by the user")
     elif asked is True:
         out["torch_compile"] = d.adapt("torch_compile", "actor_rollout_ref.actor.use_torch_compile", True,
                                        False, blocker)

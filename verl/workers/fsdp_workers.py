@@ -287,7 +287,8 @@ class ActorRolloutRefWorker(Worker):
             actor_cfg = self.config.actor if self._is_actor else self.config.rollout
             self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.actor_optimizer,
                                               precision=self._actor_model.precision,
-                                              use_remove_padding=self.plan.actor.use_remove_padding)
+                                              use_remove_padding=self.plan.actor.use_remove_padding,
+                                              use_torch_compile=self.plan.torch_compile)
         if self._is_rollout:
             self.rollout = self._build_rollout()
         if self._is_ref:
@@ -295,7 +296,8 @@ class ActorRolloutRefWorker(Worker):
                                             self._numerics_guard)
             self.ref_module = self._load(self._ref_model, train=False)
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module, precision=self._ref_model.precision,
-                                                   use_remove_padding=self._ref_model.role_plan.use_remove_padding)
+                                                   use_remove_padding=self._ref_model.role_plan.use_remove_padding,
+                                                   use_torch_compile=self.plan.torch_compile)
 
     def _build_rollout(self):
         name = self.plan.rollout.name

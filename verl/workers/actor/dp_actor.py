@@ -57,9 +57,12 @@ class DataParallelPPOActor:
     """
 
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer=None, *, precision: Precision,
-                 dp_group=None, use_remove_padding: bool = False):
+                 dp_group=None, use_remove_padding: bool = False, use_torch_compile: bool = False):
         self.config = config
         self.use_remove_padding = use_remove_padding
+        # The plan's torch_compile: the entropy over the vocabulary is the one elementwise-heavy
+        # function here that fuses well (softmax, log-sum-exp and a product in one kernel).
+        self._entropy = torch.compile(entropy_from_logits, dynamic=True) if use_torch_compile else entropy_from_logits
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.precision = precision
@@ -93,7 +96,7 @@ class DataParallelPPOActor:
         if temperature != 1.0:
             logits = logits / temperature
         log_probs = logprobs_from_logits(logits, micro_batch["responses"])
-        entropy = entropy_from_logits(logits) if calculate_entropy else None
+        entropy = self._entropy(logits) if calculate_entropy else None
         return log_probs, entropy
 
     def _forward_packed(self, micro_batch: dict, temperature: float, calculate_entropy: bool):
@@ -110,7 +113,7 @@ class DataParallelPPOActor:
         if temperature != 1.0:
             logits = logits / temperature
         log_probs = unpack(logprobs_from_logits(logits, responses[packed.target]), packed)
-        entropy = unpack(entropy_from_logits(logits), packed) if calculate_entropy else None
+        entropy = unpack(self._entropy(logits), packed) if calculate_entropy else None
         return log_probs, entropy
 
     def _micro_batches(self, tensors: dict, micro_batch_size, use_dynamic_bsz: bool, max_token_len):
