@@ -249,3 +249,42 @@ def test_update_loads_the_optimizer_state_only_around_the_step(model_dir, monkey
     worker.update_actor(data)
     # load to the worker's device, two optimizer steps (two mini-batches), back to host memory
     assert events == [("move", str(worker.device)), ("step",), ("step",), ("move", "cpu")]
+
+
+# ------------------------------------------------------------------------------------ the sm_80+ plan
+
+
+def test_bfloat16_plan_runs_a_whole_ppo_step_with_float32_outputs(model_dir):
+    """The plan an A100/H100/H200 gets (float32 master weights, bfloat16 compute and rollout, ref and
+    critic likewise), run on the CPU: every worker method of a PPO step works and hands back float32
+    log-probs and values; losses stay finite. Autocast on CPU runs the same bf16 code path."""
+    from worker_setup import critic_config
+
+    from verl.workers.fsdp_workers import CriticWorker
+
+    bf16 = role_plan(compute_dtype="bfloat16")
+    plan = cpu_plan(model_dir, actor=bf16, critic=bf16)
+    plan.ref = bf16
+    plan.rollout = dataclasses.replace(plan.rollout, dtype="bfloat16")
+    actor = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir, use_kl_loss=True), role="actor_rollout_ref",
+                                  plan=plan)
+    actor.init_model()
+    critic = CriticWorker(critic_config(model_dir), plan=plan)
+    critic.init_model()
+
+    generated = actor.generate_sequences(_prompts())
+    assert generated.batch["responses"].shape[0] == 4
+    data = ppo_batch()
+    data.batch["old_log_probs"] = actor.compute_log_prob(data).batch["old_log_probs"]
+    data.batch["ref_log_prob"] = actor.compute_ref_log_prob(data).batch["ref_log_prob"]
+    data.batch["values"] = critic.compute_values(data).batch["values"]
+    for key in ("old_log_probs", "ref_log_prob", "values"):
+        assert data.batch[key].dtype == torch.float32, key
+        assert torch.isfinite(data.batch[key]).all(), key
+    actor_metrics = actor.update_actor(data).meta_info["metrics"]
+    critic_metrics = critic.update_critic(data).meta_info["metrics"]
+    for name in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
+        assert all(torch.isfinite(torch.tensor(v)) for v in actor_metrics[name]), name
+    assert all(torch.isfinite(torch.tensor(v)) for v in critic_metrics["critic/vf_loss"])
+    # the master weights stay float32 (bf16 is the compute dtype only)
+    assert {p.dtype for p in actor.actor_module.parameters()} == {torch.float32}
