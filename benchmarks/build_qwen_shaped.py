@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 from pathlib import Path
 
-QWEN25_05B = dict(vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True,
-                  max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from verl.compat.model_spec import BUILTIN_MODELS
+
+# The real checkpoint's shape plus the two numerics fields its config.json sets.
+QWEN25_05B = {**{k: v for k, v in BUILTIN_MODELS["qwen2.5-0.5b"].items() if k != "model_type"},
+              "rope_theta": 1000000.0, "rms_norm_eps": 1e-6}
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from verl.compat.catalog import get_profile
 from verl.compat.memory import GiB
-from verl.compat.model_spec import ModelSpec
+from verl.compat.model_spec import BUILTIN_MODELS, ModelSpec
 from verl.compat.planner import make_plan
 from verl.compat.profile import SoftwareInfo
 from verl.utils.torch_functional import logprobs_from_logits
@@ -38,9 +38,7 @@ from verl.utils.torch_functional import logprobs_from_logits
 def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
-QWEN25_05B = {"vocab_size": 151936, "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
-                  "num_key_value_heads": 2, "intermediate_size": 4864, "tie_word_embeddings": True,
-                  "max_position_embeddings": 32768}
+QWEN25_05B = {k: v for k, v in BUILTIN_MODELS["qwen2.5-0.5b"].items() if k != "model_type"}
 
 SETTINGS = {
     # the field report: batch 1, micro-batch 1, 256 + 256 tokens
