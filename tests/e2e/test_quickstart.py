@@ -15,12 +15,13 @@ Upstream's docs/start/quickstart.rst runs (Qwen2.5-0.5B-Instruct on GSM8K, one G
 
 Here the paths point at a tiny locally built Qwen2 and at the parquet files examples/data_preprocess/gsm8k.py
 writes from ../shared/data/gsm8k; batches and lengths are CPU-sized, the data sets are subsampled
-(data.train_max_samples / val_max_samples), and trainer.total_training_steps=2.
+(data.train_max_samples / val_max_samples), and trainer.total_training_steps=2. Checkpoints (saved at the
+last step, as upstream does with save_freq > 0) go to a temporary trainer.default_local_dir.
 """
 from conftest import console_metrics, run_main_ppo
 
 
-def quickstart_command(data, model) -> list[str]:
+def quickstart_command(data, model, checkpoints) -> list[str]:
     return [
         f"data.train_files={data}/train.parquet",
         f"data.val_files={data}/test.parquet",
@@ -53,6 +54,7 @@ def quickstart_command(data, model) -> list[str]:
         "data.val_max_samples=4",
         "data.filter_overlong_prompts=True",
         "data.dataloader_num_workers=0",
+        f"trainer.default_local_dir={checkpoints}",
     ]
 
 
@@ -80,15 +82,18 @@ def check_run(proc, expect_critic: bool):
     return steps
 
 
-def test_ppo_quickstart_command(gsm8k_data, gsm8k_model):
-    proc, _ = run_main_ppo(quickstart_command(gsm8k_data, gsm8k_model))
+def test_ppo_quickstart_command(gsm8k_data, gsm8k_model, tmp_path):
+    proc, _ = run_main_ppo(quickstart_command(gsm8k_data, gsm8k_model, tmp_path))
     steps = check_run(proc, expect_critic=True)
+    assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "2"
+    for role in ("actor", "critic"):
+        assert (tmp_path / "global_step_2" / role / "model_world_size_1_rank_0.pt").is_file()
     assert "actor/kl_loss" not in steps[1] and "timing_s/ref" not in steps[1]  # no reference model needed
     assert "each holding roles: actor_rollout, critic\n" in proc.stdout
 
 
-def test_grpo_quickstart_command(gsm8k_data, gsm8k_model):
-    overrides = quickstart_command(gsm8k_data, gsm8k_model) + [
+def test_grpo_quickstart_command(gsm8k_data, gsm8k_model, tmp_path):
+    overrides = quickstart_command(gsm8k_data, gsm8k_model, tmp_path) + [
         "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.use_kl_loss=True",
     ]
     proc, _ = run_main_ppo(overrides)

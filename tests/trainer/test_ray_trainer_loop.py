@@ -109,7 +109,8 @@ def make_config(tmp_path, **overrides):
                       "kl_ctrl": {"type": "fixed", "kl_coef": 0.1, "horizon": 10000, "target_kl": 0.1}},
         "trainer": {"total_epochs": 1, "total_training_steps": None, "project_name": "p", "experiment_name": "e",
                     "logger": ["file"], "val_before_train": True, "test_freq": 2, "critic_warmup": 0,
-                    "balance_batch": True, "save_freq": -1},
+                    "balance_batch": True, "save_freq": -1, "resume_mode": "auto",
+                    "default_local_dir": str(tmp_path / "checkpoints")},
     })
     for key, value in overrides.items():
         OmegaConf.update(cfg, key, value)

@@ -19,6 +19,7 @@ from verl.protocol import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.base.worker import Worker
 from verl.utils import fsdp_utils
+from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.model_loading import build_model, load_tokenizer
 from verl.utils.torch_functional import (
     get_constant_schedule_with_warmup,
@@ -199,6 +200,12 @@ def _agreed_verdict(ok: bool, reason: str, device: torch.device) -> tuple[bool, 
     return ok, reason
 
 
+def _checkpoint_manager(planned: _PlannedModel, module, optimizer, scheduler, tokenizer, checkpoint_config):
+    return FSDPCheckpointManager(module, optimizer, scheduler, tokenizer, checkpoint_config,
+                                 scaler=planned.precision.scaler, device_type=planned.device_type,
+                                 optimizer_offload=planned.optimizer_offload)
+
+
 def _model_inputs(data: DataProto) -> dict:
     return {k: data.batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
 
@@ -289,6 +296,10 @@ class ActorRolloutRefWorker(Worker):
                                               precision=self._actor_model.precision,
                                               use_remove_padding=self.plan.actor.use_remove_padding,
                                               use_torch_compile=self.plan.torch_compile)
+            if self._is_actor:
+                self.checkpoint_manager = _checkpoint_manager(self._actor_model, self.actor_module,
+                                                              self.actor_optimizer, self.actor_lr_scheduler,
+                                                              self.tokenizer, self.config.actor.get("checkpoint"))
         if self._is_rollout:
             self.rollout = self._build_rollout()
         if self._is_ref:
@@ -394,6 +405,23 @@ class ActorRolloutRefWorker(Worker):
         return _output(self._meta_with_notes({"metrics": metrics}, self._actor_model))
 
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
+                        max_ckpt_to_keep: int | None = None) -> None:
+        """The actor's model, optimizer and extra state as per-rank shards (see docs/checkpoints.md)."""
+        self._require_actor("save_checkpoint")
+        self.checkpoint_manager.save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False):
+        self._require_actor("load_checkpoint")
+        self.checkpoint_manager.load_checkpoint(local_path, hdfs_path, del_local_after_load)
+
+    def _require_actor(self, method: str) -> None:
+        if not self._is_actor:
+            raise RuntimeError(f"{method}: role {self.role!r} holds no trained weights; checkpoints belong to the actor")
+
+
 # ---------------------------------------------------------------------------------------- critic
 
 
@@ -434,6 +462,9 @@ class CriticWorker(Worker):
         self.critic = DataParallelPPOCritic(self.config, self.critic_module, self.critic_optimizer,
                                             precision=self._critic_model.precision,
                                             use_remove_padding=self.plan.critic.use_remove_padding)
+        self.checkpoint_manager = _checkpoint_manager(self._critic_model, self.critic_module, self.critic_optimizer,
+                                                      self.critic_lr_scheduler, self.tokenizer,
+                                                      self.config.get("checkpoint"))
 
     def _meta(self, metrics: dict) -> dict:
         metrics.update(fsdp_utils.memory_metrics(self.plan.device_type))
@@ -461,6 +492,15 @@ class CriticWorker(Worker):
         metrics["critic/lr"] = self.critic_lr_scheduler.get_last_lr()[0]
         self.critic_lr_scheduler.step()
         return _output(self._meta(metrics))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
+                        max_ckpt_to_keep: int | None = None) -> None:
+        self.checkpoint_manager.save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False):
+        self.checkpoint_manager.load_checkpoint(local_path, hdfs_path, del_local_after_load)
 
 
 __all__ = ["ROLES", "ActorRolloutRefWorker", "CriticWorker"]

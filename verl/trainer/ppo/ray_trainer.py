@@ -11,6 +11,7 @@ only counts devices through the resource pool.
 from __future__ import annotations
 
 import math
+import os
 import uuid
 from pprint import pprint
 
@@ -38,6 +39,14 @@ from verl.trainer.ppo.metric_utils import (
 )
 from verl.trainer.ppo.reward import compute_reward
 from verl.trainer.ppo.utils import Role
+from verl.utils.checkpoint.checkpoint_manager import (
+    find_latest_ckpt_path,
+    prune,
+    step_folder,
+    step_of,
+    write_tracker,
+)
+from verl.utils.dataset.resumable_sampler import ResumableSampler
 from verl.utils.timer import marked_timer
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking
@@ -204,10 +213,12 @@ class RayPPOTrainer:
 
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         num_workers = data.get("dataloader_num_workers", 0)
+        batch_size = data.get("gen_batch_size") or data.train_batch_size
+        self.train_sampler = ResumableSampler(train_sampler, batch_size)
         self.train_dataloader = DataLoader(
             train_dataset,
-            batch_size=data.get("gen_batch_size") or data.train_batch_size,
-            sampler=train_sampler,
+            batch_size=batch_size,
+            sampler=self.train_sampler,
             num_workers=num_workers,
             drop_last=True,
             collate_fn=collate_fn,
@@ -294,9 +305,12 @@ class RayPPOTrainer:
             config=OmegaConf.to_container(config, resolve=True),
         )
         self.global_steps = 0
-        if config.trainer.get("save_freq", -1) > 0:
-            print(f"trainer.save_freq={config.trainer.save_freq}: checkpoint saving is not implemented in this "
-                  "build yet, so no checkpoints will be written.", flush=True)
+        start_epoch, batches_done = self._load_checkpoint()
+        if self.global_steps >= self.total_training_steps:
+            print(f"The checkpoint is at step {self.global_steps} of {self.total_training_steps}: nothing left to "
+                  "train (raise trainer.total_training_steps or total_epochs to continue).", flush=True)
+            logger.finish()
+            return
         try:
             if config.trainer.get("val_before_train", True):
                 val_metrics = self._validate()
@@ -305,10 +319,11 @@ class RayPPOTrainer:
                 if config.trainer.get("val_only", False):
                     return
 
-            progress_bar = tqdm(total=self.total_training_steps, desc="Training Progress")
-            self.global_steps = 1
-            for epoch in range(config.trainer.total_epochs):
-                for batch_dict in self.train_dataloader:
+            progress_bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training Progress")
+            self.global_steps += 1
+            first_batch = batches_done + 1  # the loaded epoch continues after the batches it already trained on
+            for epoch in range(start_epoch, config.trainer.total_epochs):
+                for batches_done, batch_dict in enumerate(self.train_dataloader, start=first_batch):
                     is_last_step = self.global_steps >= self.total_training_steps
                     metrics, timing_raw = {}, {}
                     with marked_timer("step", timing_raw):
@@ -325,16 +340,92 @@ class RayPPOTrainer:
                     if self.plan is not None:
                         metrics["perf/predicted_peak_gb"] = self.plan.predicted_peak_gb
                     logger.log(data=metrics, step=self.global_steps)
-                    self._check_finite(metrics)
+                    self._check_finite(metrics)  # before saving: a diverged step never becomes a checkpoint
+                    save_freq = config.trainer.get("save_freq", -1)
+                    if save_freq > 0 and (is_last_step or self.global_steps % save_freq == 0):
+                        self._save_checkpoint(epoch, batches_done)
 
                     progress_bar.update(1)
                     self.global_steps += 1
                     if is_last_step:
                         progress_bar.close()
                         return
+                first_batch = 1
             progress_bar.close()  # total_training_steps was more than the epochs hold
         finally:
             logger.finish()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _checkpoint_root(self) -> str:
+        trainer = self.config.trainer
+        if trainer.get("default_hdfs_dir") is not None:
+            raise ValueError("trainer.default_hdfs_dir is not supported in this build; set it to null and use "
+                             "trainer.default_local_dir")
+        if not trainer.get("default_local_dir"):
+            raise ValueError("set trainer.default_local_dir (where checkpoints go), or trainer.resume_mode=disable "
+                             "and trainer.save_freq=-1")
+        # absolute, because the worker processes need not share the driver's working directory
+        return os.path.abspath(trainer.default_local_dir)
+
+    def _save_checkpoint(self, epoch: int, batches_done: int) -> None:
+        """Actor, critic, then data.pt, then the tracker: the tracker moves only once all are on disk."""
+        trainer = self.config.trainer
+        root = self._checkpoint_root()
+        folder = step_folder(root, self.global_steps)
+        keep = {"actor": trainer.get("max_actor_ckpt_to_keep"), "critic": trainer.get("max_critic_ckpt_to_keep")}
+        self.actor_rollout_wg.save_checkpoint(os.path.join(folder, "actor"), None, self.global_steps,
+                                              max_ckpt_to_keep=keep["actor"])
+        if self.use_critic:
+            self.critic_wg.save_checkpoint(os.path.join(folder, str(Role.Critic)), None, self.global_steps,
+                                           max_ckpt_to_keep=keep["critic"])
+        data_path = os.path.join(folder, "data.pt")
+        torch.save(self.train_sampler.state_dict(epoch, batches_done), data_path + ".partial")
+        os.replace(data_path + ".partial", data_path)
+        write_tracker(root, self.global_steps)
+        for component, count in keep.items():  # the previous tracked step is no longer protected
+            prune(root, component, count)
+        print(f"Saved checkpoint {folder}", flush=True)
+
+    def _load_checkpoint(self) -> tuple[int, int]:
+        """Restore per trainer.resume_mode; sets global_steps to the checkpoint's step and returns
+        (epoch, batches of it already trained on); the dataloader continues after those."""
+        trainer = self.config.trainer
+        mode = trainer.get("resume_mode", "auto")
+        if mode == "disable":
+            return 0, 0
+        if mode == "auto":
+            folder = find_latest_ckpt_path(self._checkpoint_root())
+            if folder is None:
+                print(f"No checkpoint under {self._checkpoint_root()}: training from scratch", flush=True)
+                return 0, 0
+        elif mode == "resume_path":
+            if not trainer.get("resume_from_path"):
+                raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<dir>/global_step_<N>")
+            folder = os.path.abspath(trainer.resume_from_path)
+        else:
+            raise ValueError(f"trainer.resume_mode must be auto, disable or resume_path, got {mode!r}")
+        step = step_of(folder)
+        parts = [("actor", self.actor_rollout_wg)] + ([(str(Role.Critic), self.critic_wg)] if self.use_critic else [])
+        for name, _ in parts:
+            if not os.path.isdir(os.path.join(folder, name)):
+                raise FileNotFoundError(f"{folder} has no complete {name}/ checkpoint; point "
+                                        "trainer.resume_from_path at another global_step_<N> folder")
+        print(f"Resuming from {folder} (step {step})", flush=True)
+        for name, group in parts:
+            group.load_checkpoint(os.path.join(folder, name),
+                                  del_local_after_load=bool(trainer.get("del_local_ckpt_after_load", False)))
+        self.global_steps = step
+        data_path = os.path.join(folder, "data.pt")
+        if os.path.exists(data_path):
+            state = torch.load(data_path, weights_only=False)
+        else:
+            per_epoch = len(self.train_dataloader)
+            state = {"epoch": step // per_epoch, "batches_done": step % per_epoch}
+            print(f"{data_path} is missing: continuing at epoch {state['epoch']}, batch {state['batches_done'] + 1}, "
+                  "without the sampler's random state", flush=True)
+        self.train_sampler.load_state_dict(state)
+        return int(state["epoch"]), int(state["batches_done"])
 
     def _train_step(self, batch_dict: dict, metrics: dict, timing_raw: dict) -> DataProto:
         """One PPO iteration on one batch of prompts, in upstream's order. Returns the full batch."""

@@ -1,0 +1,141 @@
+"""The trainer's side of checkpoints against scripted worker groups (no Ray, no models): when it saves,
+the on-disk layout, that the tracker moves only after a complete save, that a NaN stop keeps the last
+checkpoint, retention, and that a resumed run trains on exactly the batches the uninterrupted run did.
+"""
+import os
+
+import pytest
+import torch
+from test_ray_trainer_loop import FakeWorkerGroup, collate_fn, make_config, make_dataset, reward_fn
+
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role, TrainingDivergedError
+
+
+class CheckpointingGroup(FakeWorkerGroup):
+    """Writes a marker file per save; can fail a save, or turn the loss NaN, at a chosen step."""
+
+    def __init__(self, calls, fail_save_at=None, nan_at=None):
+        super().__init__(calls)
+        self.fail_save_at, self.nan_at = fail_save_at, nan_at
+        self.step, self.prompts, self.loaded = 0, [], []
+
+    def generate_sequences(self, gen_batch):
+        self.step += 1
+        self.pg_loss = float("nan") if self.step == self.nan_at else 0.5
+        return super().generate_sequences(gen_batch)
+
+    def update_actor(self, batch):
+        self.prompts.append([info["index"] for info in batch.non_tensor_batch["extra_info"]])
+        return super().update_actor(batch)
+
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        if global_step == self.fail_save_at and local_path.endswith("critic"):
+            raise OSError("disk full")
+        os.makedirs(local_path, exist_ok=True)
+        open(os.path.join(local_path, "model_world_size_1_rank_0.pt"), "w").close()
+
+    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
+        self.loaded.append(local_path)
+
+
+def trainer_for(tmp_path, steps, save_freq, **overrides):
+    cfg = make_config(tmp_path, **{"trainer.val_before_train": False, "trainer.test_freq": -1,
+                                   "trainer.total_epochs": 4, "trainer.total_training_steps": steps,
+                                   "trainer.save_freq": save_freq, "trainer.balance_batch": False,
+                                   **overrides})
+    roles = {Role.ActorRollout: object, Role.Critic: object}
+    pool = ResourcePoolManager(resource_pool_spec={"global_pool": [1]}, mapping={r: "global_pool" for r in roles})
+    generator = torch.Generator().manual_seed(7)  # shuffled, as data.shuffle=True makes it
+    trainer = RayPPOTrainer(config=cfg, tokenizer=type("T", (), {"eos_token_id": 9, "pad_token_id": 0})(),
+                            role_worker_mapping=roles, resource_pool_manager=pool, reward_fn=reward_fn,
+                            val_reward_fn=reward_fn, train_dataset=make_dataset(12), val_dataset=make_dataset(3),
+                            collate_fn=collate_fn,
+                            train_sampler=torch.utils.data.RandomSampler(range(12), generator=generator))
+    return trainer
+
+
+def attach(trainer, group):
+    trainer.actor_rollout_wg = trainer.ref_policy_wg = trainer.critic_wg = group
+    return group
+
+
+def tracker(root):
+    return int(open(os.path.join(root, "latest_checkpointed_iteration.txt")).read())
+
+
+@pytest.fixture(autouse=True)
+def _file_log(tmp_path, monkeypatch):
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "log.jsonl"))
+
+
+def test_saves_every_save_freq_and_at_the_last_step_in_upstreams_layout(tmp_path):
+    trainer = trainer_for(tmp_path, steps=5, save_freq=2)
+    attach(trainer, CheckpointingGroup([]))
+    trainer.fit()
+    root = tmp_path / "checkpoints"
+    assert sorted(os.listdir(root)) == ["global_step_2", "global_step_4", "global_step_5",
+                                        "latest_checkpointed_iteration.txt"]
+    assert tracker(root) == 5
+    assert sorted(os.listdir(root / "global_step_4")) == ["actor", "critic", "data.pt"]
+    state = torch.load(root / "global_step_5" / "data.pt", weights_only=False)
+    # 12 prompts / batch 4 = 3 batches per epoch: step 5 is the second batch of the second epoch
+    assert (state["epoch"], state["batches_done"], state["sampler_seed"]) == (1, 2, 7)
+
+
+def test_resumed_run_continues_with_the_next_batch_and_step(tmp_path):
+    full = trainer_for(tmp_path / "full", steps=6, save_freq=-1)
+    full_group = attach(full, CheckpointingGroup([]))
+    full.fit()
+
+    crashed = trainer_for(tmp_path, steps=6, save_freq=2)
+    attach(crashed, CheckpointingGroup([], fail_save_at=4))   # dies while saving step 4
+    with pytest.raises(OSError, match="disk full"):
+        crashed.fit()
+    root = tmp_path / "checkpoints"
+    assert tracker(root) == 2                                  # the half-saved step 4 is not pointed at
+
+    resumed = trainer_for(tmp_path, steps=6, save_freq=2)
+    group = attach(resumed, CheckpointingGroup([]))
+    resumed.fit()
+    assert group.loaded == [str(root / "global_step_2" / "actor"), str(root / "global_step_2" / "critic")]
+    assert group.prompts == full_group.prompts[2:]             # steps 3..6: same batches, same order
+    assert tracker(root) == 6
+
+
+def test_nan_stop_leaves_the_last_checkpoint_intact(tmp_path):
+    trainer = trainer_for(tmp_path, steps=6, save_freq=1)
+    attach(trainer, CheckpointingGroup([], nan_at=3))
+    with pytest.raises(TrainingDivergedError):
+        trainer.fit()
+    root = tmp_path / "checkpoints"
+    assert tracker(root) == 2 and not (root / "global_step_3").exists()
+
+
+def test_retention_keeps_the_newest_checkpoints(tmp_path):
+    trainer = trainer_for(tmp_path, steps=5, save_freq=1, **{"trainer.max_actor_ckpt_to_keep": 2,
+                                                            "trainer.max_critic_ckpt_to_keep": 1})
+    attach(trainer, CheckpointingGroup([]))
+    trainer.fit()
+    root = tmp_path / "checkpoints"
+    assert sorted(p for p in os.listdir(root) if p.startswith("global_step_")) == ["global_step_4", "global_step_5"]
+    assert sorted(os.listdir(root / "global_step_4")) == ["actor", "data.pt"]
+
+
+def test_resume_modes(tmp_path):
+    first = trainer_for(tmp_path, steps=2, save_freq=1)
+    attach(first, CheckpointingGroup([]))
+    first.fit()
+    again = trainer_for(tmp_path, steps=4, save_freq=-1, **{"trainer.resume_mode": "resume_path",
+                                                            "trainer.resume_from_path": str(tmp_path / "checkpoints" / "global_step_1")})
+    group = attach(again, CheckpointingGroup([]))
+    again.fit()
+    assert len(group.prompts) == 3                             # steps 2, 3, 4
+    fresh = trainer_for(tmp_path, steps=2, save_freq=-1, **{"trainer.resume_mode": "disable"})
+    group = attach(fresh, CheckpointingGroup([]))
+    fresh.fit()
+    assert group.loaded == [] and len(group.prompts) == 2
+    bad = trainer_for(tmp_path, steps=2, save_freq=-1, **{"trainer.resume_mode": "resume_path",
+                                                          "trainer.resume_from_path": str(tmp_path)})
+    attach(bad, CheckpointingGroup([]))
+    with pytest.raises(ValueError, match="global_step_"):
+        bad.fit()

@@ -1,0 +1,104 @@
+"""The checkpoint folder layout, shared by the trainer and the workers:
+
+    <root>/latest_checkpointed_iteration.txt      N, written last, so it only ever names a complete step
+    <root>/global_step_<N>/actor/ ... critic/ ... data.pt
+
+Every piece is written under a temporary name and renamed into place once complete, so a crash in
+the middle of a save leaves the previous checkpoint (and the tracker pointing at it) untouched.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+STEP_PREFIX = "global_step_"
+_STEP_DIR = re.compile(rf"^{STEP_PREFIX}(\d+)$")
+PARTIAL_SUFFIX = ".partial"
+
+
+def get_checkpoint_tracker_filename(root_path: str) -> str:
+    return os.path.join(root_path, TRACKER_FILE)
+
+
+def step_folder(root_path: str, step: int) -> str:
+    return os.path.join(root_path, f"{STEP_PREFIX}{step}")
+
+
+def step_of(folder: str) -> int:
+    """The N of a `.../global_step_<N>` path; a clear error for any other path."""
+    match = _STEP_DIR.match(os.path.basename(os.path.normpath(folder)))
+    if match is None:
+        raise ValueError(f"{folder!r} is not a checkpoint folder: its last component must be {STEP_PREFIX}<N>")
+    return int(match.group(1))
+
+
+def find_latest_ckpt_path(root_path: str | None) -> str | None:
+    """The folder the tracker names, or None when there is no tracker or the folder is gone."""
+    step = None if root_path is None else tracked_step(root_path)
+    if step is None:
+        return None
+    folder = step_folder(root_path, step)
+    return folder if os.path.isdir(folder) else None
+
+
+def write_tracker(root_path: str, step: int) -> None:
+    """Point the tracker at `step` (atomically: readers see the old or the new number, never half a file)."""
+    tracker = get_checkpoint_tracker_filename(root_path)
+    tmp = tracker + PARTIAL_SUFFIX
+    with open(tmp, "w") as f:
+        f.write(str(step))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, tracker)
+
+
+def partial_path(path: str) -> str:
+    """Where the pieces of `path` are written before `publish` renames them into place."""
+    return os.path.normpath(path) + PARTIAL_SUFFIX
+
+
+def publish(path: str) -> None:
+    """Move the finished `partial_path(path)` to `path`, replacing an older copy of the same step."""
+    path = os.path.normpath(path)
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.replace(partial_path(path), path)
+
+
+def saved_steps(root_path: str, component: str) -> list[int]:
+    """Steps under `root_path` whose `component` (actor, critic) is complete, oldest first."""
+    if not os.path.isdir(root_path):
+        return []
+    steps = []
+    for name in os.listdir(root_path):
+        match = _STEP_DIR.match(name)
+        if match and os.path.isdir(os.path.join(root_path, name, component)):
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def tracked_step(root_path: str) -> int | None:
+    tracker = get_checkpoint_tracker_filename(root_path)
+    if not os.path.exists(tracker):
+        return None
+    with open(tracker) as f:
+        return int(f.read().strip())
+
+
+def prune(root_path: str, component: str, keep: int | None) -> list[int]:
+    """Delete `component` from all but the newest `keep` steps (None or <= 0 keeps all); returns the steps
+    pruned. The step the tracker names is never pruned: until the tracker moves on, it is the only
+    checkpoint known to be complete. A step folder left with neither actor nor critic goes entirely."""
+    if not keep or keep <= 0:
+        return []
+    protected = tracked_step(root_path)
+    steps = saved_steps(root_path, component)
+    pruned = [s for s in steps[:-keep] if s != protected]
+    for step in pruned:
+        folder = step_folder(root_path, step)
+        shutil.rmtree(os.path.join(folder, component), ignore_errors=True)
+        if not any(os.path.isdir(os.path.join(folder, c)) for c in ("actor", "critic")):
+            shutil.rmtree(folder, ignore_errors=True)
+    return pruned

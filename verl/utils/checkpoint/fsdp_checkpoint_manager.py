@@ -1,0 +1,224 @@
+"""Save and load one FSDP2 worker's training state as per-rank shards (upstream verl's file names).
+
+    model_world_size_<W>_rank_<R>.pt        this rank's local shard of every parameter and buffer
+    optim_world_size_<W>_rank_<R>.pt        the optimizer's state_dict, DTensors as local shards
+    extra_state_world_size_<W>_rank_<R>.pt  LR scheduler, grad scaler and RNG states
+    huggingface/                             config + tokenizer (and the full weights with `hf_model`)
+
+Shards are stored as plain local tensors, not DTensors, so a file depends on nothing but the world
+size; loading copies each shard into the live (already sharded) parameter, which works the same
+with parameters offloaded to host memory. All ranks write into `<path>.partial`; rank 0 renames it
+to `<path>` once every rank has finished, so `<path>` only ever holds a complete save.
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from verl.utils.checkpoint.checkpoint_manager import partial_path, prune, publish, step_of
+
+try:  # public from torch 2.5
+    from torch.distributed.tensor import DTensor
+except ImportError:  # pragma: no cover - torch 2.4
+    from torch.distributed._tensor import DTensor
+
+CONTENTS = ("model", "optimizer", "extra", "hf_model")
+
+
+def _rank_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def _check_contents(contents, key: str) -> set[str]:
+    contents = set(contents or ())
+    unknown = contents - set(CONTENTS)
+    if unknown:
+        raise ValueError(f"checkpoint.{key} has unknown items {sorted(unknown)}; allowed: {list(CONTENTS)}")
+    return contents
+
+
+def _local(value):
+    """A DTensor's local shard (on the host), any other tensor on the host, containers recursively."""
+    if isinstance(value, DTensor):
+        return value.to_local().detach().cpu().clone()
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, dict):
+        return {k: _local(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_local(v) for v in value)
+    return value
+
+
+def rng_state(device_type: str) -> dict:
+    """Host generators under "cpu" (as upstream), the accelerator's (if any) under its device type."""
+    state = {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}
+    if device_type != "cpu":
+        state[device_type] = torch.get_device_module(device_type).get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict, device_type: str) -> None:
+    torch.set_rng_state(state["cpu"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["random"])
+    if device_type != "cpu" and device_type in state:
+        torch.get_device_module(device_type).set_rng_state(state[device_type])
+
+
+class FSDPCheckpointManager:
+    """Checkpoints of one sharded model with its optimizer, LR scheduler and (fp16) grad scaler.
+
+    `checkpoint_config` is the role's `checkpoint` config (save_contents / load_contents).
+    `optimizer_offload` says the optimizer state lives in host memory between updates, so a load
+    puts it back there.
+    """
+
+    def __init__(self, model, optimizer=None, lr_scheduler=None, tokenizer=None, checkpoint_config=None,
+                 scaler=None, device_type: str = "cpu", optimizer_offload: bool = False):
+        self.model = model
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.tokenizer = tokenizer
+        self.scaler = scaler
+        self.device_type = device_type
+        self.optimizer_offload = optimizer_offload
+        config = checkpoint_config or {}
+        self.save_contents = _check_contents(config.get("save_contents", ["model", "optimizer", "extra"]),
+                                             "save_contents")
+        self.load_contents = _check_contents(config.get("load_contents", None) or self.save_contents,
+                                             "load_contents")
+
+    def _file(self, folder: str, kind: str) -> str:
+        rank, world = _rank_world()
+        return os.path.join(folder, f"{kind}_world_size_{world}_rank_{rank}.pt")
+
+    # ------------------------------------------------------------------ save
+
+    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
+                        max_ckpt_to_keep: int | None = None) -> None:
+        """Write this rank's shards to `local_path` (all ranks call it). With `max_ckpt_to_keep`, the same
+        component of older `global_step_<N>` siblings is pruned down to that many."""
+        if hdfs_path is not None:
+            raise NotImplementedError("copying checkpoints to HDFS is not supported; set trainer.default_hdfs_dir=null")
+        rank, _ = _rank_world()
+        tmp = partial_path(local_path)
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # left by a crash in an earlier save
+            os.makedirs(tmp)
+        _barrier()
+        if "model" in self.save_contents:
+            torch.save(_local(self.model.state_dict()), self._file(tmp, "model"))
+        if "optimizer" in self.save_contents and self.optimizer is not None:
+            torch.save(_local(self.optimizer.state_dict()), self._file(tmp, "optim"))
+        if "extra" in self.save_contents:
+            extra = {
+                "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "rng": rng_state(self.device_type),
+                "global_step": global_step,
+            }
+            torch.save(extra, self._file(tmp, "extra_state"))
+        self._save_huggingface(os.path.join(tmp, "huggingface"), rank)
+        _barrier()
+        if rank == 0:
+            publish(local_path)
+            if max_ckpt_to_keep:
+                root = os.path.dirname(os.path.dirname(os.path.normpath(local_path)))
+                step_of(os.path.dirname(os.path.normpath(local_path)))  # retention needs the global_step layout
+                prune(root, os.path.basename(os.path.normpath(local_path)), max_ckpt_to_keep)
+        _barrier()
+
+    def _save_huggingface(self, folder: str, rank: int) -> None:
+        """Config and tokenizer always (rank 0); the full weights, gathered from all ranks, with `hf_model`."""
+        full_state = None
+        if "hf_model" in self.save_contents:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full_state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True,
+                                                                                   cpu_offload=True))
+        if rank != 0:
+            return
+        os.makedirs(folder, exist_ok=True)
+        self.model.config.save_pretrained(folder)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(folder)
+        if full_state is not None:
+            self.model.save_pretrained(folder, state_dict=full_state)
+
+    # ------------------------------------------------------------------ load
+
+    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False):
+        """Restore what `load_contents` names from `local_path` (all ranks call it, same world size)."""
+        if hdfs_path is not None:
+            raise NotImplementedError("loading checkpoints from HDFS is not supported; use a local path")
+        if not os.path.isdir(local_path):
+            raise FileNotFoundError(f"no checkpoint at {local_path}")
+        if "model" in self.load_contents:
+            self._load_model(torch.load(self._existing(local_path, "model"), weights_only=False))
+        if "optimizer" in self.load_contents and self.optimizer is not None:
+            self._load_optimizer(torch.load(self._existing(local_path, "optim"), weights_only=False))
+        if "extra" in self.load_contents:
+            extra = torch.load(self._existing(local_path, "extra_state"), weights_only=False)
+            if self.lr_scheduler is not None and extra.get("lr_scheduler") is not None:
+                self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+            if self.scaler is not None and extra.get("scaler"):
+                self.scaler.load_state_dict(extra["scaler"])
+            if "rng" in extra:
+                set_rng_state(extra["rng"], self.device_type)
+        _barrier()
+        if del_local_after_load and _rank_world()[0] == 0:
+            shutil.rmtree(local_path, ignore_errors=True)
+
+    def _existing(self, folder: str, kind: str) -> str:
+        path = self._file(folder, kind)
+        if not os.path.exists(path):
+            saved = sorted(f for f in os.listdir(folder) if f.startswith(kind + "_world_size_"))
+            raise FileNotFoundError(
+                f"{path} not found (saved: {saved[:4]}...). Shards are per rank: resume with the world size "
+                "the checkpoint was saved with, or leave this item out of checkpoint.load_contents."
+            )
+        return path
+
+    @torch.no_grad()
+    def _load_model(self, saved: dict) -> None:
+        live = self.model.state_dict()
+        missing = sorted(set(live) - set(saved))
+        if missing:
+            raise KeyError(f"the checkpoint lacks {missing[:5]}: it was saved from a different model")
+        for name, tensor in live.items():
+            target = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+            if target.shape != saved[name].shape:
+                raise ValueError(f"{name}: checkpoint shard {tuple(saved[name].shape)} != live shard "
+                                 f"{tuple(target.shape)}; was it saved with another world size or model?")
+            target.copy_(saved[name])
+
+    def _load_optimizer(self, saved: dict) -> None:
+        """Local shards become DTensors laid out like their parameters, then the optimizer loads them."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        state = {}
+        for index, param_state in saved["state"].items():
+            param = params[int(index)]
+            state[index] = {
+                key: DTensor.from_local(value.to(param.to_local().device), param.device_mesh, param.placements,
+                                        shape=param.shape, stride=param.stride(), run_check=False)
+                if isinstance(param, DTensor) and isinstance(value, torch.Tensor) and value.dim() > 0 else value
+                for key, value in param_state.items()
+            }
+        self.optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
+        if self.optimizer_offload:
+            from verl.utils.fsdp_utils import move_optimizer_state
+
+            move_optimizer_state(self.optimizer, "cpu")
