@@ -1,5 +1,6 @@
 """Packaging: the distribution replaces upstream `verl`, ships its configs, and keeps the torch floor low."""
 import ast
+import os
 import re
 import shutil
 import subprocess
@@ -178,27 +179,29 @@ def test_floor_scanner_sees_guarded_and_unguarded_uses():
 @pytest.mark.slow
 def test_installing_over_upstream_leaves_ours_importable(tmp_path):
     """pip install of this project over an environment holding upstream verl 0.9.1."""
+    # the venv alone decides what `import verl` finds: a PYTHONPATH pointing at a checkout would shadow it
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py = str(venv / "bin" / "python")
     pip = [py, "-m", "pip", "install", "-q", "--no-deps"]
-    subprocess.run(pip + ["/tmp/upstream/verl-0.9.1-py3-none-any.whl"], check=True, timeout=300)
+    subprocess.run(pip + ["/tmp/upstream/verl-0.9.1-py3-none-any.whl"], check=True, timeout=300, env=env)
     # upstream's `import verl` needs its dependencies; look at the installed files instead
     probe = ("import importlib.util, importlib.metadata as m, os; d = importlib.util.find_spec('verl')"
              ".submodule_search_locations[0]; print(m.version('verl'), os.path.isdir(os.path.join(d, 'compat')))")
     assert subprocess.run([py, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
-                          timeout=120).stdout.split() == ["0.9.1", "False"]
+                          timeout=120, env=env).stdout.split() == ["0.9.1", "False"]
     src = tmp_path / "src"
     src.mkdir()
     shutil.copy(ROOT / "setup.py", src / "setup.py")
     if (ROOT / "README.md").exists():
         shutil.copy(ROOT / "README.md", src / "README.md")
     shutil.copytree(ROOT / "verl", src / "verl", ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run(pip + [str(src)], check=True, timeout=300)
+    subprocess.run(pip + [str(src)], check=True, timeout=300, env=env)
     out = subprocess.run([py, "-c", probe + "; import verl; print(verl.__version__)"], capture_output=True,
-                         text=True, cwd=tmp_path, timeout=120)
+                         text=True, cwd=tmp_path, timeout=120, env=env)
     assert out.stdout.split() == ["0.9.1.post1", "True", "0.9.1.post1"], out.stderr
     # nothing of upstream's is left behind to shadow ours
     site = subprocess.run([py, "-c", "import verl, os; print(os.path.dirname(verl.__file__))"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120).stdout.strip()
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120, env=env).stdout.strip()
     assert not (Path(site) / "trainer" / "main_ppo_v0.py").exists()
