@@ -136,9 +136,9 @@ class FSDPCheckpointManager:
         if rank == 0:
             publish(local_path)
             if max_ckpt_to_keep:
-                root = os.path.dirname(os.path.dirname(os.path.normpath(local_path)))
-                step_of(os.path.dirname(os.path.normpath(local_path)))  # retention needs the global_step layout
-                prune(root, os.path.basename(os.path.normpath(local_path)), max_ckpt_to_keep)
+                step_dir, component = os.path.split(os.path.normpath(local_path))
+                step_of(step_dir)  # retention counts global_step_<N> siblings: refuse any other layout
+                prune(os.path.dirname(step_dir), component, max_ckpt_to_keep)
         _barrier()
 
     def _save_huggingface(self, folder: str, rank: int) -> None:
