@@ -83,23 +83,26 @@ def test_saves_every_save_freq_and_at_the_last_step_in_upstreams_layout(tmp_path
 
 
 def test_resumed_run_continues_with_the_next_batch_and_step(tmp_path):
-    full = trainer_for(tmp_path / "full", steps=6, save_freq=-1)
+    """3 batches per epoch; the checkpoint at step 4 is inside the second epoch, whose shuffled order
+    comes from the sampler's RNG state saved in data.pt (a freshly seeded sampler would repeat epoch 1's)."""
+    full = trainer_for(tmp_path / "full", steps=8, save_freq=-1)
     full_group = attach(full, CheckpointingGroup([]))
     full.fit()
 
-    crashed = trainer_for(tmp_path, steps=6, save_freq=2)
-    attach(crashed, CheckpointingGroup([], fail_save_at=4))   # dies while saving step 4
+    crashed = trainer_for(tmp_path, steps=8, save_freq=2)
+    attach(crashed, CheckpointingGroup([], fail_save_at=6))   # dies while saving step 6
     with pytest.raises(OSError, match="disk full"):
         crashed.fit()
     root = tmp_path / "checkpoints"
-    assert tracker(root) == 2                                  # the half-saved step 4 is not pointed at
+    assert tracker(root) == 4                                  # the half-saved step 6 is not pointed at
 
-    resumed = trainer_for(tmp_path, steps=6, save_freq=2)
+    resumed = trainer_for(tmp_path, steps=8, save_freq=2)
     group = attach(resumed, CheckpointingGroup([]))
     resumed.fit()
-    assert group.loaded == [str(root / "global_step_2" / "actor"), str(root / "global_step_2" / "critic")]
-    assert group.prompts == full_group.prompts[2:]             # steps 3..6: same batches, same order
-    assert tracker(root) == 6
+    assert group.loaded == [str(root / "global_step_4" / "actor"), str(root / "global_step_4" / "critic")]
+    assert group.prompts == full_group.prompts[4:]             # steps 5..8: same batches, same order
+    assert full_group.prompts[3] != full_group.prompts[0]      # epochs really are shuffled differently
+    assert tracker(root) == 8
 
 
 def test_nan_stop_leaves_the_last_checkpoint_intact(tmp_path):
