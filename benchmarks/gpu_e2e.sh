@@ -15,7 +15,9 @@ common=(data.train_files="$ASSETS/gsm8k/train.parquet" data.val_files="$ASSETS/g
         actor_rollout_ref.actor.optim.lr=1e-6 critic.optim.lr=1e-5 algorithm.kl_ctrl.kl_coef=0.001
         actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.tensor_model_parallel_size=1
         trainer.logger='[console,file]' trainer.val_before_train=False trainer.n_gpus_per_node=1
-        trainer.nnodes=1 trainer.save_freq=10 trainer.test_freq=10 trainer.total_epochs=15)
+        trainer.nnodes=1 trainer.test_freq=10 trainer.total_epochs=15
+        # timings only: no checkpoint writes, and no run resumes from another's checkpoint
+        trainer.save_freq=-1 trainer.resume_mode=disable)
 
 run() {  # name, seconds, overrides...
   local name=$1 secs=$2; shift 2
