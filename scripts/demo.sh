@@ -47,6 +47,7 @@ python -m verl.trainer.main_ppo \
     trainer.n_gpus_per_node=1 \
     trainer.nnodes=1 \
     trainer.save_freq=-1 \
+    trainer.default_local_dir="$WORK/checkpoints" \
     trainer.test_freq=10 \
     trainer.total_epochs=5 \
     "$@" 2>&1 | tee "$WORK/train.log"
