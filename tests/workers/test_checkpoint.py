@@ -10,7 +10,15 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from worker_setup import actor_rollout_ref_config, cpu_plan, critic_config, optim, ppo_batch, tiny_model  # noqa: E402
+from worker_setup import (  # noqa: E402
+    actor_rollout_ref_config,
+    cpu_plan,
+    critic_config,
+    optim,
+    ppo_batch,
+    run_ranks,
+    tiny_model,
+)
 
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path, write_tracker  # noqa: E402
 from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker  # noqa: E402
@@ -86,28 +94,10 @@ def test_actor_round_trip_restores_weights_optimizer_lr_and_rng(model_dir, tmp_p
 
 
 def test_two_gloo_ranks_round_trip(model_dir, tmp_path):
-    from test_fsdp_workers import _free_port
-
-    import subprocess
-
-    port, procs = str(_free_port()), []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(HERE)), os.environ.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "ckpt_runner.py"), model_dir,
-                                       str(tmp_path), str(tmp_path / f"r{rank}.json")],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    for proc in procs:
-        try:
-            log, _ = proc.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail("a rank did not finish within 240 s")
-        assert proc.returncode == 0, log.decode()[-3000:]
     import json
 
+    run_ranks(lambda rank: [os.path.join(HERE, "ckpt_runner.py"), model_dir, str(tmp_path),
+                            str(tmp_path / f"r{rank}.json")], world=2)
     for rank in range(2):
         result = json.loads((tmp_path / f"r{rank}.json").read_text())
         assert result["changed_by_training"] and result["restored"], rank

@@ -6,8 +6,6 @@ or ranks changes only the summation order, so gradients, losses and grad norms a
 """
 import json
 import os
-import socket
-import subprocess
 import sys
 
 import pytest
@@ -20,9 +18,11 @@ from worker_setup import (  # noqa: E402
     RESPONSE_LEN,
     actor_rollout_ref_config,
     cpu_plan,
+    GradRecorder,
     critic_config,
     ppo_batch,
     role_plan,
+    run_ranks,
     tiny_model,
 )
 
@@ -30,7 +30,6 @@ from verl.protocol import DataProto  # noqa: E402
 from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
 
 
 @pytest.fixture(scope="module")
@@ -111,19 +110,6 @@ def test_update_actor_changes_weights_and_reports_upstream_metrics(model_dir):
     assert not torch.allclose(worker.compute_log_prob(data).batch["old_log_probs"], data.batch["old_log_probs"])
 
 
-class _GradRecorder:
-    """Stands in for the optimizer: records the accumulated (full) gradients at each step."""
-
-    def __init__(self, params):
-        self.params = list(params)
-        self.grads = []
-
-    def step(self):
-        self.grads.append([p.grad.full_tensor().clone() for p in self.params])
-
-    def zero_grad(self, set_to_none=True):
-        for p in self.params:
-            p.grad = None
 
 
 @pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
@@ -132,7 +118,7 @@ def test_micro_batching_never_changes_the_gradient(model_dir, loss_agg_mode):
                     grad_clip=1e6)
     data = _with_old_log_probs(worker, ppo_batch())
     actor = worker.actor
-    recorder = _GradRecorder(worker.actor_module.parameters())
+    recorder = GradRecorder(worker.actor_module.parameters())
     actor.actor_optimizer = recorder
     results = {}
     for label, settings in {"whole": dict(ppo_micro_batch_size_per_gpu=8, use_dynamic_bsz=False),
@@ -247,31 +233,9 @@ def test_update_critic_lowers_the_value_loss(model_dir):
 # ------------------------------------------------------------------------------------ world size 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_ranks(model_dir, tmp_path, world: int) -> list[dict]:
-    port = str(_free_port())
-    procs, outs = [], []
-    for rank in range(world):
-        out = tmp_path / f"w{world}_r{rank}.json"
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "dist_runner.py"), model_dir, str(out)],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-        outs.append(out)
-    for proc in procs:
-        try:
-            log, _ = proc.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail("a rank did not finish within 240 s")
-        assert proc.returncode == 0, log.decode()[-3000:]
+    outs = [tmp_path / f"w{world}_r{rank}.json" for rank in range(world)]
+    run_ranks(lambda rank: [os.path.join(HERE, "dist_runner.py"), model_dir, str(outs[rank])], world)
     return [json.loads(o.read_text()) for o in outs]
 
 

@@ -13,6 +13,7 @@ from worker_setup import (
     cpu_plan,
     ppo_batch,
     role_plan,
+    run_ranks,
     tiny_model,
 )
 
@@ -86,29 +87,10 @@ def test_ranks_agree_on_rows_and_verdict(tmp_path):
     """Every forward of sharded weights is a collective, so ranks run the same number of guard rows
     (a shorter sample repeats its rows), and one precision holds for all ranks (any failure wins)."""
     import json
-    import socket
-    import subprocess
 
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                   OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, str(script), str(tmp_path / f"{rank}.json")], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    for proc in procs:
-        try:
-            out, _ = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail("a rank did not finish within 120 s")
-        assert proc.returncode == 0, out.decode()[-2000:]
+    run_ranks(lambda rank: [str(script), str(tmp_path / f"{rank}.json")], world=2, timeout=120)
     first, second = (json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2))
     assert first["ids"] == [0, 1, 2] and second["ids"] == [10, 10, 10]
     assert first["ok"] is False and "another data-parallel rank" in first["reason"]

@@ -11,7 +11,15 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from worker_setup import PROMPT_LEN, actor_rollout_ref_config, cpu_plan, ppo_batch, role_plan, tiny_model  # noqa: E402
+from worker_setup import (  # noqa: E402
+    PROMPT_LEN,
+    GradRecorder,
+    actor_rollout_ref_config,
+    cpu_plan,
+    ppo_batch,
+    role_plan,
+    tiny_model,
+)
 
 from verl.protocol import DataProto  # noqa: E402
 from verl.workers.fsdp_workers import ActorRolloutRefWorker  # noqa: E402
@@ -127,19 +135,6 @@ def test_numerics_guard_false_skips_the_check_and_casts_on_gather(model_dir, mon
 # ------------------------------------------------------------------------------------ gradient checkpointing
 
 
-class _GradRecorder:
-    """Stands in for the optimizer: records the accumulated (full) gradients at each step."""
-
-    def __init__(self, params):
-        self.params = list(params)
-        self.grads = []
-
-    def step(self):
-        self.grads.append([p.grad.full_tensor().clone() for p in self.params])
-
-    def zero_grad(self, set_to_none=True):
-        for p in self.params:
-            p.grad = None
 
 
 def _mlp_forward_calls(worker) -> list:
@@ -157,7 +152,7 @@ def test_gradient_checkpointing_recomputes_and_gives_the_same_gradients(model_di
         assert worker.actor_module.is_gradient_checkpointing is ckpt
         batch = data.select(list(data.batch.keys()))
         batch.batch["old_log_probs"] = worker.compute_log_prob(batch).batch["old_log_probs"]
-        recorder = _GradRecorder(worker.actor_module.parameters())
+        recorder = GradRecorder(worker.actor_module.parameters())
         worker.actor.actor_optimizer = recorder
         calls = _mlp_forward_calls(worker)
         worker.actor.update_policy(batch)

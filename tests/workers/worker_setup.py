@@ -5,6 +5,10 @@ Also imported by `dist_runner.py`, which the two-process test launches as separa
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
+import subprocess
+import sys
 
 import torch
 from omegaconf import OmegaConf
@@ -120,3 +124,47 @@ def ppo_batch(batch_size: int = 8, vocab: int = 60, seed: int = 0) -> DataProto:
         },
         meta_info={"temperature": 1.0},
     )
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_ranks(argv_for_rank, world: int, timeout: float = 240) -> None:
+    """Run `argv_for_rank(rank)` as one process per gloo rank (RANK/WORLD_SIZE/MASTER_* set, the repo
+    on PYTHONPATH). A rank that exits non-zero fails the test with its log; one that outlives
+    `timeout` kills every rank, so a collective that hangs cannot eat the CI budget."""
+    import pytest
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+        procs.append(subprocess.Popen([sys.executable, *argv_for_rank(rank)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    for proc in procs:
+        try:
+            log, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            pytest.fail(f"a rank did not finish within {timeout:.0f} s")
+        assert proc.returncode == 0, log.decode()[-3000:]
+
+
+class GradRecorder:
+    """Stands in for the optimizer: records the accumulated (full) gradients at each step."""
+
+    def __init__(self, params):
+        self.params = list(params)
+        self.grads = []
+
+    def step(self):
+        self.grads.append([p.grad.full_tensor().clone() for p in self.params])
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
