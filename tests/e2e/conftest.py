@@ -74,23 +74,23 @@ def gsm8k_model(tmp_path_factory) -> Path:
                                      vocab_size=1024))
 
 
-@pytest.fixture(scope="session")
-def demo_task(tmp_path_factory):
-    """The demo's task (answer with the digit 7) and its tiny model: (model_dir, train_file, test_file)."""
+def _make_task():
+    """examples/demo/make_task.py, the demo's own task builder (not a package, so imported by path)."""
     sys.path.insert(0, str(REPO_ROOT / "examples" / "demo"))
     try:
         import make_task
     finally:
         sys.path.pop(0)
-    return make_task.build(str(tmp_path_factory.mktemp("demo")), digits="7")
+    return make_task
+
+
+@pytest.fixture(scope="session")
+def demo_task(tmp_path_factory):
+    """The demo's task (answer with the digit 7) and its tiny model: (model_dir, train_file, test_file)."""
+    return _make_task().build(str(tmp_path_factory.mktemp("demo")), digits="7")
 
 
 @pytest.fixture(scope="session")
 def copy_task(tmp_path_factory):
     """The demo task with all ten digits (prompts differ, so greedy answers differ between rows)."""
-    sys.path.insert(0, str(REPO_ROOT / "examples" / "demo"))
-    try:
-        import make_task
-    finally:
-        sys.path.pop(0)
-    return make_task.build(str(tmp_path_factory.mktemp("copy")), digits="0123456789", train_size=64)
+    return _make_task().build(str(tmp_path_factory.mktemp("copy")), digits="0123456789", train_size=64)
