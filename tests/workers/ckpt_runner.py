@@ -20,3 +20,6 @@ if __name__ == "__main__":
     result = perturb_and_restore(sys.argv[1], sys.argv[2])
     with open(sys.argv[3], "w") as f:
         json.dump(result, f)
+    if torch.distributed.is_initialized():      # gloo can abort at exit if the group is left open
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()

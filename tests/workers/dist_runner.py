@@ -34,3 +34,6 @@ if __name__ == "__main__":
     result = run(sys.argv[1])
     with open(sys.argv[2], "w") as f:
         json.dump(result, f)
+    if torch.distributed.is_initialized():      # gloo can abort at exit if the group is left open
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()

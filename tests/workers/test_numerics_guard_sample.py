@@ -80,6 +80,8 @@ sample = {"input_ids": torch.arange(rows).unsqueeze(-1) + 10 * rank, "attention_
 sample = fsdp_workers._same_row_count_on_every_rank(sample)
 ok, reason = fsdp_workers._agreed_verdict(rank == 0, f"rank {rank}'s own reason", torch.device("cpu"))
 json.dump({"ids": sample["input_ids"].flatten().tolist(), "ok": ok, "reason": reason}, open(sys.argv[1], "w"))
+torch.distributed.barrier()
+torch.distributed.destroy_process_group()   # gloo aborts at exit ("terminate called ...") if left open
 """
 
 
