@@ -23,12 +23,13 @@ def read_version() -> str:
     return match.group(1)
 
 
-# torch 2.4: the oldest release that has everything the code uses unguarded (FSDP2 under
-# torch.distributed._composable.fsdp, public in torch.distributed.fsdp from 2.6; the device-generic
-# torch.amp.GradScaler); tests/test_packaging.py scans for newer APIs.
+# torch 2.8: the oldest release on which the whole test suite passes (scripts/test_floor.sh runs it).
+# FSDP2 needs CUDA streams before 2.7 (so it cannot shard on CPU), 2.7 lacks
+# FSDPModule.set_reshard_after_forward and set_force_sum_reduction_for_comms. Pascal and Volta owners
+# get 2.8+ as the cu126 wheels. tests/test_packaging.py scans for APIs newer than the floor.
 # transformers 4.56: from_pretrained(dtype=...) (4.51 brought the AttentionInterface registry).
 INSTALL_REQUIRES = [
-    "torch>=2.4",
+    "torch>=2.8",
     "transformers>=4.56",
     "ray>=2.10",
     "hydra-core>=1.3",

@@ -71,12 +71,35 @@ def fake_cuda(monkeypatch):
                         lambda f, i=None: calls.setdefault("fraction", (f, i)))
     monkeypatch.setattr(torch.backends.cuda, "enable_flash_sdp", lambda on: calls.setdefault("flash", on))
     monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", lambda on: calls.setdefault("cudnn", on))
-    matmul = torch.backends.cuda.matmul
-    saved = (matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision,
-             torch.backends.cudnn.rnn.fp32_precision)
+    saved = _tf32_flags()
     yield calls
-    (matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision,
-     torch.backends.cudnn.rnn.fp32_precision) = saved
+    _restore_tf32_flags(saved)
+
+
+def _tf32_holders():
+    """(object, attribute) pairs that hold the TF32 switches: the precision flags from torch 2.9,
+    the `allow_tf32` pair before that."""
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        return [(torch.backends.cuda.matmul, "fp32_precision"), (torch.backends.cudnn.conv, "fp32_precision"),
+                (torch.backends.cudnn.rnn, "fp32_precision")]
+    return [(torch.backends.cuda.matmul, "allow_tf32"), (torch.backends.cudnn, "allow_tf32")]
+
+
+def _tf32_flags():
+    return [getattr(obj, name) for obj, name in _tf32_holders()]
+
+
+def _restore_tf32_flags(values):
+    for (obj, name), value in zip(_tf32_holders(), values):
+        setattr(obj, name, value)
+
+
+def _tf32_on() -> bool:
+    return all(v in (True, "tf32") for v in _tf32_flags()[:2])
+
+
+def _tf32_off() -> bool:
+    return all(v in (False, "ieee") for v in _tf32_flags()[:2])
 
 
 def test_cpu_plan_touches_no_cuda(monkeypatch):
@@ -90,15 +113,14 @@ def test_simulated_t4_on_a_big_gpu_is_capped_and_loses_tf32_and_flash_sdp(fake_c
     fraction, index = fake_cuda["fraction"]
     assert fraction == pytest.approx(get_profile("t4").memory_gb / 140) and index == 1
     assert fake_cuda["flash"] is False and fake_cuda["cudnn"] is False
-    assert torch.backends.cuda.matmul.fp32_precision == "ieee"
-    assert torch.backends.cudnn.conv.fp32_precision == "ieee"
+    assert _tf32_off()
 
 
 def test_simulated_a100_keeps_flash_sdp_and_tf32_per_plan(fake_cuda):
     apply.apply_in_process(make("a100-40gb", tf32=True))
     assert "flash" not in fake_cuda
     assert fake_cuda["fraction"][0] == pytest.approx(get_profile("a100-40gb").memory_gb / 140)
-    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    assert _tf32_on()
 
 
 def test_real_gpu_is_not_capped(fake_cuda):
@@ -360,7 +382,7 @@ def test_simulated_p40_limits_are_enforced_on_the_real_gpu():
                 torch.empty(int(cap * 0.3), dtype=torch.uint8, device=device)  # would exceed it
         del kept
         assert not torch.backends.cuda.flash_sdp_enabled()
-        assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+        assert _tf32_off()
         q = torch.randn(1, 2, 64, 64, device=device, dtype=torch.float16)
         torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)  # still runs
     finally:

@@ -314,7 +314,9 @@ def _fsdp_rank(rank, world, port, out_dir, eos):
     import os
 
     import torch.distributed as dist
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import fully_shard
+
+    from verl.utils.fsdp_utils import full_params
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -329,14 +331,8 @@ def _fsdp_rank(rank, world, port, out_dir, eos):
 
         sharded = rollout.generate_sequences(batch)  # per-step all-gathers: ranks must stay in lock-step
 
-        units = [m for m in model.modules() if isinstance(m, FSDPModule)]
-        for u in units:  # what the actor worker does: gather once, then each rank stops on its own
-            u.set_reshard_after_forward(False, recurse=False)
-            u.unshard()
-        unsharded = rollout.generate_sequences(batch)
-        for u in units:
-            u.reshard()
-            u.set_reshard_after_forward(True, recurse=False)
+        with full_params(model):  # what the actor worker does: gather once, then each rank stops on its own
+            unsharded = rollout.generate_sequences(batch)
         # uneven rows with micro-batch 1 and sharded weights: rank 1 must idle through rank 0's extra passes
         chunked = HFRollout(model, _config(do_sample=False, response_length=6, micro_batch_size=1))
         uneven = chunked.generate_sequences(_batch(PROMPTS[:3] if rank == 0 else PROMPTS[3:], 8, eos_token_id=eos))

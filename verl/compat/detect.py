@@ -372,8 +372,8 @@ def _which_build(cc: tuple[int, int]) -> str:
         base = {5: "sm_50", 6: "sm_60", 7: "sm_70"}[cc[0]]
         dropped = ("PyTorch 2.8 removed Maxwell and Pascal from its CUDA 12.8/12.9 wheels"
                    if cc[0] < 7 else "recent CUDA 12.8 wheels dropped Volta")
-        return (f"PyTorch's CUDA 12.6 wheels (cu126; also the older cu118/cu121/cu124) include "
-                f"{base}, which runs on {gen} {sm}; {dropped}, and CUDA 13 wheels start at sm_75. "
+        return (f"PyTorch's CUDA 12.6 wheels (cu126, NVIDIA driver >= 525) include {base}, which runs on "
+                f"{gen} {sm}; {dropped}, and CUDA 13 wheels start at sm_75. "
                 f"Install a cu126 build: pip install torch --index-url {TORCH_WHEELS}/cu126")
     return (f"Install a torch build whose torch.cuda.get_arch_list() contains {sm} "
             f"(see https://pytorch.org/get-started/locally/).")

@@ -14,10 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-try:  # public from torch 2.6; the same API lived under _composable since 2.4
-    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
-except ImportError:  # pragma: no cover - depends on the installed torch
-    from torch.distributed._composable.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
 DEFAULT_TIMEOUT_S = 600
 
@@ -93,6 +90,10 @@ def shard_model(
         if type(module).__name__ in layer_names:
             fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)
+    for unit in fsdp_modules(model):
+        # Average gradients as SUM then divide: under AVG, gloo's reduce-scatter sums in torch 2.8
+        # (measured: doubled gradients at world size 2). SUM means the same on every backend.
+        unit.set_force_sum_reduction_for_comms(True)
     return model
 
 

@@ -19,13 +19,9 @@ import shutil
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from verl.utils.checkpoint.checkpoint_manager import partial_path, prune, publish, step_of
-
-try:  # public from torch 2.5
-    from torch.distributed.tensor import DTensor
-except ImportError:  # pragma: no cover - torch 2.4
-    from torch.distributed._tensor import DTensor
 
 CONTENTS = ("model", "optimizer", "extra", "hf_model")
 

@@ -109,10 +109,8 @@ def _is_sharded(module: nn.Module) -> bool:
         return False
     if hasattr(module, "_fsdp_wrapped_module"):
         return True
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # torch < 2.5 keeps it private
-        from torch.distributed._tensor import DTensor
+    from torch.distributed.tensor import DTensor
+
     return any(isinstance(p, DTensor) for p in module.parameters())
 
 
