@@ -16,8 +16,10 @@ QWEN05 = ModelSpec.from_hf_config(transformers.Qwen2Config(
     vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
     intermediate_size=4864, tie_word_embeddings=True, max_position_embeddings=32768))
 PLAIN = SoftwareInfo(torch_version="2.11.0", triton_usable=True)
+# FULL also has a vLLM engine, which this verl does not ship yet: it keeps the planner's vLLM rules tested.
 FULL = SoftwareInfo(torch_version="2.11.0", triton_usable=True, flash_attn_version="2.8", flash_attn_usable=True,
-                    xformers_version="0.0.30", xformers_usable=True, vllm_version="0.11", vllm_usable=True)
+                    xformers_version="0.0.30", xformers_usable=True, vllm_version="0.11", vllm_usable=True,
+                    rollout_engines=("hf", "vllm"))
 NONE = SoftwareInfo(torch_version="2.11.0")
 
 
@@ -193,7 +195,7 @@ TINY = transformers.Qwen2Config(vocab_size=1000, hidden_size=64, num_hidden_laye
     ("actor_rollout_ref__actor__use_torch_compile", True, "p40", "Triton"),
 ])
 def test_impossible_override_is_adapted_with_warning_or_refused_in_strict(key, value, device, needle):
-    software = PLAIN if device != "p40" else dataclasses.replace(PLAIN, vllm_usable=True)
+    software = PLAIN if device != "p40" else dataclasses.replace(PLAIN, vllm_usable=True, rollout_engines=("hf", "vllm"))
     cfg = config(8, 128, 128, 8, 2, 2, **{key: value})
     plan = make_plan(get_profile(device), cfg, software, ModelSpec.from_hf_config(TINY))
     assert any(needle in w and str(value) in w and "using" in w for w in plan.warnings), plan.warnings
@@ -201,6 +203,25 @@ def test_impossible_override_is_adapted_with_warning_or_refused_in_strict(key, v
     strict = config(8, 128, 128, 8, 2, 2, compat__strict=True, **{key: value})
     with pytest.raises(PlanError, match="compat.strict=true"):
         make_plan(get_profile(device), strict, software, ModelSpec.from_hf_config(TINY))
+
+
+@pytest.mark.parametrize("asked", ["auto", "vllm"])
+def test_usable_vllm_without_its_engine_plans_the_built_in_engine(asked):
+    """vLLM installed and fit for an H100 is still not planned while this verl has no vLLM engine."""
+    software = dataclasses.replace(FULL, rollout_engines=("hf",),
+                                   notes={"vllm": "vllm 0.11 supports sm_90"})
+    cfg = config(8, 128, 128, 8, 2, 2, actor_rollout_ref__rollout__name=asked)
+    plan = make_plan(get_profile("h100"), cfg, software, ModelSpec.from_hf_config(TINY))
+    assert plan.rollout.name == "hf"
+    assert "no vLLM rollout engine yet" in plan.reasons["rollout.name"]
+    assert bool(plan.warnings) == (asked == "vllm")     # an explicit vllm is adapted with a warning
+
+
+def test_detected_software_lists_the_engines_the_workers_build():
+    from verl.compat import detect_software
+    from verl.workers.rollout import ENGINES
+
+    assert detect_software(get_profile("cpu")).rollout_engines == tuple(ENGINES) == ("hf",)
 
 
 def test_possible_override_wins():

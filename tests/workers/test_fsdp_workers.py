@@ -157,13 +157,13 @@ def test_mini_batch_must_split_over_ranks_and_micro_batches(model_dir):
                               role="actor", plan=cpu_plan(model_dir))
 
 
-def test_vllm_plan_is_refused_with_a_clear_error(model_dir):
+def test_a_plan_naming_an_engine_the_workers_lack_is_refused(model_dir):
     import dataclasses
 
     plan = cpu_plan(model_dir)
     plan.rollout = dataclasses.replace(plan.rollout, name="vllm")
     worker = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir), role="actor_rollout", plan=plan)
-    with pytest.raises(NotImplementedError, match="rollout.name=hf"):
+    with pytest.raises(ValueError, match=r"'vllm' is not one of this verl's engines \['hf'\]"):
         worker.init_model()
 
 

@@ -232,10 +232,13 @@ def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> 
     """The engine and its dtype; also returns the user's memory settings for the fit to weigh."""
     r = "actor_rollout_ref.rollout"
     asked = _get(config, f"{r}.name")
-    usable = d.software.vllm_usable and d.profile.backend != "cpu" and \
+    engine_built = "vllm" in d.software.rollout_engines
+    usable = engine_built and d.software.vllm_usable and d.profile.backend != "cpu" and \
         (d.profile.backend != "cuda" or d.cc >= (7, 0))
     why_not = d.software.notes.get("vllm", "vllm is not installed or does not support this device/dtype")
-    if d.software.vllm_usable and not usable:
+    if d.software.vllm_usable and not engine_built:
+        why_not = f"{why_not}, but this verl has no vLLM rollout engine yet"
+    elif d.software.vllm_usable and not usable:
         why_not = f"vLLM does not support {_cc(d.profile)} (it needs compute capability >= 7.0)"
     if asked is AUTO:
         name = d.note("rollout.name", "vllm" if usable else "hf",

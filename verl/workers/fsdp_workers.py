@@ -311,15 +311,13 @@ class ActorRolloutRefWorker(Worker):
                                                    use_torch_compile=self.plan.torch_compile)
 
     def _build_rollout(self):
-        name = self.plan.rollout.name
-        if name != "hf":
-            raise NotImplementedError(
-                f"rollout engine {name!r} is not built into these workers yet; the compat planner should have "
-                "chosen the built-in engine ('hf'). Set actor_rollout_ref.rollout.name=hf."
-            )
-        from verl.workers.rollout.hf_rollout import HFRollout
+        from verl.workers.rollout import ENGINES
 
-        return HFRollout(self.actor_module, self.config.rollout, plan=self.plan)
+        name = self.plan.rollout.name
+        if name not in ENGINES:  # the planner picks only listed engines; a hand-made plan can still miss
+            raise ValueError(f"rollout engine {name!r} is not one of this verl's engines {sorted(ENGINES)}; "
+                             "set actor_rollout_ref.rollout.name to one of them (or auto)")
+        return ENGINES[name](self.actor_module, self.config.rollout, plan=self.plan)
 
     def _perf_metrics(self) -> dict:
         metrics = fsdp_utils.memory_metrics(self.plan.device_type)
