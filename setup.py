@@ -28,6 +28,9 @@ def read_version() -> str:
 # FSDPModule.set_reshard_after_forward and set_force_sum_reduction_for_comms. Pascal and Volta owners
 # get 2.8+ as the cu126 wheels. tests/test_packaging.py scans for APIs newer than the floor.
 # transformers 4.56: from_pretrained(dtype=...) (4.51 brought the AttentionInterface registry).
+# pyarrow 21: the first whose permissive concat_tables merges struct columns whose fields come in another
+# order (a parquet and a jsonl file of the same data). tqdm 4.62: what datasets 2.14 needs. The other
+# floors are the oldest releases scripts/test_floor.sh resolved and passed with.
 INSTALL_REQUIRES = [
     "torch>=2.8",
     "transformers>=4.56",
@@ -37,15 +40,18 @@ INSTALL_REQUIRES = [
     "datasets>=2.14",
     "numpy>=1.24",
     "pandas>=1.5",
-    "pyarrow>=12",
-    "tqdm>=4.60",
+    "pyarrow>=21",
+    "tqdm>=4.62",
 ]
 
 EXTRAS_REQUIRE = {
     # Fast rollout engine; used only where the compat plan finds it installed and supported.
-    "vllm": ["vllm>=0.8.5"],
+    # (0.10.2 is the first vLLM built on torch 2.8, the floor; it pins torch exactly, so install the
+    # vLLM that matches your torch.)
+    "vllm": ["vllm>=0.10.2"],
     # Memory-efficient attention kernels for GPUs below sm_80 (registered through AttentionInterface).
-    "xformers": ["xformers>=0.0.28"],
+    # (0.0.32 is the first built on torch 2.8; each xformers release pins one torch release.)
+    "xformers": ["xformers>=0.0.32"],
     "tensorboard": ["tensorboard"],
     "wandb": ["wandb"],
     "test": ["pytest>=7", "pytest-timeout>=2"],

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Run the whole suite on the oldest torch and transformers that setup.py accepts, in ./.venv-floor.
-# This is how the floors are known to hold; CI runs the suite on the pinned current torch only.
-# PyPI's torch wheels for these releases are CUDA builds (about 3 GB with their nvidia-* packages);
-# they run the suite on CPU all the same. Extra arguments go to pytest.
+# Run the whole suite with every core dependency at the oldest release setup.py accepts, in
+# ./.venv-floor: `pkg>=A.B` is installed as the newest A.B.x. This is how the floors are known to hold;
+# CI runs the suite on current releases only. PyPI's torch wheels are CUDA builds (about 3 GB with
+# their nvidia-* packages); they run the suite on CPU all the same. Extra arguments go to pytest.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-floor() { sed -n "s/^ *\"$1>=\([0-9.]*\)\",.*/\1/p" "$ROOT/setup.py"; }
-TORCH_FLOOR="$(floor torch)"
-TRANSFORMERS_FLOOR="$(floor transformers)"
-[ -n "$TORCH_FLOOR" ] && [ -n "$TRANSFORMERS_FLOOR" ] || { echo "cannot read the floors from setup.py" >&2; exit 1; }
-echo "[test_floor] torch ~= $TORCH_FLOOR.0, transformers ~= $TRANSFORMERS_FLOOR.0"
+PINS="$("${PYTHON:-python3}" - "$ROOT/setup.py" <<'PY'
+import re, sys
+block = re.search(r"INSTALL_REQUIRES = \[(.*?)\]", open(sys.argv[1]).read(), re.S).group(1)
+for name, version in re.findall(r'"([A-Za-z0-9_.-]+)>=([0-9.]+)"', block):
+    parts = version.split(".")
+    print(f"{name}~={version}.0" if len(parts) == 2 else f"{name}~={parts[0]}.0")
+PY
+)"
+[ -n "$PINS" ] || { echo "cannot read the floors from setup.py" >&2; exit 1; }
+echo "[test_floor] pins:" $PINS
 export VERL_VENV="${VERL_VENV:-$ROOT/.venv-floor}"
-export VERL_TORCH_SPEC="torch~=$TORCH_FLOOR.0"
-export VERL_PIN_SPECS="transformers~=$TRANSFORMERS_FLOOR.0 torch~=$TORCH_FLOOR.0"
+export VERL_TORCH_SPEC="$(echo "$PINS" | grep '^torch~=')"
+export VERL_PIN_SPECS="$(echo $PINS)"
 exec bash "$ROOT/scripts/run_tests.sh" "$@"

@@ -94,8 +94,19 @@ def load_hub() -> dict[str, pd.DataFrame]:
     return {split: dataset[split].to_pandas() for split in SPLITS}
 
 
+# Spelled out so the struct fields keep upstream's order: pyarrow 14-23 (measured) sort inferred struct fields.
+SCHEMA = pa.schema([
+    ("data_source", pa.string()),
+    ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+    ("ability", pa.string()),
+    ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+    ("extra_info", pa.struct([("split", pa.string()), ("index", pa.int64()), ("answer", pa.string()),
+                              ("question", pa.string())])),
+])
+
+
 def write_parquet(rows: list[dict], path: str) -> None:
-    pq.write_table(pa.Table.from_pylist(rows), path)
+    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path)
 
 
 
