@@ -13,6 +13,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from test_checkpoint import perturb_and_restore  # noqa: E402
+from worker_setup import close_process_group  # noqa: E402
 
 
 if __name__ == "__main__":
@@ -20,6 +21,4 @@ if __name__ == "__main__":
     result = perturb_and_restore(sys.argv[1], sys.argv[2])
     with open(sys.argv[3], "w") as f:
         json.dump(result, f)
-    if torch.distributed.is_initialized():      # gloo can abort at exit if the group is left open
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    close_process_group()

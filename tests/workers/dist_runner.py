@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from worker_setup import actor_rollout_ref_config, cpu_plan, ppo_batch  # noqa: E402
+from worker_setup import actor_rollout_ref_config, close_process_group, cpu_plan, ppo_batch  # noqa: E402
 
 from verl.workers.fsdp_workers import ActorRolloutRefWorker  # noqa: E402
 
@@ -34,6 +34,4 @@ if __name__ == "__main__":
     result = run(sys.argv[1])
     with open(sys.argv[2], "w") as f:
         json.dump(result, f)
-    if torch.distributed.is_initialized():      # gloo can abort at exit if the group is left open
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    close_process_group()

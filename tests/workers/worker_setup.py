@@ -129,6 +129,16 @@ def ppo_batch(batch_size: int = 8, vocab: int = 60, seed: int = 0) -> DataProto:
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def close_process_group() -> None:
+    """End a rank script: a gloo group still open at interpreter exit can abort the process
+    ("terminate called without an active exception"), which run_ranks reports as a failed rank."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def run_ranks(argv_for_rank, world: int, timeout: float = 240) -> None:
     """Run `argv_for_rank(rank)` as one process per gloo rank (RANK/WORLD_SIZE/MASTER_* set, the repo
     on PYTHONPATH). A rank that exits non-zero fails the test with its log; one that outlives
