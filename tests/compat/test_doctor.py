@@ -114,6 +114,16 @@ def test_missing_model_config_is_a_clear_error(capsys):
     assert "config.json" in captured.err and "--model-spec" in captured.err
 
 
+def test_without_a_plannable_config_the_device_is_still_shown(capsys):
+    """`python -m verl.compat` with upstream's defaults (no micro-batch sizes) cannot plan, but it still
+    answers what the machine is and which kernels it has, then says what the config lacks."""
+    assert main(["--device", "p40"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out.startswith("verl.compat device") and "p40 (simulated)" in captured.out
+    assert "vllm:" in captured.out and "sm_61" in captured.out
+    assert "no plan for this config" in captured.err and "ppo_micro_batch_size_per_gpu" in captured.err
+
+
 def test_unknown_device_and_unknown_key_are_errors(capsys):
     assert main(["--device", "p4000", "--model-spec", "qwen2.5-0.5b", *QUICKSTART]) == 2
     assert "Valid names" in capsys.readouterr().err

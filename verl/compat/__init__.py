@@ -40,6 +40,7 @@ __all__ = [
     "detect_profile",
     "detect_software",
     "dtype_name",
+    "format_device",
     "format_plan",
     "make_plan",
     "model_spec_for",
@@ -116,12 +117,17 @@ def _device_line(p: DeviceProfile) -> str:
             f"tf32 {_yes(p.tf32)}; host RAM {p.host_memory_gb:.1f} GiB")
 
 
+def format_device(profile: DeviceProfile, software: SoftwareInfo) -> list[str]:
+    """The device line and the software verdicts: what holds whatever the config says."""
+    lines = [f"  device    {_device_line(profile)}"]
+    for key, note in software.notes.items():
+        lines.append(f"  {'software' if key == 'torch' else '':9s} {key}: {note}")
+    return lines
+
+
 def format_plan(plan: Plan) -> str:
     """The human-readable plan: device, software verdicts, one row per role, then the reasons."""
-    lines = ["verl.compat plan", f"  device    {_device_line(plan.device)}"]
-    sw = plan.software
-    for key, note in sw.notes.items():
-        lines.append(f"  {'software' if key == 'torch' else '':9s} {key}: {note}")
+    lines = ["verl.compat plan", *format_device(plan.device, plan.software)]
     head = (f"  {'role':8s} {'params':9s} {'compute':9s} {'scaler':6s} {'attention':17s} "
             f"{'rm_pad':6s} {'ckpt':4s} {'offload p/o':11s} {'micro':5s} {'peak GiB':>8s}")
     lines += ["", head]

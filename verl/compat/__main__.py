@@ -117,18 +117,31 @@ def _text_report(plan) -> str:
     return compat.format_plan(plan) + (f"\n\n{memory}" if memory else "")
 
 
+def _device_report(device: str | None) -> str | None:
+    """The device and its software verdicts, which need no config; None if detection itself fails."""
+    from verl import compat
+
+    try:
+        profile = compat.detect_profile(compat.simulate_name(device))
+        return "\n".join(["verl.compat device", *compat.format_device(profile, compat.detect_software(profile))])
+    except (ValueError, RuntimeError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args, overrides = _parse(sys.argv[1:] if argv is None else argv)
     try:
         with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
             config, model, plan = plan_for(overrides, args.device, args.model_spec)
             report = doctor_json(config, model, plan) if args.json else _text_report(plan)
-    except FileNotFoundError as err:
-        print(f"error: {err} Or give the doctor the model's shape: --model-spec NAME|FILE.",
-              file=sys.stderr)
-        return 2
-    except (ValueError, RuntimeError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (FileNotFoundError, ValueError, RuntimeError) as err:
+        # Without a plan the device and software verdicts still answer "what can this machine do?".
+        device = None if args.json else _device_report(args.device)
+        if device:
+            print(device + "\n")
+        hint = " Or give the doctor the model's shape: --model-spec NAME|FILE." \
+            if isinstance(err, FileNotFoundError) else ""
+        print(f"error: no plan for this config:\n{err}{hint}", file=sys.stderr)
         return 2
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else report)
     return 0
