@@ -215,6 +215,28 @@ def test_param_offload_on_an_accelerator_plan_shards_with_a_cpu_offload_policy(m
     assert policies == [None, None, None]
 
 
+def test_every_fsdp_unit_reduces_gradients_as_sum_then_divide(model_dir, monkeypatch):
+    """Under ReduceOp.AVG, gloo's reduce-scatter sums on torch <= 2.8 (two CPU ranks got twice the
+    gradient); SUM-then-divide is right on every backend, so every unit must be switched to it."""
+    from transformers import AutoModelForCausalLM
+
+    from verl.utils import fsdp_utils
+
+    calls = []
+    real = fsdp_utils.FSDPModule.set_force_sum_reduction_for_comms
+
+    def spy(self, enable):
+        calls.append(enable)
+        return real(self, enable)
+
+    monkeypatch.setattr(fsdp_utils.FSDPModule, "set_force_sum_reduction_for_comms", spy)
+    fsdp_utils.init_distributed("gloo")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    fsdp_utils.shard_model(model, param_dtype=torch.float32, compute_dtype=torch.float32,
+                           cast_params_for_compute=True, param_offload=False, device_type="cpu")
+    assert calls == [True] * len(fsdp_utils.fsdp_modules(model)) == [True] * 3   # 2 layers + root
+
+
 def test_move_optimizer_state_moves_every_state_tensor():
     from verl.utils.fsdp_utils import move_optimizer_state
 
