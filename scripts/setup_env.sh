@@ -5,8 +5,8 @@
 # torch is pinned to the CPU wheel pip finds on these machines (2.13.0); an unpinned torch pulls a
 # multi-GB CUDA build. On a GPU machine, install the torch build for your CUDA first and set
 # VERL_TORCH_SPEC to it (e.g. VERL_TORCH_SPEC="torch==2.8.0"), or VERL_TORCH_SPEC=skip to keep yours.
-# VERL_PIN_SPECS (space-separated requirement specs) holds other packages at chosen versions; the
-# floor check (scripts/test_floor.sh) uses it for transformers.
+# VERL_PIN_SPECS (space-separated requirement specs) holds packages at chosen versions; the floor
+# check (scripts/test_floor.sh) pins every core dependency to its floor through it.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

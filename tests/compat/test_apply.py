@@ -77,8 +77,8 @@ def fake_cuda(monkeypatch):
 
 
 def _tf32_holders():
-    """(object, attribute) pairs that hold the TF32 switches: the precision flags from torch 2.9,
-    the `allow_tf32` pair before that."""
+    """(object, attribute) pairs that hold the TF32 switches: the newer precision flags where this
+    torch has them (2.13 does, the 2.8 floor does not), else the `allow_tf32` pair."""
     if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
         return [(torch.backends.cuda.matmul, "fp32_precision"), (torch.backends.cudnn.conv, "fp32_precision"),
                 (torch.backends.cudnn.rnn, "fp32_precision")]

@@ -71,6 +71,8 @@ def test_guard_on_a_sample_still_catches_an_overflow(model_dir):
 RANK_SCRIPT = """
 import json, sys
 import torch
+sys.path.insert(0, WORKER_SETUP_DIR)
+from worker_setup import close_process_group
 from verl.utils import fsdp_utils
 from verl.workers import fsdp_workers
 
@@ -80,8 +82,7 @@ sample = {"input_ids": torch.arange(rows).unsqueeze(-1) + 10 * rank, "attention_
 sample = fsdp_workers._same_row_count_on_every_rank(sample)
 ok, reason = fsdp_workers._agreed_verdict(rank == 0, f"rank {rank}'s own reason", torch.device("cpu"))
 json.dump({"ids": sample["input_ids"].flatten().tolist(), "ok": ok, "reason": reason}, open(sys.argv[1], "w"))
-torch.distributed.barrier()
-torch.distributed.destroy_process_group()   # gloo aborts at exit ("terminate called ...") if left open
+close_process_group()
 """
 
 
@@ -91,7 +92,7 @@ def test_ranks_agree_on_rows_and_verdict(tmp_path):
     import json
 
     script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
+    script.write_text(RANK_SCRIPT.replace("WORKER_SETUP_DIR", repr(os.path.dirname(os.path.abspath(__file__)))))
     run_ranks(lambda rank: [str(script), str(tmp_path / f"{rank}.json")], world=2, timeout=120)
     first, second = (json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2))
     assert first["ids"] == [0, 1, 2] and second["ids"] == [10, 10, 10]
