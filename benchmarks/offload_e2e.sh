@@ -17,7 +17,7 @@ OUT="${OUT:-./gpu_out}"; mkdir -p "$OUT"
 ASSETS="${ASSETS:-.gpu-assets}"
 MODEL=/tmp/qwen05b-random
 CKPT=/tmp/offload_e2e_ckpt          # not under $OUT: 0.5B actor + critic with optimizer state is ~12 GB
-STEPS="${STEPS:-8}" RUN_TIMEOUT="${RUN_TIMEOUT:-270}" RESUME_TIMEOUT="${RESUME_TIMEOUT:-120}"
+STEPS="${STEPS:-8}" RUN_TIMEOUT="${RUN_TIMEOUT:-270}" RESUME_TIMEOUT="${RESUME_TIMEOUT:-150}"
 PARALLEL="${PARALLEL:-1}" ONLY="${ONLY:-}"
 # Seven Ray clusters at once: keep each object store small (the default takes 30% of host RAM apiece).
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
@@ -54,26 +54,40 @@ wanted() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
 start() {  # name, seconds, overrides...: in the background (PARALLEL=1) or now
   wanted "$1" || return 0
   echo "start $1"
-  if [ "$PARALLEL" = 1 ]; then run "$@" & else run "$@"; fi
+  if [ "$PARALLEL" = 1 ]; then run "$@" & pids+=($!); else run "$@"; fi
 }
+pids=()
+wait_runs() { [ ${#pids[@]} -eq 0 ] || wait "${pids[@]}"; pids=(); }   # not the memory sampler
+
+# The whole machine's host memory in use (MemTotal - MemAvailable), sampled every 2 s; its peak covers all
+# runs together (each run's own peak is its workers' perf/cpu_memory_used_gb).
+( peak=0; while :; do
+    used=$(awk '/MemTotal/{t=$2} /MemAvailable/{a=$2} END{print t-a}' /proc/meminfo)
+    [ "$used" -gt "$peak" ] && peak=$used && echo "$peak" > "$OUT/host_used_peak_kb"
+    sleep 2; done ) &
+sampler=$!
 
 t0=$(date +%s)
 for dev in p40 t4 v100-16gb; do
   start "${dev}_manual" "$RUN_TIMEOUT" compat.device="$dev" trainer.total_training_steps="$STEPS" "${no_ckpt[@]}" "${manual[@]}"
-  start "${dev}_auto" "$RUN_TIMEOUT" compat.device="$dev" trainer.total_training_steps="$STEPS" "${no_ckpt[@]}"
 done
 start p40_manual_ref_ckpt "$RUN_TIMEOUT" compat.device=p40 trainer.total_training_steps="$STEPS" "${manual[@]}" \
   "${with_ref[@]}" trainer.save_freq=4 trainer.resume_mode=disable
-wait
+[ "$PARALLEL" = 1 ] && sleep 15   # stagger the model loads (each holds a full host copy for a moment)
+for dev in p40 t4 v100-16gb; do
+  start "${dev}_auto" "$RUN_TIMEOUT" compat.device="$dev" trainer.total_training_steps="$STEPS" "${no_ckpt[@]}"
+done
+wait_runs
 start p40_manual_ref_resume "$RESUME_TIMEOUT" compat.device=p40 trainer.total_training_steps=$((STEPS + 2)) \
   "${manual[@]}" "${with_ref[@]}" trainer.save_freq=-1 trainer.resume_mode=auto
-wait
+wait_runs
+kill "$sampler" 2>/dev/null
 echo "wall: $(( $(date +%s) - t0 )) s"
 
 for rc in "$OUT"/*.rc; do
   name=$(basename "$rc" .rc)
   echo "--- $name: exit $(cat "$rc")"
-  grep -E "Traceback|Error|error:|resum|checkpoint" "$OUT/$name.log" | grep -v "^\s*$" | tail -6
+  grep -E "Traceback|Error|Resuming from|Saved checkpoint|No checkpoint" "$OUT/$name.log" | grep -v "^\s*$" | tail -6
   [ -s "$OUT/$name.jsonl" ] && python3 benchmarks/summarize_run.py "$OUT/$name.jsonl" --name "$name" \
     --json "$OUT/$name.summary.json" > /dev/null
 done

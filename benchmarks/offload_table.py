@@ -5,7 +5,8 @@ how many times slower the manual offload is than the plan's own choice.
     python benchmarks/offload_table.py OUT_DIR [--json OUT.json]
 
 Reads OUT_DIR/<run>.rc, <run>.log and <run>.summary.json (benchmarks/summarize_run.py); a run that
-logged no step still gets its row, with its exit status.
+logged no step still gets its row, with its exit status. OUT_DIR/host_used_peak_kb, when present, is the
+whole machine's peak host memory in use while the runs shared it.
 """
 from __future__ import annotations
 
@@ -94,6 +95,11 @@ def main() -> None:
     manual_over_auto = ratios(rows)
     print("manual / auto s/step: " + (", ".join(f"{k} {v}x" for k, v in manual_over_auto.items()) or "-"))
     result = {"runs": rows, "manual_over_auto_s_per_step": manual_over_auto}
+    machine_peak = os.path.join(args.out, "host_used_peak_kb")  # offload_e2e.sh's sampler, all runs at once
+    if os.path.exists(machine_peak):
+        with open(machine_peak) as f:
+            result["host_used_peak_gb_all_runs"] = round(int(f.read().strip()) / 1024**2, 2)
+        print(f"host memory in use, peak over all runs together: {result['host_used_peak_gb_all_runs']} GiB")
     print(json.dumps(result))
     if args.json:
         with open(args.json, "w") as f:
