@@ -3,12 +3,12 @@
 # 256 + 256 tokens, every micro-batch 1) under the simulated p40, t4 and v100-16gb profiles on one GPU,
 # each twice: with the field report's manual offload (param + optimizer offload for actor and critic,
 # eager attention) and with the plan's own choices. One more p40 run adds the reference model (KL loss,
-# ref param offload) and checkpoints at steps 4 and 8; a last run resumes it from step 8 to 10.
+# ref param offload) and checkpoints at steps 2 and 4; then a fresh run resumes it from step 4 to 6.
 # Prints one table and writes $OUT/offload_e2e.json (exit status, s/step, peak GPU and host memory).
 #
 #   source .device-pack/install.sh && OUT=$OUT bash benchmarks/offload_e2e.sh      # ~6 min on an H200
 #
-# By default the seven training runs share the GPU at once (their simulated memory caps add up to ~130 of
+# By default the training runs share the GPU at once (their simulated memory caps add up to ~130 of
 # the H200's 141 GiB), so their s/step is measured under that sharing; ONLY="p40_manual p40_auto"
 # runs a subset (one at a time with PARALLEL=0) for undisturbed timings. Needs .gpu-assets/ as
 # benchmarks/gpu_e2e.sh does (tok/ and gsm8k/).
@@ -17,7 +17,7 @@ OUT="${OUT:-./gpu_out}"; mkdir -p "$OUT"
 ASSETS="${ASSETS:-.gpu-assets}"
 MODEL=/tmp/qwen05b-random
 CKPT=/tmp/offload_e2e_ckpt          # not under $OUT: 0.5B actor + critic with optimizer state is ~12 GB
-STEPS="${STEPS:-8}" RUN_TIMEOUT="${RUN_TIMEOUT:-270}" RESUME_TIMEOUT="${RESUME_TIMEOUT:-150}"
+STEPS="${STEPS:-8}" RUN_TIMEOUT="${RUN_TIMEOUT:-330}" RESUME_TIMEOUT="${RESUME_TIMEOUT:-150}"
 PARALLEL="${PARALLEL:-1}" ONLY="${ONLY:-}"
 # Seven Ray clusters at once: keep each object store small (the default takes 30% of host RAM apiece).
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
@@ -67,19 +67,25 @@ wait_runs() { [ ${#pids[@]} -eq 0 ] || wait "${pids[@]}"; pids=(); }   # not the
     sleep 2; done ) &
 sampler=$!
 
+ckpt_then_resume() {  # 4 steps saving at 2 and 4, then a fresh run resumes from step 4 to step 6
+  run p40_manual_ref_ckpt "$RUN_TIMEOUT" compat.device=p40 trainer.total_training_steps=4 "${manual[@]}" \
+    "${with_ref[@]}" trainer.save_freq=2 trainer.resume_mode=disable
+  run p40_manual_ref_resume "$RESUME_TIMEOUT" compat.device=p40 trainer.total_training_steps=6 "${manual[@]}" \
+    "${with_ref[@]}" trainer.save_freq=-1 trainer.resume_mode=auto
+}
+
 t0=$(date +%s)
 for dev in p40 t4 v100-16gb; do
   start "${dev}_manual" "$RUN_TIMEOUT" compat.device="$dev" trainer.total_training_steps="$STEPS" "${no_ckpt[@]}" "${manual[@]}"
 done
-start p40_manual_ref_ckpt "$RUN_TIMEOUT" compat.device=p40 trainer.total_training_steps="$STEPS" "${manual[@]}" \
-  "${with_ref[@]}" trainer.save_freq=4 trainer.resume_mode=disable
+if wanted p40_manual_ref_ckpt; then
+  echo "start p40_manual_ref_ckpt, then p40_manual_ref_resume"
+  if [ "$PARALLEL" = 1 ]; then ckpt_then_resume & pids+=($!); else ckpt_then_resume; fi
+fi
 [ "$PARALLEL" = 1 ] && sleep 15   # stagger the model loads (each holds a full host copy for a moment)
 for dev in p40 t4 v100-16gb; do
   start "${dev}_auto" "$RUN_TIMEOUT" compat.device="$dev" trainer.total_training_steps="$STEPS" "${no_ckpt[@]}"
 done
-wait_runs
-start p40_manual_ref_resume "$RESUME_TIMEOUT" compat.device=p40 trainer.total_training_steps=$((STEPS + 2)) \
-  "${manual[@]}" "${with_ref[@]}" trainer.save_freq=-1 trainer.resume_mode=auto
 wait_runs
 kill "$sampler" 2>/dev/null
 echo "wall: $(( $(date +%s) - t0 )) s"
