@@ -1,4 +1,4 @@
-"""Summarise a training run from the file logger's JSON lines: s/step, timing breakdown, memory.
+"""Summarise a training run from the file logger's JSON lines: s/step, timing breakdown, memory (GPU and host).
 
     python benchmarks/summarize_run.py RUN.jsonl [--name NAME] [--json OUT.json]
 
@@ -12,7 +12,8 @@ import json
 import statistics
 
 TIMINGS = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "step")
-MEMORY = ("perf/predicted_peak_gb", "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb")
+MEMORY = ("perf/predicted_peak_gb", "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb",
+          "perf/cpu_memory_used_gb")
 
 
 def summarize(path: str) -> dict:

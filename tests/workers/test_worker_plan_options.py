@@ -237,7 +237,9 @@ def test_every_fsdp_unit_reduces_gradients_as_sum_then_divide(model_dir, monkeyp
     assert calls == [True] * len(fsdp_utils.fsdp_modules(model)) == [True] * 3   # 2 layers + root
 
 
-def test_move_optimizer_state_moves_every_state_tensor():
+def test_move_optimizer_state_moves_every_per_element_state_tensor():
+    """AdamW's moments move; its scalar `step` stays on the host, where torch keeps it (non-fused AdamW
+    reads it there every step)."""
     from verl.utils.fsdp_utils import move_optimizer_state
 
     layer = torch.nn.Linear(3, 2)
@@ -245,8 +247,10 @@ def test_move_optimizer_state_moves_every_state_tensor():
     layer(torch.ones(1, 3)).sum().backward()
     optimizer.step()
     move_optimizer_state(optimizer, "meta")   # a device that is not the host, available on every machine
-    states = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    assert len(states) == 6 and all(v.device.type == "meta" for v in states)  # step, exp_avg, exp_avg_sq x 2
+    states = [(k, v) for s in optimizer.state.values() for k, v in s.items() if isinstance(v, torch.Tensor)]
+    assert len(states) == 6  # step, exp_avg, exp_avg_sq x 2 parameters
+    assert {v.device.type for k, v in states if k != "step"} == {"meta"}
+    assert {v.device.type for k, v in states if k == "step"} == {"cpu"}
 
 
 def test_update_loads_the_optimizer_state_only_around_the_step(model_dir, monkeypatch):
@@ -258,7 +262,7 @@ def test_update_loads_the_optimizer_state_only_around_the_step(model_dir, monkey
     events = []
     real_move = fsdp_utils.move_optimizer_state
     monkeypatch.setattr(fsdp_utils, "move_optimizer_state",
-                        lambda opt, device: (events.append(("move", str(device))), real_move(opt, device)))
+                        lambda opt, device, **kw: (events.append(("move", str(device))), real_move(opt, device, **kw)))
     real_step = worker.actor_optimizer.step
     monkeypatch.setattr(worker.actor_optimizer, "step", lambda *a, **k: (events.append(("step",)), real_step())[1])
     data = ppo_batch()

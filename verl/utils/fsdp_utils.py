@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 DEFAULT_TIMEOUT_S = 600
 
@@ -82,7 +83,10 @@ def shard_model(
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     offload = offload_applies(param_offload, device_type)
     if offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy()
+        # FSDP2's own policy: shards and their gradients stay in host memory, each forward/backward
+        # all-gathers onto the mesh's device, and the optimizer step runs on the host shards. Pinned
+        # host memory (faster, asynchronous copies) needs an accelerator runtime to allocate it.
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.accelerator.is_available())
     if device_type != "cpu" and not offload:
         model.to(torch.device(device_type, torch.get_device_module(device_type).current_device()))
     layer_names = _layer_classes(model)
@@ -130,12 +134,31 @@ def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
     return norm.detach().float().cpu()
 
 
-def move_optimizer_state(optimizer: torch.optim.Optimizer, device) -> None:
-    """Move every optimizer state tensor to `device` (optimizer offload between updates)."""
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor):
-                state[key] = value.to(device, non_blocking=True)
+def _shard_device(param: torch.Tensor) -> torch.device:
+    """Where a parameter's local shard (the tensor the optimizer updates) lives."""
+    return param.to_local().device if isinstance(param, DTensor) else param.device
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device, *, keep_host_shards: bool = False) -> None:
+    """Move the optimizer's per-element state to `device`.
+
+    With `keep_host_shards`, the state of a parameter whose shard lives in host memory stays there:
+    that is where its step runs. Scalar state (AdamW's `step`) stays where the optimizer keeps it
+    (torch holds it on the host unless the optimizer is fused/capturable). Copies are blocking, so a
+    tensor moved to the host is complete before anything (a checkpoint save) reads it.
+    """
+    device = torch.device(device)
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param)
+            if not state:
+                continue
+            target = device
+            if keep_host_shards and _shard_device(param).type == "cpu":
+                target = torch.device("cpu")
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != target:
+                    state[key] = value.to(target)
 
 
 @contextlib.contextmanager
@@ -144,9 +167,12 @@ def optimizer_state_on(optimizer: torch.optim.Optimizer, device, offload: bool):
 
     The state (two float32 tensors per parameter for AdamW) is needed only by `optimizer.step()`, so
     keeping it off the accelerator between updates leaves that memory to rollout and forward passes.
+    The step runs where each parameter's shard lives: with param offload FSDP2's CPUOffloadPolicy
+    keeps shards and gradients in host memory and steps them there, so their state never moves to
+    `device`. State the optimizer creates lazily (its first step) is made beside the shard by torch.
     """
     if offload:
-        move_optimizer_state(optimizer, device)
+        move_optimizer_state(optimizer, device, keep_host_shards=True)
     try:
         yield optimizer
     finally:
