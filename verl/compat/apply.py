@@ -102,6 +102,44 @@ def apply_in_process(plan: Plan, local_rank: int = 0) -> torch.device:
     return device
 
 
+_GPU_ONLY_ATTENTION = ("flash_attention_2", "xformers")
+
+
+def on_host_cpu(plan: Plan) -> Plan:
+    """A plan made for another device, to be run on this host's CPU (the plan-to-worker contract
+    test, dry runs of a GPU plan without the GPU).
+
+    Every numerics decision stays as planned: param, compute and reduce dtypes, casting on gather,
+    grad scaler, numerics guard, rollout dtype, micro-batches, checkpointing and offload flags
+    (torch's CPU autocast runs float16 and bfloat16; offload moves host memory to host memory).
+    What a CPU cannot run is replaced, and each replacement is a reason in the returned plan:
+    the device type and collective backend, GPU-only attention kernels (by sdpa, packed rows
+    then use sdpa's block-diagonal mask) and torch.compile (its CPU backend compiles for minutes).
+    Memory figures stay the device's: nothing here measures them.
+    """
+    import dataclasses
+
+    reasons = dict(plan.reasons)
+    stand_in = "run on the host CPU in place of " + plan.device.name
+
+    def role(name: str, rp: RolePlan | None) -> RolePlan | None:
+        if rp is None or rp.attn_implementation not in _GPU_ONLY_ATTENTION:
+            return rp
+        reasons[f"{name}.attn_implementation"] = f"sdpa for {rp.attn_implementation}: {stand_in}"
+        return dataclasses.replace(rp, attn_implementation="sdpa")
+
+    roles = {name: role(name, getattr(plan, name)) for name in ("actor", "critic", "ref")}
+    rollout = plan.rollout
+    if rollout.attn_implementation in _GPU_ONLY_ATTENTION:
+        rollout = dataclasses.replace(rollout, attn_implementation="sdpa")
+    for key, value in (("device_type", "cpu"), ("dist_backend", "gloo"), ("torch_compile", False),
+                       ("tf32", False)):
+        if getattr(plan, key) != value:
+            reasons[key] = f"{value}: {stand_in}"
+    return dataclasses.replace(plan, device_type="cpu", dist_backend="gloo", torch_compile=False, tf32=False,
+                               rollout=rollout, reasons=reasons, **roles)
+
+
 def device_memory_share(plan: Plan, share: float, local_rank: int = 0) -> float:
     """A share of the (possibly simulated) device's memory as a share of the real GPU's memory.
 
@@ -202,7 +240,7 @@ def _resolve_role(config: DictConfig, name: str, role: RolePlan, plan: Plan, wri
         "model_dtype": role.param_dtype,
         "dtype": role.compute_dtype,
         "mixed_precision.param_dtype": role.compute_dtype,
-        "mixed_precision.reduce_dtype": "float32",
+        "mixed_precision.reduce_dtype": role.reduce_dtype,
         "mixed_precision.buffer_dtype": "float32",
         "param_offload": role.param_offload,
         "optimizer_offload": role.optimizer_offload,

@@ -19,6 +19,7 @@ from verl.compat.memory import (
     estimate_memory,
     generation_bytes_per_sequence,
 )
+from verl.compat import engines
 from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.profile import DeviceProfile, SoftwareInfo
@@ -53,11 +54,16 @@ def _get(config: Any, path: str, default: Any = AUTO) -> Any:
 
 
 def _first(config: Any, *paths: str) -> Any:
+    return _first_with_path(config, *paths)[1]
+
+
+def _first_with_path(config: Any, *paths: str) -> tuple[str, Any]:
+    """The first of `paths` the user set, and its value; (paths[0], AUTO) when none is set."""
     for path in paths:
         value = _get(config, path)
         if value is not AUTO:
-            return value
-    return AUTO
+            return path, value
+    return paths[0], AUTO
 
 
 def _dtype(value: Any) -> Any:
@@ -172,29 +178,10 @@ def _role_configs(config: Any) -> dict[str, _RoleConfig]:
 def _decide_role(d: _Decider, config: Any, rc: _RoleConfig, compute_default: str) -> RolePlan:
     n = rc.name
     fsdp = (rc.fsdp_prefix, "critic.model.fsdp_config") if n == "critic" else (rc.fsdp_prefix,)
-
-    asked = _dtype(_first(config, *[f"{f}.dtype" for f in fsdp], *[f"{f}.mixed_precision.param_dtype" for f in fsdp]))
-    if asked is AUTO:
-        compute = d.note(f"{n}.compute_dtype", compute_default, d.reasons["compute_dtype"])
-    elif (why := d.dtype_missing(asked)) is not None:
-        compute = d.adapt(f"{n}.compute_dtype", f"{rc.fsdp_prefix}.dtype", asked, compute_default, why)
-    else:
-        compute = d.note(f"{n}.compute_dtype", asked, "set by the user; the device supports it")
-
-    master = _dtype(_first(config, *[f"{f}.model_dtype" for f in fsdp]))
-    if master is AUTO:
-        if rc.trainable:
-            param = d.note(f"{n}.param_dtype", "float32", "trained weights and AdamW states stay float32")
-        else:
-            param = d.note(f"{n}.param_dtype", compute, "a frozen model is kept in its compute dtype")
-    elif (why := d.dtype_missing(master)) is not None:
-        param = d.adapt(f"{n}.param_dtype", f"{rc.fsdp_prefix}.model_dtype", master, "float32", why)
-    else:
-        param = d.note(f"{n}.param_dtype", master, "set by the user")
-
-    scaler = d.note(f"{n}.grad_scaler", compute == "float16" and rc.trainable,
-                    "float16 compute needs dynamic loss scaling" if compute == "float16"
-                    else f"not needed for {compute} compute")
+    compute = _decide_compute(d, config, rc, fsdp, compute_default)
+    guard_wanted = compute == "float16" and bool(_flag(_get(config, "compat.numerics_guard", True)))
+    param = _decide_param(d, config, rc, fsdp, compute, guard_wanted)
+    numerics = _decide_numerics(d, config, rc, fsdp, compute, param, guard_wanted)
 
     attn_asked = _first(config, f"{rc.model_prefix}.attn_implementation",
                         f"{rc.model_prefix}.override_config.attn_implementation")
@@ -223,9 +210,109 @@ def _decide_role(d: _Decider, config: Any, rc: _RoleConfig, compute_default: str
     else:
         rmpad = d.note(f"{n}.use_remove_padding", bool(rmpad_asked), "set by the user")
 
-    return RolePlan(param_dtype=param, compute_dtype=compute, grad_scaler=scaler, attn_implementation=attn,
+    return RolePlan(param_dtype=param, compute_dtype=compute, attn_implementation=attn,
                     use_remove_padding=rmpad, gradient_checkpointing=False, param_offload=False,
-                    optimizer_offload=False)
+                    optimizer_offload=False, **numerics)
+
+
+def _decide_compute(d: _Decider, config: Any, rc: _RoleConfig, fsdp: tuple, default: str) -> str:
+    """The dtype the role computes in: the device's best unless the user asked for one it runs."""
+    n = rc.name
+    key, asked = _first_with_path(config, *[f"{f}.dtype" for f in fsdp],
+                                  *[f"{f}.mixed_precision.param_dtype" for f in fsdp])
+    asked = _dtype(asked)
+    if asked is AUTO:
+        return d.note(f"{n}.compute_dtype", default, d.reasons["compute_dtype"])
+    if (why := d.dtype_missing(asked)) is not None:
+        return d.adapt(f"{n}.compute_dtype", key, asked, default, why)
+    return d.note(f"{n}.compute_dtype", asked, f"set by the user ({key}); the device supports it")
+
+
+def _decide_param(d: _Decider, config: Any, rc: _RoleConfig, fsdp: tuple, compute: str, guard_wanted: bool) -> str:
+    """The dtype the sharded weights are stored in.
+
+    A trained role keeps float32 master weights (AdamW updates below half precision's resolution
+    would vanish). A frozen role (the reference) is stored in its compute dtype, half the memory,
+    except under a float16 numerics guard: it then keeps float32 weights, because the guard's
+    float32 forward needs them and because a model that overflows float16 must be able to fall
+    back to float32 as the actor does; a float16 copy could not (its weights would be rounded
+    already and its reference log-probs, and so the KL, would be garbage).
+    """
+    n = rc.name
+    key, master = _first_with_path(config, *[f"{f}.model_dtype" for f in fsdp])
+    master = _dtype(master)
+    if master is not AUTO:
+        if (why := d.dtype_missing(master)) is not None:
+            return d.adapt(f"{n}.param_dtype", key, master, "float32", why)
+        return d.note(f"{n}.param_dtype", master, f"set by the user ({key})")
+    if rc.trainable:
+        return d.note(f"{n}.param_dtype", "float32", "trained weights and AdamW states stay float32")
+    if guard_wanted:
+        return d.note(f"{n}.param_dtype", "float32",
+                      "a frozen float16 model keeps float32 weights so the numerics guard can check it and fall "
+                      "back to float32 like the actor (float16 autocast computes with them)")
+    return d.note(f"{n}.param_dtype", compute, "a frozen model is kept in its compute dtype (half the memory)")
+
+
+def _decide_numerics(d: _Decider, config: Any, rc: _RoleConfig, fsdp: tuple, compute: str, param: str,
+                     guard_wanted: bool) -> dict:
+    """Grad scaler, numerics guard (and its fallback) and the gradient reduce dtype of one role."""
+    n = rc.name
+    scaler = d.note(f"{n}.grad_scaler", compute == "float16" and rc.trainable,
+                    ("float16 compute needs dynamic loss scaling" if rc.trainable else "a frozen model has no "
+                     "gradients to scale") if compute == "float16" else f"not needed for {compute} compute")
+    if not guard_wanted:
+        guard = d.note(f"{n}.numerics_guard", False,
+                       "compat.numerics_guard=false" if compute == "float16"
+                       else ("float32 compute: nothing to check" if compute == "float32"
+                             else f"{compute} has float32's range: no overflow to check"))
+    elif param != "float32":
+        guard = d.note(f"{n}.numerics_guard", False,
+                       f"the weights are {param}: no float32 copy to compare float16 against")
+    else:
+        guard = d.note(f"{n}.numerics_guard", True,
+                       "float16 overflows past 65504: the first real batch is run in float16 and float32 and, "
+                       "if they disagree, the role computes in float32 from then on")
+    fallback = d.note(f"{n}.guard_fallback_dtype", "float32" if guard else None,
+                      "float32 has no overflow to fear" if guard else "no numerics guard")
+    key, asked = _first_with_path(config, *[f"{f}.mixed_precision.reduce_dtype" for f in fsdp])
+    asked = _dtype(asked)
+    why_default = ("gradients are summed across ranks in float32 (half-precision sums drop small contributions)"
+                   if rc.trainable else "a frozen model reduces no gradients")
+    if asked is AUTO:
+        reduce = d.note(f"{n}.reduce_dtype", "float32", why_default)
+    elif (why := d.dtype_missing(asked)) is not None:
+        reduce = d.adapt(f"{n}.reduce_dtype", key, asked, "float32", why)
+    else:
+        reduce = d.note(f"{n}.reduce_dtype", asked, f"set by the user ({key}); the device supports it")
+    key, buffers = _first_with_path(config, *[f"{f}.mixed_precision.buffer_dtype" for f in fsdp])
+    if _dtype(buffers) not in (AUTO, "float32"):
+        d.adapt(f"{n}.buffer_dtype", key, buffers, "float32",
+                "FSDP2 leaves buffers (the rotary tables) in the dtype the model made them, float32")
+    return {"grad_scaler": scaler, "numerics_guard": guard, "guard_fallback_dtype": fallback,
+            "reduce_dtype": reduce}
+
+
+def _decide_cast_on_gather(d: _Decider, roles: dict[str, RolePlan], rollout_dtype: str) -> None:
+    """Whether FSDP casts parameters to the compute dtype as it gathers them, or autocast does.
+
+    Casting on gather halves the gather's traffic and memory but fixes the dtype the weights are
+    seen in: a role the guard may switch to float32 at run time, or an actor whose rollout
+    generates in another dtype (autocast cannot raise precision), gathers in its param dtype.
+    """
+    for name, rp in roles.items():
+        if rp.compute_dtype == rp.param_dtype:
+            cast, why = False, f"the weights are already {rp.param_dtype}"
+        elif rp.numerics_guard:
+            cast, why = False, ("the numerics guard may switch it to float32 at run time: weights are gathered in "
+                                f"{rp.param_dtype} and autocast computes in {rp.compute_dtype}")
+        elif name == "actor" and rollout_dtype != rp.compute_dtype:
+            cast, why = False, (f"the rollout generates in {rollout_dtype}: weights are gathered in {rp.param_dtype} "
+                                "and autocast picks each phase's dtype")
+        else:
+            cast, why = True, (f"parameters are all-gathered in {rp.compute_dtype} (half the gather traffic and "
+                               f"memory of {rp.param_dtype})")
+        roles[name] = replace(rp, cast_on_gather=d.note(f"{name}.cast_on_gather", cast, why))
 
 
 def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> tuple[RolloutPlan, dict]:
@@ -246,9 +333,9 @@ def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> 
                       else f"built-in engine: {why_not}")
     elif str(asked) == "vllm" and not usable:
         name = d.adapt("rollout.name", f"{r}.name", asked, "hf", why_not)
-    elif str(asked) not in ("vllm", "hf"):
+    elif str(asked) not in ("vllm", *d.software.rollout_engines):
         name = d.adapt("rollout.name", f"{r}.name", asked, "vllm" if usable else "hf",
-                       "this fork ships the vllm and built-in (hf) engines only")
+                       f"this verl ships {engines.shipped(d.software.rollout_engines)} only")
     else:
         name = d.note("rollout.name", str(asked), "set by the user; usable here")
 
@@ -403,6 +490,7 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     d.reasons.pop("compute_dtype")
     rollout, rollout_asked = _decide_rollout(d, config, roles["actor"].compute_dtype,
                                              roles["actor"].attn_implementation)
+    _decide_cast_on_gather(d, roles, rollout.dtype)
 
     world = int(_get(config, "trainer.n_gpus_per_node", 1)) * int(_get(config, "trainer.nnodes", 1))
     world = 1 if profile.backend == "cpu" else max(world, 1)
@@ -426,6 +514,9 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
                         _flag(_first(config, f"{rc.fsdp_prefix}.optimizer_offload")))
                  for name, rc in roles_cfg.items()}
 
+    if profile.backend == "cpu":
+        _offload_on_host(d, {name: roles_cfg[name] for name in roles}, asked_off)
+
     plan_kwargs = dict(device=profile, software=software, actor=None, critic=None, ref=None, rollout=rollout,
                        predicted_peak_gb=0.0, memory_limit_gb=profile.memory_gb, **glob)
     if model is None:
@@ -447,6 +538,21 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
 
     return _fit(d, model, workload, roles, rollout, rollout_asked, batches, dynamic, budgets, asked_ckpt,
                 asked_off, margin, plan_kwargs)
+
+
+HOST_MEMORY_ALREADY = "host memory already: on a CPU device weights and optimizer state live in host memory"
+
+
+def _offload_on_host(d: _Decider, roles_cfg: dict[str, _RoleConfig], asked_off: dict) -> None:
+    """On a CPU device there is nothing to offload to: both offloads are off (a user's `true` is
+    adapted with a warning), and the memory ladder keeps them off."""
+    for name, rc in roles_cfg.items():
+        for i, key in enumerate(("param_offload", "optimizer_offload")):
+            if asked_off[name][i] is True:
+                d.adapt(f"{name}.{key}", f"{rc.fsdp_prefix}.{key}", True, False, HOST_MEMORY_ALREADY)
+            else:
+                d.note(f"{name}.{key}", False, HOST_MEMORY_ALREADY)
+        asked_off[name] = (False, False)
 
 
 def _ladder(asked_off: dict, roles: dict):
@@ -577,11 +683,12 @@ def _fit(d: _Decider, model, workload, roles, rollout, rollout_asked, batches, d
                "set by the user" if ck is not AUTO else
                ("activations do not fit without it" if rp.gradient_checkpointing else "activations fit without it"))
         po, oo = asked_off[name]
-        d.note(f"{name}.param_offload", rp.param_offload,
-               "set by the user" if po is not AUTO else f"memory plan: {rung}")
-        d.note(f"{name}.optimizer_offload", rp.optimizer_offload,
-               "set by the user" if oo is not AUTO else
-               (f"memory plan: {rung}" if name != "ref" else "a frozen model has no optimizer"))
+        if profile.backend != "cpu":   # on CPU _offload_on_host gave the reasons
+            d.note(f"{name}.param_offload", rp.param_offload,
+                   "set by the user" if po is not AUTO else f"memory plan: {rung}")
+            d.note(f"{name}.optimizer_offload", rp.optimizer_offload,
+                   "set by the user" if oo is not AUTO else
+                   (f"memory plan: {rung}" if name != "ref" else "a frozen model has no optimizer"))
         key = "max_token_len_per_gpu" if dynamic else "micro_batch_size_per_gpu"
         d.note(f"{name}.{key}", getattr(rp, key),
                f"halved {halvings}x to fit (mini-batch unchanged, so the update's math is unchanged)"

@@ -52,8 +52,8 @@ class SoftwareInfo:
     vllm_version: str | None = None
     vllm_usable: bool = False
     triton_usable: bool = False
-    # The rollout engines this verl implements (verl.workers.rollout.ENGINES); vLLM may be usable on
-    # the device and still not be planned while its engine is missing here.
+    # The rollout engines this verl builds (verl.compat.engines); vLLM may be usable on the device
+    # and still not be planned while its engine is not listed there.
     rollout_engines: tuple[str, ...] = ("hf",)
     notes: dict[str, str] = field(default_factory=dict)
 
