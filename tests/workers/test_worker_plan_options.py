@@ -265,3 +265,36 @@ def test_update_loads_the_optimizer_state_only_around_the_step(model_dir, monkey
     worker.update_actor(data)
     # load to the worker's device, two optimizer steps (two mini-batches), back to host memory
     assert events == [("move", str(worker.device)), ("step",), ("step",), ("move", "cpu")]
+
+
+# ------------------------------------------------------------------------------------ precision is applied, not decided
+
+
+@pytest.mark.parametrize("param,compute,cast,reduce,scaler,guard", [
+    ("float32", "float32", False, "float32", False, False),
+    ("float32", "bfloat16", True, "float32", False, False),
+    ("float32", "bfloat16", False, "bfloat16", False, False),
+    ("float32", "float16", False, "float32", True, True),
+    ("float32", "float16", True, "float16", True, False),
+    ("float16", "float16", False, "float32", False, False),
+    ("bfloat16", "bfloat16", False, "float32", False, False),
+])
+def test_the_worker_applies_each_precision_exactly_as_planned(monkeypatch, param, compute, cast, reduce, scaler,
+                                                               guard):
+    """Whatever the role plan says reaches FSDP and autocast unchanged: the worker decides nothing."""
+    from verl.compat import torch_dtype
+    from verl.utils import fsdp_utils
+    from verl.workers.fsdp_workers import _PlannedModel
+
+    seen = {}
+    monkeypatch.setattr(fsdp_utils, "shard_model", lambda module, **kw: seen.update(kw) or module)
+    plan = role_plan(param_dtype=param, compute_dtype=compute, cast_on_gather=cast, reduce_dtype=reduce,
+                     grad_scaler=scaler, numerics_guard=guard, guard_fallback_dtype="float32" if guard else None)
+    planned = _PlannedModel("actor", plan, "cpu")
+    planned.shard(torch.nn.Linear(2, 2))
+    assert seen == {"param_dtype": torch_dtype(param), "compute_dtype": torch_dtype(compute),
+                    "cast_params_for_compute": cast, "reduce_dtype": torch_dtype(reduce), "param_offload": False,
+                    "device_type": "cpu"}
+    assert planned.precision.autocast_dtype == (None if compute == "float32" else torch_dtype(compute))
+    assert (planned.precision.scaler is not None) == scaler
+    assert planned.guard_pending == guard
