@@ -158,3 +158,11 @@ def test_a_role_without_a_guard_is_left_alone():
     plan = _plan("a100-80gb")
     assert guard_fallback(plan, "actor", "x") == (plan, [])
     assert guard_fallback(dataclasses.replace(plan, critic=None), "critic", "x")[1] == []
+
+
+def test_two_spellings_of_the_compute_dtype_that_disagree_are_named():
+    plan = _plan("a100-80gb", **{f"{ARR}.actor.fsdp_config.dtype": "bfloat16",
+                                 f"{ARR}.actor.fsdp_config.mixed_precision.param_dtype": "float32"})
+    assert plan.actor.compute_dtype == "bfloat16"
+    assert any(f"{ARR}.actor.fsdp_config.mixed_precision.param_dtype=float32" in w and "using bfloat16" in w
+               for w in plan.warnings)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from verl.compat import settings
 from verl.compat.plan import Plan, RolePlan
 
 if TYPE_CHECKING:      # omegaconf loads only when a config is resolved: `import verl.compat` stays light
@@ -22,21 +23,11 @@ logger = logging.getLogger(__name__)
 
 GiB = 1024**3
 
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32, "f32": torch.float32,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16, "f16": torch.float16,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-}
-
-
 def torch_dtype(name: str | torch.dtype) -> torch.dtype:
     """"float16" / "fp16" / "bf16" / "float32" ... -> the torch dtype (a torch dtype passes through)."""
     if isinstance(name, torch.dtype):
         return name
-    key = str(name).strip().lower().removeprefix("torch.")
-    if key not in _DTYPES:
-        raise ValueError(f"Unknown dtype '{name}'; use one of {', '.join(sorted(_DTYPES))}.")
-    return _DTYPES[key]
+    return getattr(torch, settings.dtype_name(name))
 
 
 def dtype_name(name: str | torch.dtype) -> str:

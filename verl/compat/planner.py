@@ -19,15 +19,12 @@ from verl.compat.memory import (
     estimate_memory,
     generation_bytes_per_sequence,
 )
-from verl.compat import engines
+from verl.compat import engines, settings
 from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.profile import DeviceProfile, SoftwareInfo
+from verl.compat.settings import AUTO
 
-AUTO = object()
-_DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "float": "float32", "f32": "float32",
-                "float16": "float16", "fp16": "float16", "half": "float16", "f16": "float16",
-                "bfloat16": "bfloat16", "bf16": "bfloat16"}
 _ATTN = ("eager", "sdpa", "xformers", "flash_attention_2")
 MAX_ROLLOUT_MICRO_BATCH = 1024   # past this, bigger built-in generate passes gain little and hold the device longer
 
@@ -37,48 +34,18 @@ class PlanError(RuntimeError):
 
 
 # ----------------------------------------------------------------------------- config access
+# One reader for every compat module (verl.compat.settings); the short names keep the rules terse.
 
-def _get(config: Any, path: str, default: Any = AUTO) -> Any:
-    """Nested lookup in a dict or OmegaConf config; missing, None and "auto" read as `default`."""
-    node = config
-    for key in path.split("."):
-        if node is None:
-            return default
-        try:
-            node = node.get(key)
-        except (AttributeError, TypeError):
-            node = getattr(node, key, None)
-    if node is None or (isinstance(node, str) and node.strip().lower() == "auto"):
-        return default
-    return node
-
-
-def _first(config: Any, *paths: str) -> Any:
-    return _first_with_path(config, *paths)[1]
-
-
-def _first_with_path(config: Any, *paths: str) -> tuple[str, Any]:
-    """The first of `paths` the user set, and its value; (paths[0], AUTO) when none is set."""
-    for path in paths:
-        value = _get(config, path)
-        if value is not AUTO:
-            return path, value
-    return paths[0], AUTO
+_get, _first, _first_with_path, _flag = settings.get, settings.first, settings.first_with_path, settings.flag
 
 
 def _dtype(value: Any) -> Any:
     if value is AUTO:
         return AUTO
-    key = str(value).strip().lower().removeprefix("torch.")
-    if key not in _DTYPE_NAMES:
-        raise PlanError(f"Unknown dtype '{value}'; use float32, float16 or bfloat16 (or auto).")
-    return _DTYPE_NAMES[key]
-
-
-def _flag(value: Any) -> Any:
-    if value is AUTO or isinstance(value, bool):
-        return value
-    return str(value).strip().lower() in ("1", "true", "yes", "on")
+    try:
+        return settings.dtype_name(value)
+    except ValueError as err:
+        raise PlanError(str(err)) from None
 
 
 # ----------------------------------------------------------------------------- the decisions
@@ -218,9 +185,13 @@ def _decide_role(d: _Decider, config: Any, rc: _RoleConfig, compute_default: str
 def _decide_compute(d: _Decider, config: Any, rc: _RoleConfig, fsdp: tuple, default: str) -> str:
     """The dtype the role computes in: the device's best unless the user asked for one it runs."""
     n = rc.name
-    key, asked = _first_with_path(config, *[f"{f}.dtype" for f in fsdp],
-                                  *[f"{f}.mixed_precision.param_dtype" for f in fsdp])
+    keys = [f"{f}.dtype" for f in fsdp] + [f"{f}.mixed_precision.param_dtype" for f in fsdp]
+    key, asked = _first_with_path(config, *keys)
     asked = _dtype(asked)
+    for other in keys[keys.index(key) + 1:]:
+        value = _dtype(_get(config, other))
+        if value not in (AUTO, asked):   # both spellings of the compute dtype set, differently: the first wins
+            d.adapt(f"{n}.compute_dtype", other, value, asked, f"{key}={asked} sets the compute dtype")
     if asked is AUTO:
         return d.note(f"{n}.compute_dtype", default, d.reasons["compute_dtype"])
     if (why := d.dtype_missing(asked)) is not None:
