@@ -22,7 +22,7 @@ def dtype_name(value: Any) -> str:
     """ "bf16" / "torch.float16" / "half" ... -> "bfloat16" / "float16"; ValueError when unknown."""
     key = str(value).strip().lower().removeprefix("torch.")
     if key not in DTYPE_SPELLINGS:
-        raise ValueError(f"Unknown dtype '{value}'; use float32, float16 or bfloat16 (or auto).")
+        raise ValueError(f"Unknown dtype '{value}'; use one of {', '.join(sorted(DTYPE_SPELLINGS))} (or auto).")
     return DTYPE_SPELLINGS[key]
 
 
