@@ -21,7 +21,6 @@ from worker_setup import (  # noqa: E402
     GradRecorder,
     critic_config,
     ppo_batch,
-    role_plan,
     run_ranks,
     tiny_model,
 )
