@@ -50,7 +50,7 @@ def model_dir(tmp_path_factory):
     return tiny_model(str(tmp_path_factory.mktemp("tiny_qwen2_contract")))
 
 
-def _config(model_dir: str, device: str, algorithm: str):
+def _config(model_dir: str, device: str, algorithm: str, *extra: str):
     from verl.trainer.config_check import load_config
 
     return load_config([
@@ -61,7 +61,7 @@ def _config(model_dir: str, device: str, algorithm: str):
         "actor_rollout_ref.actor.optim.lr=1e-3", "critic.optim.lr=1e-3",
         "trainer.n_gpus_per_node=1", "trainer.nnodes=1", f"compat.device={device}",
         *[f"{key}=auto" for key in MICRO_BATCH_KEYS],
-        *ALGORITHMS[algorithm],
+        *ALGORITHMS[algorithm], *extra,
     ])
 
 
@@ -200,3 +200,16 @@ def test_every_catalog_device_plan_runs_a_training_step(model_dir, device, algor
             assert np.isfinite(metrics[key]), key
     assert ("actor/kl_loss" in metrics) == (algorithm == "grpo_kl_loss")
     assert ("critic/vf_loss" in metrics) == (algorithm == "ppo_gae")
+
+
+def test_an_offloaded_plan_runs_on_the_host(model_dir):
+    """A float16 plan with both offloads asked for: optimizer offload is run as planned (host to host);
+    param offload, which FSDP2 runs only with an accelerator, is replaced with its reason."""
+    fsdp = "actor_rollout_ref.actor.fsdp_config"
+    config = _config(model_dir, "t4", "grpo_kl_loss", f"{fsdp}.param_offload=True", f"{fsdp}.optimizer_offload=True")
+    plan = _plan(config)
+    assert plan.actor.optimizer_offload and not plan.actor.param_offload
+    assert "host memory" in plan.reasons["actor.param_offload"] and "t4" in plan.reasons["actor.param_offload"]
+    actor, _, metrics, updates = _one_step(config, plan)
+    assert actor._actor_model.optimizer_offload and updates == []
+    assert np.isfinite(metrics["actor/pg_loss"]) and np.isfinite(metrics["actor/kl_loss"])

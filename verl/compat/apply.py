@@ -101,11 +101,12 @@ def on_host_cpu(plan: Plan) -> Plan:
     test, dry runs of a GPU plan without the GPU).
 
     Every numerics decision stays as planned: param, compute and reduce dtypes, casting on gather,
-    grad scaler, numerics guard, rollout dtype, micro-batches, checkpointing and offload flags
-    (torch's CPU autocast runs float16 and bfloat16; offload moves host memory to host memory).
+    grad scaler, numerics guard, rollout dtype, micro-batches, checkpointing and optimizer offload
+    (torch's CPU autocast runs float16 and bfloat16; the optimizer state moves host to host).
     What a CPU cannot run is replaced, and each replacement is a reason in the returned plan:
     the device type and collective backend, GPU-only attention kernels (by sdpa, packed rows
-    then use sdpa's block-diagonal mask) and torch.compile (its CPU backend compiles for minutes).
+    then use sdpa's block-diagonal mask), torch.compile (its CPU backend compiles for minutes) and
+    param offload (FSDP2's CPU offload policy needs an accelerator to load the shards onto).
     Memory figures stay the device's: nothing here measures them.
     """
     import dataclasses
@@ -114,10 +115,15 @@ def on_host_cpu(plan: Plan) -> Plan:
     stand_in = "run on the host CPU in place of " + plan.device.name
 
     def role(name: str, rp: RolePlan | None) -> RolePlan | None:
-        if rp is None or rp.attn_implementation not in _GPU_ONLY_ATTENTION:
+        if rp is None:
             return rp
-        reasons[f"{name}.attn_implementation"] = f"sdpa for {rp.attn_implementation}: {stand_in}"
-        return dataclasses.replace(rp, attn_implementation="sdpa")
+        if rp.attn_implementation in _GPU_ONLY_ATTENTION:
+            reasons[f"{name}.attn_implementation"] = f"sdpa for {rp.attn_implementation}: {stand_in}"
+            rp = dataclasses.replace(rp, attn_implementation="sdpa")
+        if rp.param_offload:
+            reasons[f"{name}.param_offload"] = f"False (the shards already live in host memory): {stand_in}"
+            rp = dataclasses.replace(rp, param_offload=False)
+        return rp
 
     roles = {name: role(name, getattr(plan, name)) for name in ("actor", "critic", "ref")}
     rollout = plan.rollout
