@@ -21,6 +21,7 @@ import sys
 import torch
 
 from verl.compat.catalog import CATALOG, get_profile
+from verl.compat.engines import engine_names
 from verl.compat.profile import DeviceProfile, SoftwareInfo
 
 logger = logging.getLogger(__name__)
@@ -335,15 +336,13 @@ def detect_software(profile: DeviceProfile) -> SoftwareInfo:
     xf_ok, notes["xformers"] = _xformers_verdict(profile, xf_version)
     vllm_ok, notes["vllm"] = _vllm_verdict(profile, vllm_version)
     compile_ok, notes["triton"] = _compile_verdict(profile)
-    from verl.workers.rollout import ENGINES  # here, not at the top: the engines import verl.protocol
-
     return SoftwareInfo(
         torch_version=torch.__version__, torch_arch_list=arch,
         transformers_version=_version("transformers"),
         flash_attn_version=fa_version, flash_attn_usable=fa_ok,
         xformers_version=xf_version, xformers_usable=xf_ok,
         vllm_version=vllm_version, vllm_usable=vllm_ok,
-        triton_usable=compile_ok, rollout_engines=tuple(ENGINES), notes=notes)
+        triton_usable=compile_ok, rollout_engines=engine_names(), notes=notes)
 
 
 # ----------------------------------------------------------------------------- torch build check

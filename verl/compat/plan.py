@@ -29,6 +29,12 @@ class RolePlan:
     predicted_peak_gb: float = 0.0
     forward_micro_batch_size_per_gpu: int | None = None  # no-grad forwards (log-probs, values)
     forward_max_token_len_per_gpu: int | None = None     # their token budget when use_dynamic_bsz
+    # How the compute dtype is applied: True casts the parameters when FSDP all-gathers them (FSDP2's
+    # MixedPrecisionPolicy); False gathers them in param_dtype and autocast alone computes in compute_dtype.
+    cast_on_gather: bool = False
+    reduce_dtype: str = "float32"          # dtype FSDP reduce-scatters gradients in
+    numerics_guard: bool = False           # compare half precision with float32 on the first real batch
+    guard_fallback_dtype: str | None = None  # compute dtype the role switches to when the guard fails
 
 
 @dataclass

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from verl.compat.engines import engine_names
+
 
 @dataclass(frozen=True)
 class DeviceProfile:
@@ -52,9 +54,9 @@ class SoftwareInfo:
     vllm_version: str | None = None
     vllm_usable: bool = False
     triton_usable: bool = False
-    # The rollout engines this verl implements (verl.workers.rollout.ENGINES); vLLM may be usable on
-    # the device and still not be planned while its engine is missing here.
-    rollout_engines: tuple[str, ...] = ("hf",)
+    # The rollout engines this verl builds (verl.compat.engines); vLLM may be usable on the device
+    # and still not be planned while its engine is not listed there.
+    rollout_engines: tuple[str, ...] = field(default_factory=engine_names)
     notes: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:

@@ -129,18 +129,10 @@ def balanced_partitions(lengths: list[int], k: int) -> list[list[int]]:
     return [sorted(p) for p in parts]
 
 
-_printed_notes: set[str] = set()
-
-
 def _pop_metrics(output: DataProto) -> dict[str, float]:
-    """Take the workers' metrics (and compat notes, printed once) out of an output's meta_info, so
-    merging it into the batch sees no conflicting keys."""
-    notes = output.meta_info.pop("compat_notes", None) or []
-    for note in (notes if isinstance(notes, (list, tuple)) else [notes]):
-        for line in (note if isinstance(note, (list, tuple)) else [note]):
-            if line not in _printed_notes:
-                _printed_notes.add(line)
-                print(f"verl.compat (worker): {line}", flush=True)
+    """Take the workers' metrics out of an output's meta_info, so merging it into the batch sees no
+    conflicting keys (plan updates are taken by `RayPPOTrainer._pop_metrics` first)."""
+    output.meta_info.pop("compat_notes", None)
     return reduce_metrics(output.meta_info.pop("metrics", {}) or {})
 
 
@@ -179,6 +171,7 @@ class RayPPOTrainer:
         self.resource_pool_manager = resource_pool_manager
         self.ray_worker_group_cls = ray_worker_group_cls
         self.plan = plan
+        self._plan_lines: set[str] = set()
         self.device_name = device_name or (plan.device_type if plan is not None else config.trainer.get("device"))
 
         if not config.actor_rollout_ref.hybrid_engine:
@@ -290,9 +283,26 @@ class RayPPOTrainer:
         pool = self.resource_pool_manager.get_resource_pool(group)
         if self.plan is not None:
             init_kwargs["plan"] = self.plan
-        # compat.numerics_guard=false lets workers skip the fp16 weight-range check (verl.compat.numerics).
-        init_kwargs["numerics_guard"] = bool(OmegaConf.select(self.config, "compat.numerics_guard", default=True))
         pool_to_classes[pool][str(group)] = RayClassWithInitArgs(cls=self.role_worker_mapping[group], **init_kwargs)
+
+    def _pop_metrics(self, output: DataProto) -> dict[str, float]:
+        """The workers' metrics; first, the plan is re-issued for each numerics-guard fallback they
+        report, so the plan this trainer holds (and logs) is the one the workers run."""
+        for update in output.meta_info.pop("compat_plan_updates", None) or []:
+            self._reissue_plan(update)
+        return _pop_metrics(output)
+
+    def _reissue_plan(self, update: dict) -> None:
+        if self.plan is None:
+            if update["line"] not in self._plan_lines:
+                self._plan_lines.add(update["line"])
+                print(f"verl.compat (worker): {update['line']}", flush=True)
+            return
+        from verl.compat.precision import describe, guard_fallback
+
+        self.plan, changes = guard_fallback(self.plan, update["role"], update["reason"])
+        if changes:   # empty when this update was applied already
+            print(f"verl.compat: {describe(changes, update['reason'])}", flush=True)
 
     # ------------------------------------------------------------------ the loop
 
@@ -443,7 +453,7 @@ class RayPPOTrainer:
         # 1. generate
         with marked_timer("gen", timing_raw):
             gen_output = self.actor_rollout_wg.generate_sequences(gen_batch)
-            metrics.update(_pop_metrics(gen_output))
+            metrics.update(self._pop_metrics(gen_output))
             gen_output.meta_info.pop("timing", None)
         batch = batch.repeat(repeat_times=rollout_n, interleave=True).union(gen_output)
         if "response_mask" not in batch.batch:
@@ -459,7 +469,7 @@ class RayPPOTrainer:
         # 3. log-probs of the sampling policy (the PPO ratio's denominator)
         with marked_timer("old_log_prob", timing_raw):
             old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)
-            metrics.update(_pop_metrics(old_log_prob))
+            metrics.update(self._pop_metrics(old_log_prob))
             if "entropys" in old_log_prob.batch:
                 entropys = old_log_prob.batch.pop("entropys")
                 metrics["actor/entropy"] = agg_loss(
@@ -472,14 +482,14 @@ class RayPPOTrainer:
         if self.use_reference_policy:
             with marked_timer("ref", timing_raw):
                 ref_log_prob = self.ref_policy_wg.compute_ref_log_prob(batch)
-                metrics.update(_pop_metrics(ref_log_prob))
+                metrics.update(self._pop_metrics(ref_log_prob))
                 batch = batch.union(ref_log_prob)
 
         # 5. values
         if self.use_critic:
             with marked_timer("values", timing_raw):
                 values = self.critic_wg.compute_values(batch)
-                metrics.update(_pop_metrics(values))
+                metrics.update(self._pop_metrics(values))
                 batch = batch.union(values)
 
         # 6. advantages (on the driver)
@@ -505,12 +515,12 @@ class RayPPOTrainer:
         # 7. critic update
         if self.use_critic:
             with marked_timer("update_critic", timing_raw):
-                metrics.update(_pop_metrics(self.critic_wg.update_critic(batch)))
+                metrics.update(self._pop_metrics(self.critic_wg.update_critic(batch)))
 
         # 8. actor update, once the critic has warmed up
         if config.trainer.critic_warmup <= self.global_steps:
             with marked_timer("update_actor", timing_raw):
-                metrics.update(_pop_metrics(self.actor_rollout_wg.update_actor(batch)))
+                metrics.update(self._pop_metrics(self.actor_rollout_wg.update_actor(batch)))
         return batch
 
     # ------------------------------------------------------------------ pieces of a step
@@ -562,7 +572,7 @@ class RayPPOTrainer:
 
             padded, pad_size = pad_dataproto_to_divisor(gen_batch, self.actor_rollout_wg.world_size)
             output = self.actor_rollout_wg.generate_sequences(padded)
-            output.meta_info.pop("metrics", None)
+            self._pop_metrics(output)   # validation metrics are computed below; this applies plan updates
             output.meta_info.pop("timing", None)
             batch = batch.union(unpad_dataproto(output, pad_size=pad_size))
 

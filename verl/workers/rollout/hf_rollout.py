@@ -125,8 +125,8 @@ class HFRollout(BaseRollout):
     response_length, seed, ignore_eos, val_kwargs, and the optional micro_batch_size).
     `plan` is the compat plan: generation runs in its `rollout.dtype`, by autocast when the weights
     are in another dtype, on every device. The engine alone decides this (callers add no autocast of
-    their own); `dtype` holds the decision and the actor worker lowers it to float32 when the fp16
-    numerics guard rejects the model.
+    their own); `dtype` holds the decision, which the actor worker resets from the re-issued plan when
+    the fp16 numerics guard rejects the model (verl.compat.precision).
     Every call is generated `micro_batch_size` rows at a time (the plan's `rollout.micro_batch_size`,
     sized by the memory model; else the config's; else the whole batch), so a batch of any size, a
     whole validation set included, peaks at one chunk's memory.
