@@ -377,6 +377,17 @@ def _vllm_need_gb(model: ModelSpec, workload: Workload, dtype: str) -> float:
     return (model.num_params * BYTES[dtype] + kv) / GiB + 0.5
 
 
+def _val_batch_per_gpu(config: Any, world: int) -> int | None:
+    """Sequences each device generates per validation call: `data.val_batch_size` prompts x
+    `val_kwargs.n`; None when it is null (upstream's default: the whole validation set, whose size
+    a pure planner cannot know, so the memory model assumes at least one full chunk)."""
+    prompts = _get(config, "data.val_batch_size", None)
+    if prompts is None:
+        return None
+    n = int(_get(config, "actor_rollout_ref.rollout.val_kwargs.n", 1))
+    return math.ceil(int(prompts) * n / world)
+
+
 def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model: ModelSpec | None = None) -> Plan:
     """Decide dtypes, attention, rollout engine, compile, backend and the memory plan for one run."""
     strict = bool(_flag(_get(config, "compat.strict", False)))
@@ -410,7 +421,7 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     workload = Workload(prompt_length=int(_get(config, "data.max_prompt_length", 512)),
                         response_length=int(_get(config, "data.max_response_length", 512)),
                         rollout_batch_per_gpu=math.ceil(int(_get(config, "data.train_batch_size", 1024)) * n / world),
-                        world_size=world)
+                        world_size=world, val_batch_per_gpu=_val_batch_per_gpu(config, world))
     dynamic = bool(_flag(_get(config, f"{arr}.actor.use_dynamic_bsz", False)))
     budgets = {"actor": int(_get(config, f"{arr}.actor.ppo_max_token_len_per_gpu", 16384)),
                "actor_forward": int(_get(config, f"{arr}.rollout.log_prob_max_token_len_per_gpu", 16384)),
@@ -598,7 +609,7 @@ def _fit(d: _Decider, model, workload, roles, rollout, rollout_asked, batches, d
     for name, rp in rs.items():
         phases = [p for k, p in est.phases.items() if k.startswith(name) or (name == "critic" and k == "values")]
         rs[name] = replace(rp, predicted_peak_gb=round(max(p.total_gb for p in phases), 3))
-    ro = replace(ro, predicted_peak_gb=round(est.phases["rollout"].total_gb, 3))
+    ro = replace(ro, predicted_peak_gb=round(max(est.phases[k].total_gb for k in ("rollout", "validation")), 3))
     d.note("memory", round(est.predicted_peak_gb, 3),
            f"peak {est.predicted_peak_gb:.2f} GiB in {est.peak_phase}; with context and {margin:.0%} margin "
            f"{est.required_gb:.2f} of {limit:.1f} GiB ({rung})")
