@@ -100,7 +100,7 @@ class MemoryEstimate:
         return sum(v for k, v in self.phases["rollout"].terms.items() if k not in ENGINE_TERMS)
 
     def to_dict(self) -> dict:
-        out = {name: {k: round(v, 3) for k, v in p.terms.items()} for name, p in self.phases.items()}
+        out = {name: {k: round(v, 4) for k, v in p.terms.items()} for name, p in self.phases.items()}
         return {"phases": out, "peak_phase": self.peak_phase, "context_gb": self.context_gb,
                 "fragmentation": self.fragmentation,
                 "predicted_peak_gb": round(self.predicted_peak_gb, 3),
