@@ -24,6 +24,7 @@ ends with the calibration hints: per term family, how far measured is from predi
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -49,7 +50,7 @@ SETTINGS = {
     # the GPU matrix's shape (benchmarks/gpu_matrix.sh)
     "matrix": dict(batch=8, mini=8, micro=4, log_prob_micro=8, ref_micro=8, prompt=256, response=128),
     # CPU smoke and tests: the tiny model
-    "tiny": dict(batch=2, mini=2, micro=1, log_prob_micro=2, ref_micro=2, prompt=24, response=8),
+    "tiny": dict(batch=2, mini=2, micro=1, log_prob_micro=2, ref_micro=2, prompt=16, response=4),
 }
 ALGOS = {
     "ppo": ["algorithm.adv_estimator=gae"],                                           # GAE + critic
@@ -147,16 +148,22 @@ def measure(fn, device, resident=()) -> tuple[float, float]:
     import torch
 
     if device.type == "cuda":
+        gc.collect()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         start = torch.cuda.memory_allocated()
         fn()
         torch.cuda.synchronize()
         return start / GiB, torch.cuda.max_memory_allocated() / GiB
+    gc.collect()
     before = resident_storages(*resident)
     tracker = _live_bytes_mode(set(before))
-    with tracker:
-        fn()
+    gc.disable()        # cyclic garbage is freed at the end, not whenever a collection happens: repeatable
+    try:
+        with tracker:
+            fn()
+    finally:
+        gc.enable()
     start = sum(before.values())
     return start / GiB, (start + tracker.peak) / GiB
 

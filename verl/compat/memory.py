@@ -249,15 +249,16 @@ def gather_dtype(plan: RolePlan, rollout_dtype: str | None = None) -> str:
     return plan.param_dtype
 
 
-def _compute_copy(m: ModelSpec, role: _Role, ws: int, dtype: str, rollout_dtype: str | None = None) -> float:
+def _compute_copy(m: ModelSpec, role: _Role, dtype: str, rollout_dtype: str | None = None) -> float:
     """Weights materialised for compute: the FSDP2 all-gathered units (root plus two prefetched
-    layers) in the gather dtype, at every world size (FSDP2 copies on one device too); plus, on one
-    device, autocast's cast copy of the weights when they are gathered in another dtype than `dtype`."""
+    layers) in the gather dtype, at every world size (FSDP2 copies on one device too); plus
+    autocast's cast copy of the (unsharded) weights when they are gathered in another dtype than
+    `dtype` (autocast caches the casts of leaf weights for the whole forward)."""
     gather = gather_dtype(role.plan, rollout_dtype)
     vocab = m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings or role.name == "critic" else 2)
     per_layer = (role.params - vocab) / m.num_layers
     units = (vocab + 2 * per_layer) * BYTES[gather]
-    if ws > 1 or gather == dtype:
+    if gather == dtype:
         return units
     embedding = m.vocab_size * m.hidden_size
     casted = role.params - (embedding if (role.name == "critic" or not m.tie_word_embeddings) else 0)
@@ -321,11 +322,11 @@ def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollo
     for label, batch in (("rollout", workload.rollout_batch_per_gpu), ("validation", workload.val_batch_per_gpu)):
         terms = idle("actor")
         terms["actor.optimizer"] = 0.0 if actor.optimizer_offload else a.optimizer(ws)
+        # offloaded shards stay on the host (the built-in engine uses the gathered copy it counts)
+        terms["actor.weights"] = 0.0 if actor.param_offload else a.weights(ws)
         if rollout.name == "vllm":
-            terms["actor.weights"] = 0.0 if actor.param_offload else a.weights(ws)
             terms["rollout.engine share"] = rollout.gpu_memory_utilization * device_memory_gb * GiB
         else:
-            terms["actor.weights"] = a.weights(ws)
             terms.update(_builtin_rollout(model, a, workload, rollout, batch))
         phases[label] = PhaseMemory(label, terms)
 
@@ -336,7 +337,7 @@ def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollo
         role = roles[name]
         terms = idle(name)
         terms.update(on_device(role, optimizer=not role.plan.optimizer_offload and role.trainable))
-        terms[f"{name}.compute_copy"] = _compute_copy(cmodel if name == "critic" else model, role, ws,
+        terms[f"{name}.compute_copy"] = _compute_copy(cmodel if name == "critic" else model, role,
                                                       role.plan.compute_dtype,
                                                       rollout.dtype if name == "actor" else None)
         tokens, resp = _tokens(role.plan, T, R, forward=True)
@@ -360,7 +361,7 @@ def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollo
         terms[f"{name}.grads"] = role.grads(ws)
         tokens, resp = _tokens(role.plan, T, R, forward=False)
         # three candidate peaks: end of forward / start of backward, end of backward, optimizer step
-        fwd_bwd = {f"{name}.compute_copy": _compute_copy(spec, role, ws, role.plan.compute_dtype,
+        fwd_bwd = {f"{name}.compute_copy": _compute_copy(spec, role, role.plan.compute_dtype,
                                                           rollout.dtype if name == "actor" else None)}
         fwd_bwd.update(_activations(spec, role.plan, tokens, T, train=True))
         if name == "critic":
