@@ -18,7 +18,7 @@ share it. Prints one table, writes `memory_model.json` (rows + per-term predicti
 ends with the calibration hints: per term family, how far measured is from predicted.
 
     python benchmarks/memory_model.py --model /tmp/qwen05b-random --profiles p40,t4,a100-40gb,h200 \
-        --settings field_report --algos ppo,grpo --jobs 4 --out "$OUT"
+        --settings field_report --algos ppo,grpo --jobs 3 --out "$OUT"
     python benchmarks/memory_model.py --tiny --profiles cpu --settings tiny --out /tmp/mm   # CPU smoke
 """
 from __future__ import annotations
@@ -381,9 +381,10 @@ def calibration_hints(rows: list[dict], tolerance: float = 0.15) -> list[str]:
             terms = row["terms"].get(phase, {})
             biggest = max((k for k in terms if not k.endswith((".weights", ".optimizer"))), default=None,
                           key=lambda k: terms[k])
-            hints.append(f"{row['profile']}/{row['setting']}/{row['algo']} {phase}: predicted {pred:.2f}, measured "
-                         f"{meas:.2f} GiB ({meas - pred:+.2f} GiB unexplained); largest transient term: "
-                         f"{biggest} = {terms.get(biggest, 0):.2f} GiB")
+            hints.append(f"{row['profile']}/{row['setting']}/{row['algo']} {phase}: predicted {pred:.3f}, measured "
+                         f"{meas:.3f} GiB ({meas - pred:+.3f} GiB unexplained, measured at the phase's start "
+                         f"{row['at_start'][phase]:.3f}); largest transient term: {biggest} = "
+                         f"{terms.get(biggest, 0):.3f} GiB")
     return hints or [f"every measured phase is within ±{tolerance:.0%} of its prediction: nothing to recalibrate"]
 
 
