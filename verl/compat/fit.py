@@ -270,7 +270,7 @@ def _fitted_plan(d: Decider, inp: FitInputs, search: _Search, found, b: _Batch, 
     for name, rp in rs.items():
         phases = [p for k, p in est.phases.items() if k.startswith(name) or (name == "critic" and k == "values")]
         rs[name] = replace(rp, predicted_peak_gb=round(max(p.total_gb for p in phases), 3))
-    ro = replace(ro, predicted_peak_gb=round(est.phases["rollout"].total_gb, 3))
+    ro = replace(ro, predicted_peak_gb=round(max(est.phases[k].total_gb for k in ("rollout", "validation")), 3))
     d.note("memory", round(est.predicted_peak_gb, 3),
            f"peak {est.predicted_peak_gb:.2f} GiB in {est.peak_phase}; with context and {inp.margin:.0%} margin "
            f"{est.required_gb:.2f} of {limit:.1f} GiB ({rung})")

@@ -341,7 +341,7 @@ def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], rol
     workload = Workload(prompt_length=int(_get(config, "data.max_prompt_length", 512)),
                         response_length=int(_get(config, "data.max_response_length", 512)),
                         rollout_batch_per_gpu=math.ceil(int(_get(config, "data.train_batch_size", 1024)) * n / world),
-                        world_size=world)
+                        world_size=world, val_batch_per_gpu=_val_batch_per_gpu(config, world))
     budgets = {"actor": int(_get(config, f"{arr}.actor.ppo_max_token_len_per_gpu", 16384)),
                "actor_forward": int(_get(config, f"{arr}.rollout.log_prob_max_token_len_per_gpu", 16384)),
                "critic": int(_get(config, "critic.ppo_max_token_len_per_gpu", 32768)),
@@ -378,6 +378,17 @@ def _plan_without_model(d: _Decider, inp: FitInputs, plan_kwargs: dict) -> Plan:
     d.reasons["memory"] = "no model config.json given: memory not planned, user settings kept"
     plan_kwargs.update(actor=roles["actor"], critic=roles.get("critic"), ref=roles.get("ref"))
     return Plan(reasons=d.reasons, warnings=d.warnings, **plan_kwargs)
+
+
+def _val_batch_per_gpu(config: Any, world: int) -> int | None:
+    """Sequences each device generates per validation call: `data.val_batch_size` prompts x
+    `val_kwargs.n`; None when it is null (upstream's default: the whole validation set, whose size
+    a pure planner cannot know, so the memory model assumes at least one full chunk)."""
+    prompts = _get(config, "data.val_batch_size", None)
+    if prompts is None:
+        return None
+    n = int(_get(config, "actor_rollout_ref.rollout.val_kwargs.n", 1))
+    return math.ceil(int(prompts) * n / world)
 
 
 HOST_MEMORY_ALREADY = "host memory already: on a CPU device weights and optimizer state live in host memory"
