@@ -28,7 +28,9 @@ TOLERANCE = 0.15     # the project's target for predicted vs measured peak
 
 
 def role(compute="bfloat16", param="float32", ckpt=False, attn="sdpa", po=False, oo=False, micro=1):
+    """A role plan as the planner makes it: cast on gather for bfloat16, not for guarded float16."""
     return RolePlan(param_dtype=param, compute_dtype=compute, grad_scaler=compute == "float16",
+                    cast_on_gather=compute not in (param, "float16"), numerics_guard=compute == "float16",
                     attn_implementation=attn, use_remove_padding=False, gradient_checkpointing=ckpt,
                     param_offload=po, optimizer_offload=oo, micro_batch_size_per_gpu=micro,
                     forward_micro_batch_size_per_gpu=micro)
