@@ -46,6 +46,7 @@ from verl.utils.checkpoint.checkpoint_manager import (
     step_of,
     write_tracker,
 )
+from verl.utils.checkpoint.plain_state import host_rng_state, load_plain, set_host_rng_state
 from verl.utils.dataset.resumable_sampler import ResumableSampler
 from verl.utils.timer import marked_timer
 from verl.utils.torch_functional import masked_mean
@@ -380,7 +381,9 @@ class RayPPOTrainer:
             self.critic_wg.save_checkpoint(os.path.join(folder, str(Role.Critic)), None, self.global_steps,
                                            max_ckpt_to_keep=keep["critic"])
         data_path = os.path.join(folder, "data.pt")
-        torch.save(self.train_sampler.state_dict(epoch, batches_done), data_path + ".partial")
+        # the driver's own generators too (e.g. a shuffled validation loader draws from them)
+        data_state = {**self.train_sampler.state_dict(epoch, batches_done), "driver_rng": host_rng_state()}
+        torch.save(data_state, data_path + ".partial")
         os.replace(data_path + ".partial", data_path)
         write_tracker(root, self.global_steps)
         for component, count in keep.items():  # the previous tracked step is no longer protected
@@ -394,8 +397,9 @@ class RayPPOTrainer:
         mode = trainer.get("resume_mode", "auto")
         if mode == "disable":
             return 0, 0
+        parts = [("actor", self.actor_rollout_wg)] + ([(str(Role.Critic), self.critic_wg)] if self.use_critic else [])
         if mode == "auto":
-            folder = find_latest_ckpt_path(self._checkpoint_root())
+            folder = find_latest_ckpt_path(self._checkpoint_root(), components=[name for name, _ in parts])
             if folder is None:
                 print(f"No checkpoint under {self._checkpoint_root()}: training from scratch", flush=True)
                 return 0, 0
@@ -406,24 +410,25 @@ class RayPPOTrainer:
         else:
             raise ValueError(f"trainer.resume_mode must be auto, disable or resume_path, got {mode!r}")
         step = step_of(folder)
-        parts = [("actor", self.actor_rollout_wg)] + ([(str(Role.Critic), self.critic_wg)] if self.use_critic else [])
         for name, _ in parts:
             if not os.path.isdir(os.path.join(folder, name)):
                 raise FileNotFoundError(f"{folder} has no complete {name}/ checkpoint; point "
                                         "trainer.resume_from_path at another global_step_<N> folder")
-        print(f"Resuming from {folder} (step {step})", flush=True)
-        for name, group in parts:
-            group.load_checkpoint(os.path.join(folder, name),
-                                  del_local_after_load=bool(trainer.get("del_local_ckpt_after_load", False)))
-        self.global_steps = step
         data_path = os.path.join(folder, "data.pt")
         if os.path.exists(data_path):
-            state = torch.load(data_path, weights_only=False)
+            state = load_plain(data_path)  # first: a refused file stops the resume before any weights load
         else:
             per_epoch = len(self.train_dataloader)
             state = {"epoch": step // per_epoch, "batches_done": step % per_epoch}
             print(f"{data_path} is missing: continuing at epoch {state['epoch']}, batch {state['batches_done'] + 1}, "
                   "without the sampler's random state", flush=True)
+        print(f"Resuming from {folder} (step {step})", flush=True)
+        for name, group in parts:
+            group.load_checkpoint(os.path.join(folder, name),
+                                  del_local_after_load=bool(trainer.get("del_local_ckpt_after_load", False)))
+        self.global_steps = step
+        if state.get("driver_rng") is not None:
+            set_host_rng_state(state["driver_rng"])
         self.train_sampler.load_state_dict(state)
         return int(state["epoch"]), int(state["batches_done"])
 
