@@ -307,6 +307,7 @@ class RayPPOTrainer:
         )
         self.global_steps = 0
         start_epoch, batches_done = self._load_checkpoint()
+        logger.continue_from(self.global_steps)  # the steps after the checkpoint are logged again
         if self.global_steps >= self.total_training_steps:
             print(f"The checkpoint is at step {self.global_steps} of {self.total_training_steps}: nothing left to "
                   "train (raise trainer.total_training_steps or total_epochs to continue).", flush=True)
