@@ -205,3 +205,19 @@ def test_an_empty_or_garbled_tracker_names_the_file(tmp_path, content):
     with pytest.raises(CheckpointTrackerError, match=re.escape(str(tracker_file))):
         resumed.fit()
     assert group.prompts == []
+
+
+def test_steps_beyond_the_epochs_end_at_the_real_last_step_with_save_and_validation(tmp_path, capsys):
+    """12 prompts / batch 4 x 2 epochs = 6 steps, though 50 were asked for: say so, save and validate at 6."""
+    trainer = trainer_for(tmp_path, steps=50, save_freq=4, **{"trainer.total_epochs": 2, "trainer.test_freq": 100})
+    group = attach(trainer, CheckpointingGroup([]))
+    validated = []
+    real_validate = trainer._validate
+    trainer._validate = lambda: validated.append(trainer.global_steps) or real_validate()
+    out = capsys.readouterr().out
+    assert "total_training_steps=50" in out and "training runs 6 steps" in out
+    assert trainer.total_training_steps == 6
+    trainer.fit()
+    root = tmp_path / "checkpoints"
+    assert tracker(root) == 6 and (root / "global_step_4").is_dir()
+    assert validated == [6] and len(group.prompts) == 6

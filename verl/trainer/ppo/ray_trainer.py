@@ -240,12 +240,20 @@ class RayPPOTrainer:
         if len(self.val_dataloader) == 0:
             raise ValueError("The validation set (data.val_files) is empty.")
 
-        total_steps = len(self.train_dataloader) * self.config.trainer.total_epochs
-        if self.config.trainer.get("total_training_steps") is not None:
-            total_steps = self.config.trainer.total_training_steps
+        per_epoch, epochs = len(self.train_dataloader), self.config.trainer.total_epochs
+        total_steps = per_epoch * epochs
+        requested = self.config.trainer.get("total_training_steps")
+        if requested is not None and requested > total_steps:
+            # the loop ends with the data: the last step (save, validation) is the last batch of the last epoch
+            print(f"WARNING: trainer.total_training_steps={requested} is more than the data holds: "
+                  f"{epochs} epoch(s) x {per_epoch} batches = {total_steps} steps, so training runs {total_steps} "
+                  f"steps and saves/validates at step {total_steps}. Raise trainer.total_epochs to train longer.",
+                  flush=True)
+        elif requested is not None:
+            total_steps = requested
         self.total_training_steps = total_steps
-        print(f"Train dataloader: {len(self.train_dataloader)} batches/epoch, "
-              f"val dataloader: {len(self.val_dataloader)}; total training steps: {total_steps}", flush=True)
+        print(f"Train dataloader: {per_epoch} batches/epoch, val dataloader: {len(self.val_dataloader)}; "
+              f"training will run {total_steps} steps", flush=True)
 
         # LR schedules (warmup ratio, cosine decay) are sized by the real number of steps, as upstream.
         with open_dict(self.config):
@@ -353,7 +361,7 @@ class RayPPOTrainer:
                         progress_bar.close()
                         return
                 first_batch = 1
-            progress_bar.close()  # total_training_steps was more than the epochs hold
+            progress_bar.close()
         finally:
             logger.finish()
 
