@@ -43,7 +43,13 @@ def _task(config) -> None:
         _warn(validate(config))
     except ConfigError as error:
         _fail(error)
-    run_ppo(config)
+    from verl.trainer.preflight import InputError
+
+    try:
+        run_ppo(config)
+    except InputError as error:
+        print(f"verl: input error (found before starting Ray):\n{error}", file=sys.stderr)
+        raise SystemExit(CONFIG_ERROR_EXIT) from None
 
 
 def main() -> None:
