@@ -271,3 +271,18 @@ def test_a_reward_function_without_return_dict_gives_just_the_tensor(tmp_path, m
     trainer.reward_fn = lambda data: reward_fn(data)
     trainer.fit()
     assert read_log(tmp_path / "log.jsonl")[0]["data"]["critic/score/mean"] == pytest.approx(0.5)
+
+
+def test_a_nan_score_from_a_custom_reward_manager_blames_the_reward(tmp_path, monkeypatch):
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "log.jsonl"))
+    cfg = make_config(tmp_path, **{"trainer.val_before_train": False, "trainer.test_freq": -1})
+    trainer, _ = make_trainer(cfg, [])
+
+    def nan_reward(data, return_dict=False):
+        tensor = reward_fn(data)
+        return tensor * float("nan")
+
+    trainer.reward_fn = nan_reward
+    with pytest.raises(TrainingDivergedError, match="reward function returned a non-finite score") as err:
+        trainer.fit()
+    assert "lr" not in str(err.value)

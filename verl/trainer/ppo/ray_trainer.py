@@ -607,6 +607,12 @@ class RayPPOTrainer:
         bad = {k: metrics[k] for k in _MUST_BE_FINITE if k in metrics and not math.isfinite(metrics[k])}
         if not bad:
             return
+        if "critic/score/mean" in bad:
+            raise TrainingDivergedError(
+                f"Training stopped at step {self.global_steps}: the reward function returned a non-finite score "
+                f"({bad}). Fix the reward function (custom_reward_function / reward_model.reward_manager); this "
+                "is not a training instability."
+            )
         actor = self.config.actor_rollout_ref.actor
         raise TrainingDivergedError(
             f"Training stopped at step {self.global_steps}: {bad} is not finite. This step's metrics were "
