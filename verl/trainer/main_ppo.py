@@ -43,13 +43,21 @@ def _task(config) -> None:
         _warn(validate(config))
     except ConfigError as error:
         _fail(error)
+    import signal
+
+    from verl.trainer.ppo.task_runner import Interrupted, interruption_line, stop_on_sigterm
     from verl.trainer.preflight import InputError
 
+    stop_on_sigterm()
     try:
         run_ppo(config)
     except InputError as error:
         print(f"verl: input error (found before starting Ray):\n{error}", file=sys.stderr)
         raise SystemExit(CONFIG_ERROR_EXIT) from None
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM as Interrupted; Ray is already shut down
+        signum = Interrupted.signum if isinstance(stop, Interrupted) else signal.SIGINT
+        print(f"\nverl: {interruption_line(config, signum)}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum) from None
 
 
 def main() -> None:

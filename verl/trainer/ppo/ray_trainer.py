@@ -321,6 +321,7 @@ class RayPPOTrainer:
                   "train (raise trainer.total_training_steps or total_epochs to continue).", flush=True)
             logger.finish()
             return
+        progress_bar = None
         try:
             if config.trainer.get("val_before_train", True):
                 val_metrics = self._validate()
@@ -358,11 +359,11 @@ class RayPPOTrainer:
                     progress_bar.update(1)
                     self.global_steps += 1
                     if is_last_step:
-                        progress_bar.close()
                         return
                 first_batch = 1
-            progress_bar.close()
         finally:
+            if progress_bar is not None:  # also on Ctrl-C: the bar's last line comes before the exit message
+                progress_bar.close()
             logger.finish()
 
     # ------------------------------------------------------------------ checkpoints

@@ -40,12 +40,53 @@ def run_ppo(config) -> None:
     if not ray.is_initialized():
         _init_ray(config, plan)
         started_ray = True
+        stop_on_sigterm()  # ray.init installs a SIGTERM handler of its own in the driver
     try:
         trainer.init_workers()
         trainer.fit()
     finally:
         if started_ray:
             ray.shutdown()
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, turned into the same unwinding as Ctrl-C (so `finally` blocks close loggers and Ray)."""
+
+    signum = signal.SIGTERM
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM unwind like Ctrl-C in the main thread (elsewhere signals cannot be handled)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def raise_interrupted(signum, frame):
+        raise Interrupted()
+
+    signal.signal(signal.SIGTERM, raise_interrupted)
+
+
+def interruption_line(config, signum: int = signal.SIGINT) -> str:
+    """One line: what stopped the run, the last complete checkpoint (or none), how to resume."""
+    from verl.utils.checkpoint.checkpoint_manager import CheckpointTrackerError, find_latest_ckpt_path
+
+    trainer = config.trainer
+    cause = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    folder = None
+    if trainer.get("default_local_dir"):
+        try:
+            folder = find_latest_ckpt_path(os.path.abspath(trainer.default_local_dir))
+        except CheckpointTrackerError:
+            folder = None
+    if folder is None:
+        hint = ("set trainer.save_freq=N to save every N steps" if (trainer.get("save_freq") or -1) <= 0
+                else "the same command starts from scratch")
+        return f"stopped by {cause}; no complete checkpoint was saved ({hint})."
+    if trainer.get("resume_mode", "auto") == "auto":
+        how = "run the same command again to resume from it (trainer.resume_mode=auto)"
+    else:
+        how = f"resume with trainer.resume_mode=resume_path trainer.resume_from_path={folder}"
+    return f"stopped by {cause}; last complete checkpoint: {folder}; {how}."
 
 
 def _init_ray(config, plan) -> None:
