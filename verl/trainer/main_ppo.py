@@ -60,6 +60,16 @@ def _task(config) -> None:
         raise SystemExit(128 + signum) from None
 
 
+def register_resolvers() -> None:
+    """`${verl_run_id:}`, which makes Hydra's output folder unique per run (this process's id)."""
+    import os
+
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("verl_run_id"):
+        OmegaConf.register_new_resolver("verl_run_id", lambda: str(os.getpid()))
+
+
 def main() -> None:
     """Check the overrides in sys.argv, then let Hydra compose `config/ppo_trainer.yaml` and run."""
     try:
@@ -71,6 +81,7 @@ def main() -> None:
 
     import hydra
 
+    register_resolvers()
     hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)(_task)()
 
 
