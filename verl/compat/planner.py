@@ -282,6 +282,22 @@ def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> 
                        attn_implementation=attn), asked
 
 
+# Rollout keys only vLLM reads, with upstream 0.9.1's defaults: a different value was set by the user.
+VLLM_ONLY_ROLLOUT_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "enable_chunked_prefill": True}
+
+
+def _warn_vllm_only_keys(d: _Decider, config: Any, engine: str) -> None:
+    """One warning naming the vLLM-only keys the user changed when the built-in engine will run."""
+    if engine == "vllm":
+        return
+    r = "actor_rollout_ref.rollout"
+    changed = [f"{r}.{key}={value}" for key, default in VLLM_ONLY_ROLLOUT_DEFAULTS.items()
+               if (value := _get(config, f"{r}.{key}", default)) is not AUTO and value is not None and value != default]
+    if changed:
+        d.warnings.append(f"{', '.join(changed)} only apply to vLLM, and the built-in engine runs here: ignored "
+                          f"(its chunk of sequences is {r}.micro_batch_size)")
+
+
 def _decide_globals(d: _Decider, config: Any) -> dict:
     p = d.profile
     out = {
@@ -403,6 +419,7 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     d.reasons.pop("compute_dtype")
     rollout, rollout_asked = _decide_rollout(d, config, roles["actor"].compute_dtype,
                                              roles["actor"].attn_implementation)
+    _warn_vllm_only_keys(d, config, rollout.name)
 
     world = int(_get(config, "trainer.n_gpus_per_node", 1)) * int(_get(config, "trainer.nnodes", 1))
     world = 1 if profile.backend == "cpu" else max(world, 1)
