@@ -60,14 +60,14 @@ def _task(config) -> None:
         raise SystemExit(128 + signum) from None
 
 
-def register_resolvers() -> None:
-    """`${verl_run_id:}`, which makes Hydra's output folder unique per run (this process's id)."""
+def unique_run_dir(args: list[str]) -> list[str]:
+    """Hydra's default output folder (outputs/<date>/<time>) plus this process's id, unless the user
+    chose one: runs started in the same second get their own folders instead of sharing one."""
     import os
 
-    from omegaconf import OmegaConf
-
-    if not OmegaConf.has_resolver("verl_run_id"):
-        OmegaConf.register_new_resolver("verl_run_id", lambda: str(os.getpid()))
+    if any(a.lstrip("+").startswith("hydra.run.dir=") for a in args):
+        return args
+    return [*args, f"hydra.run.dir=outputs/${{now:%Y-%m-%d}}/${{now:%H-%M-%S}}-{os.getpid()}"]
 
 
 def main() -> None:
@@ -77,11 +77,10 @@ def main() -> None:
     except ConfigError as error:
         _fail(error)
     _warn(warnings)
-    sys.argv[1:] = args
+    sys.argv[1:] = unique_run_dir(args)
 
     import hydra
 
-    register_resolvers()
     hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)(_task)()
 
 
