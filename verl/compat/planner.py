@@ -282,6 +282,28 @@ def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> 
                        attn_implementation=attn), asked
 
 
+UPSTREAM_DATALOADER_WORKERS = 8
+
+
+def _dataloader_workers(d: _Decider, config: Any, device_processes: int) -> int:
+    """Loader processes for the driver, from the cores left beside the device worker processes."""
+    asked = _get(config, "data.dataloader_num_workers")
+    if asked is not AUTO:
+        if isinstance(asked, bool) or not str(asked).isdigit():
+            raise PlanError(f"data.dataloader_num_workers={asked} is not a whole number >= 0; set it or leave it auto.")
+        return d.note("data.dataloader_num_workers", int(asked), "set by the user")
+    cores = d.profile.host_cpu_count
+    if cores <= 0:
+        return d.note("data.dataloader_num_workers", 0, "core count unknown: batches load in the driver")
+    if d.profile.backend == "cpu":
+        return d.note("data.dataloader_num_workers", 0,
+                      f"CPU training uses all {cores} cores; batches load in the driver, not in extra processes")
+    workers = min(UPSTREAM_DATALOADER_WORKERS, max(0, (cores - device_processes) // 2))
+    return d.note("data.dataloader_num_workers", workers,
+                  f"half of the {cores} cores left beside {device_processes} device process(es), at most "
+                  f"upstream's {UPSTREAM_DATALOADER_WORKERS}")
+
+
 # Rollout keys only vLLM reads, with upstream 0.9.1's defaults: a different value was set by the user.
 VLLM_ONLY_ROLLOUT_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "enable_chunked_prefill": True}
 
@@ -445,6 +467,7 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
 
     plan_kwargs = dict(device=profile, software=software, actor=None, critic=None, ref=None, rollout=rollout,
                        predicted_peak_gb=0.0, memory_limit_gb=profile.memory_gb, **glob)
+    plan_kwargs["dataloader_num_workers"] = _dataloader_workers(d, config, int(_get(config, "trainer.n_gpus_per_node", 1)))
     if model is None:
         roles = _apply_batches(roles, batches, dynamic, budgets)
         for name in roles:
