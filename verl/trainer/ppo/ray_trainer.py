@@ -53,6 +53,10 @@ from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking
 
 
+# Validation rows per worker and generate call when no engine chunk is planned (vLLM schedules its own).
+VALIDATION_ROWS_PER_WORKER = 256
+
+
 class TrainingDivergedError(RuntimeError):
     """A loss or training statistic became NaN/inf; continuing would only train on garbage."""
 
@@ -568,6 +572,7 @@ class RayPPOTrainer:
         reward_fn = self.val_reward_fn or self.reward_fn
         data_sources, uids, scores = [], [], []
         extra_infos: dict[str, list] = {}
+        progress = tqdm(total=len(self.val_dataset) * val_n, desc="Validation", unit="seq")
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict)
             batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
@@ -575,11 +580,15 @@ class RayPPOTrainer:
             gen_batch = self._pop_gen_batch(batch)
             gen_batch.meta_info.update(self._generation_meta(validate=True))
 
-            padded, pad_size = pad_dataproto_to_divisor(gen_batch, self.actor_rollout_wg.world_size)
-            output = self.actor_rollout_wg.generate_sequences(padded)
-            output.meta_info.pop("metrics", None)
-            output.meta_info.pop("timing", None)
-            batch = batch.union(unpad_dataproto(output, pad_size=pad_size))
+            outputs = []
+            for piece in gen_batch.split(self._validation_piece_rows()):
+                padded, pad_size = pad_dataproto_to_divisor(piece, self.actor_rollout_wg.world_size)
+                output = self.actor_rollout_wg.generate_sequences(padded)
+                output.meta_info.pop("metrics", None)
+                output.meta_info.pop("timing", None)
+                outputs.append(unpad_dataproto(output, pad_size=pad_size))
+                progress.update(len(piece))
+            batch = batch.union(outputs[0] if len(outputs) == 1 else DataProto.concat(outputs))
 
             reward_tensor, reward_extra_info = compute_reward(batch, reward_fn)
             scores.extend(reward_tensor.sum(-1).tolist())
@@ -588,6 +597,7 @@ class RayPPOTrainer:
             uids.extend(batch.non_tensor_batch["uid"].tolist())
             data_sources.extend(batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch))).tolist())
 
+        progress.close()
         infos = {"reward": scores}
         infos.update({k: v for k, v in extra_infos.items() if len(v) == len(scores) and k != "reward"})
         results = process_validation_metrics(data_sources, uids, infos)
@@ -603,6 +613,14 @@ class RayPPOTrainer:
                     is_core = var == core_var and name.split("@")[0] in ("mean", "maj", "best") and f"@{n_max}" in name
                     metrics[f"{'val-core' if is_core else 'val-aux'}/{source}/{var}/{name}"] = value
         return metrics
+
+    def _validation_piece_rows(self) -> int:
+        """Rows per generate call in validation: one engine chunk per worker, so the progress bar moves
+        as each chunk finishes (a whole validation set in one call showed nothing for minutes)."""
+        micro = self.plan.rollout.micro_batch_size if self.plan is not None else \
+            self.config.actor_rollout_ref.rollout.get("micro_batch_size")
+        per_worker = micro if isinstance(micro, int) and micro > 0 else VALIDATION_ROWS_PER_WORKER
+        return per_worker * self.actor_rollout_wg.world_size
 
     def _check_finite(self, metrics: dict) -> None:
         bad = {k: metrics[k] for k in _MUST_BE_FINITE if k in metrics and not math.isfinite(metrics[k])}
