@@ -176,7 +176,7 @@ _BATCH_KEYS = {
 _HARDWARE_LEAVES = {"attn_implementation", "use_remove_padding", "use_torch_compile", "param_offload",
                     "optimizer_offload", "model_dtype", "dtype", "param_dtype", "reduce_dtype",
                     "buffer_dtype", "name", "gpu_memory_utilization", "enforce_eager", "device", "micro_batch_size",
-                    "enable_gradient_checkpointing"}
+                    "enable_gradient_checkpointing", "dataloader_num_workers"}
 
 
 def _exists(config: DictConfig, path: str) -> bool:
@@ -289,6 +289,7 @@ def resolve_config(config: DictConfig, plan: Plan) -> dict:
         _set(config, "actor_rollout_ref.rollout.enforce_eager", rollout.enforce_eager, written)
         _set(config, "actor_rollout_ref.rollout.micro_batch_size", rollout.micro_batch_size, written)
         _set(config, "trainer.device", plan.device_type, written)
+        _set(config, "data.dataloader_num_workers", plan.dataloader_num_workers, written)
     raw = OmegaConf.to_container(config, resolve=False)
     left = [p for p in _raw_autos(raw) if p.rpartition(".")[2] in _HARDWARE_LEAVES]
     if left:

@@ -65,6 +65,7 @@ class Plan:
     reasons: dict[str, str] = field(default_factory=dict)   # "actor.compute_dtype" -> why
     warnings: list[str] = field(default_factory=list)       # user settings that were adapted
     memory: dict = field(default_factory=dict)   # memory model breakdown: phase -> term -> GiB
+    dataloader_num_workers: int = 0   # driver-side loader processes (data.dataloader_num_workers)
 
     @property
     def use_remove_padding(self) -> bool:

@@ -261,6 +261,44 @@ def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> 
                        attn_implementation=attn), asked
 
 
+UPSTREAM_DATALOADER_WORKERS = 8
+
+
+def _dataloader_workers(d: _Decider, config: Any, device_processes: int) -> int:
+    """Loader processes for the driver, from the cores left beside the device worker processes."""
+    asked = _get(config, "data.dataloader_num_workers")
+    if asked is not AUTO:
+        if isinstance(asked, bool) or not str(asked).isdigit():
+            raise PlanError(f"data.dataloader_num_workers={asked} is not a whole number >= 0; set it or leave it auto.")
+        return d.note("data.dataloader_num_workers", int(asked), "set by the user")
+    cores = d.profile.host_cpu_count
+    if cores <= 0:
+        return d.note("data.dataloader_num_workers", 0, "core count unknown: batches load in the driver")
+    if d.profile.backend == "cpu":
+        return d.note("data.dataloader_num_workers", 0,
+                      f"CPU training uses all {cores} cores; batches load in the driver, not in extra processes")
+    workers = min(UPSTREAM_DATALOADER_WORKERS, max(0, (cores - device_processes) // 2))
+    return d.note("data.dataloader_num_workers", workers,
+                  f"half of the {cores} cores left beside {device_processes} device process(es), at most "
+                  f"upstream's {UPSTREAM_DATALOADER_WORKERS}")
+
+
+# Rollout keys only vLLM reads, with upstream 0.9.1's defaults: a different value was set by the user.
+VLLM_ONLY_ROLLOUT_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "enable_chunked_prefill": True}
+
+
+def _warn_vllm_only_keys(d: _Decider, config: Any, engine: str) -> None:
+    """One warning naming the vLLM-only keys the user changed when the built-in engine will run."""
+    if engine == "vllm":
+        return
+    r = "actor_rollout_ref.rollout"
+    changed = [f"{r}.{key}={value}" for key, default in VLLM_ONLY_ROLLOUT_DEFAULTS.items()
+               if (value := _get(config, f"{r}.{key}", default)) is not AUTO and value is not None and value != default]
+    if changed:
+        d.warnings.append(f"{', '.join(changed)} only apply to vLLM, and the built-in engine runs here: ignored "
+                          f"(its chunk of sequences is {r}.micro_batch_size)")
+
+
 def _decide_globals(d: _Decider, config: Any) -> dict:
     p = d.profile
     out = {
@@ -303,9 +341,11 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     rollout, rollout_asked = _decide_rollout(d, config, roles["actor"].compute_dtype,
                                              roles["actor"].attn_implementation)
     _decide_cast_on_gather(d, roles, rollout.dtype)
+    _warn_vllm_only_keys(d, config, rollout.name)
     inp = _fit_inputs(d, config, roles_cfg, roles, rollout, rollout_asked, model)
     plan_kwargs = dict(device=profile, software=software, actor=None, critic=None, ref=None, rollout=rollout,
                        predicted_peak_gb=0.0, memory_limit_gb=profile.memory_gb, **glob)
+    plan_kwargs["dataloader_num_workers"] = _dataloader_workers(d, config, int(_get(config, "trainer.n_gpus_per_node", 1)))
     if model is None:
         return _plan_without_model(d, inp, plan_kwargs)
     return fit(d, inp, plan_kwargs)

@@ -30,6 +30,7 @@ class DeviceProfile:
     tensor_core_fp16: bool = False  # compute capability >= 7.0
     tf32: bool = False             # compute capability >= 8.0
     host_memory_gb: float = 0.0
+    host_cpu_count: int = 0        # CPU cores this process may use; 0 when unknown (catalog entries)
     simulated: bool = False        # True when this profile stands in for another device
     note: str = ""                 # why detection fell back (e.g. an MPS/XPU device planned as cpu)
 

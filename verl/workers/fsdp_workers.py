@@ -318,6 +318,9 @@ class ActorRolloutRefWorker(Worker):
                                                               self.tokenizer, self.config.actor.get("checkpoint"))
         if self._is_rollout:
             self.rollout = self._build_rollout()
+            if self._is_actor and hasattr(self.rollout, "get_rng_state"):
+                # an engine with its own sampling stream: checkpoint it, so a resumed run samples alike
+                self.checkpoint_manager.sampling_streams["rollout"] = self.rollout
         if self._is_ref:
             self._ref_model = _PlannedModel("ref", self.plan.ref or self.plan.actor, self.plan.device_type)
             self.ref_module = self._load(self._ref_model, train=False)

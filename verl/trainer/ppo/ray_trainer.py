@@ -46,10 +46,15 @@ from verl.utils.checkpoint.checkpoint_manager import (
     step_of,
     write_tracker,
 )
+from verl.utils.checkpoint.plain_state import host_rng_state, load_plain, set_host_rng_state
 from verl.utils.dataset.resumable_sampler import ResumableSampler
 from verl.utils.timer import marked_timer
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking
+
+
+# Validation rows per worker and generate call when no engine chunk is planned (vLLM schedules its own).
+VALIDATION_ROWS_PER_WORKER = 256
 
 
 class TrainingDivergedError(RuntimeError):
@@ -232,12 +237,20 @@ class RayPPOTrainer:
         if len(self.val_dataloader) == 0:
             raise ValueError("The validation set (data.val_files) is empty.")
 
-        total_steps = len(self.train_dataloader) * self.config.trainer.total_epochs
-        if self.config.trainer.get("total_training_steps") is not None:
-            total_steps = self.config.trainer.total_training_steps
+        per_epoch, epochs = len(self.train_dataloader), self.config.trainer.total_epochs
+        total_steps = per_epoch * epochs
+        requested = self.config.trainer.get("total_training_steps")
+        if requested is not None and requested > total_steps:
+            # the loop ends with the data: the last step (save, validation) is the last batch of the last epoch
+            print(f"WARNING: trainer.total_training_steps={requested} is more than the data holds: "
+                  f"{epochs} epoch(s) x {per_epoch} batches = {total_steps} steps, so training runs {total_steps} "
+                  f"steps and saves/validates at step {total_steps}. Raise trainer.total_epochs to train longer.",
+                  flush=True)
+        elif requested is not None:
+            total_steps = requested
         self.total_training_steps = total_steps
-        print(f"Train dataloader: {len(self.train_dataloader)} batches/epoch, "
-              f"val dataloader: {len(self.val_dataloader)}; total training steps: {total_steps}", flush=True)
+        print(f"Train dataloader: {per_epoch} batches/epoch, val dataloader: {len(self.val_dataloader)}; "
+              f"training will run {total_steps} steps", flush=True)
 
         # LR schedules (warmup ratio, cosine decay) are sized by the real number of steps, as upstream.
         with open_dict(self.config):
@@ -316,11 +329,13 @@ class RayPPOTrainer:
         )
         self.global_steps = 0
         start_epoch, batches_done = self._load_checkpoint()
+        logger.continue_from(self.global_steps)  # the steps after the checkpoint are logged again
         if self.global_steps >= self.total_training_steps:
             print(f"The checkpoint is at step {self.global_steps} of {self.total_training_steps}: nothing left to "
                   "train (raise trainer.total_training_steps or total_epochs to continue).", flush=True)
             logger.finish()
             return
+        progress_bar = None
         try:
             if config.trainer.get("val_before_train", True):
                 val_metrics = self._validate()
@@ -358,11 +373,11 @@ class RayPPOTrainer:
                     progress_bar.update(1)
                     self.global_steps += 1
                     if is_last_step:
-                        progress_bar.close()
                         return
                 first_batch = 1
-            progress_bar.close()  # total_training_steps was more than the epochs hold
         finally:
+            if progress_bar is not None:  # also on Ctrl-C: the bar's last line comes before the exit message
+                progress_bar.close()
             logger.finish()
 
     # ------------------------------------------------------------------ checkpoints
@@ -390,7 +405,9 @@ class RayPPOTrainer:
             self.critic_wg.save_checkpoint(os.path.join(folder, str(Role.Critic)), None, self.global_steps,
                                            max_ckpt_to_keep=keep["critic"])
         data_path = os.path.join(folder, "data.pt")
-        torch.save(self.train_sampler.state_dict(epoch, batches_done), data_path + ".partial")
+        # the driver's own generators too (e.g. a shuffled validation loader draws from them)
+        data_state = {**self.train_sampler.state_dict(epoch, batches_done), "driver_rng": host_rng_state()}
+        torch.save(data_state, data_path + ".partial")
         os.replace(data_path + ".partial", data_path)
         write_tracker(root, self.global_steps)
         for component, count in keep.items():  # the previous tracked step is no longer protected
@@ -404,8 +421,9 @@ class RayPPOTrainer:
         mode = trainer.get("resume_mode", "auto")
         if mode == "disable":
             return 0, 0
+        parts = [("actor", self.actor_rollout_wg)] + ([(str(Role.Critic), self.critic_wg)] if self.use_critic else [])
         if mode == "auto":
-            folder = find_latest_ckpt_path(self._checkpoint_root())
+            folder = find_latest_ckpt_path(self._checkpoint_root(), components=[name for name, _ in parts])
             if folder is None:
                 print(f"No checkpoint under {self._checkpoint_root()}: training from scratch", flush=True)
                 return 0, 0
@@ -416,24 +434,25 @@ class RayPPOTrainer:
         else:
             raise ValueError(f"trainer.resume_mode must be auto, disable or resume_path, got {mode!r}")
         step = step_of(folder)
-        parts = [("actor", self.actor_rollout_wg)] + ([(str(Role.Critic), self.critic_wg)] if self.use_critic else [])
         for name, _ in parts:
             if not os.path.isdir(os.path.join(folder, name)):
                 raise FileNotFoundError(f"{folder} has no complete {name}/ checkpoint; point "
                                         "trainer.resume_from_path at another global_step_<N> folder")
-        print(f"Resuming from {folder} (step {step})", flush=True)
-        for name, group in parts:
-            group.load_checkpoint(os.path.join(folder, name),
-                                  del_local_after_load=bool(trainer.get("del_local_ckpt_after_load", False)))
-        self.global_steps = step
         data_path = os.path.join(folder, "data.pt")
         if os.path.exists(data_path):
-            state = torch.load(data_path, weights_only=False)
+            state = load_plain(data_path)  # first: a refused file stops the resume before any weights load
         else:
             per_epoch = len(self.train_dataloader)
             state = {"epoch": step // per_epoch, "batches_done": step % per_epoch}
             print(f"{data_path} is missing: continuing at epoch {state['epoch']}, batch {state['batches_done'] + 1}, "
                   "without the sampler's random state", flush=True)
+        print(f"Resuming from {folder} (step {step})", flush=True)
+        for name, group in parts:
+            group.load_checkpoint(os.path.join(folder, name),
+                                  del_local_after_load=bool(trainer.get("del_local_ckpt_after_load", False)))
+        self.global_steps = step
+        if state.get("driver_rng") is not None:
+            set_host_rng_state(state["driver_rng"])
         self.train_sampler.load_state_dict(state)
         return int(state["epoch"]), int(state["batches_done"])
 
@@ -563,6 +582,7 @@ class RayPPOTrainer:
         reward_fn = self.val_reward_fn or self.reward_fn
         data_sources, uids, scores = [], [], []
         extra_infos: dict[str, list] = {}
+        progress = tqdm(total=len(self.val_dataset) * val_n, desc="Validation", unit="seq")
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict)
             batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
@@ -570,11 +590,15 @@ class RayPPOTrainer:
             gen_batch = self._pop_gen_batch(batch)
             gen_batch.meta_info.update(self._generation_meta(validate=True))
 
-            padded, pad_size = pad_dataproto_to_divisor(gen_batch, self.actor_rollout_wg.world_size)
-            output = self.actor_rollout_wg.generate_sequences(padded)
-            self._pop_metrics(output)   # validation metrics are computed below; this applies plan updates
-            output.meta_info.pop("timing", None)
-            batch = batch.union(unpad_dataproto(output, pad_size=pad_size))
+            outputs = []
+            for piece in gen_batch.split(self._validation_piece_rows()):
+                padded, pad_size = pad_dataproto_to_divisor(piece, self.actor_rollout_wg.world_size)
+                output = self.actor_rollout_wg.generate_sequences(padded)
+                self._pop_metrics(output)   # validation metrics are computed below; this applies plan updates
+                output.meta_info.pop("timing", None)
+                outputs.append(unpad_dataproto(output, pad_size=pad_size))
+                progress.update(len(piece))
+            batch = batch.union(outputs[0] if len(outputs) == 1 else DataProto.concat(outputs))
 
             reward_tensor, reward_extra_info = compute_reward(batch, reward_fn)
             scores.extend(reward_tensor.sum(-1).tolist())
@@ -583,6 +607,7 @@ class RayPPOTrainer:
             uids.extend(batch.non_tensor_batch["uid"].tolist())
             data_sources.extend(batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch))).tolist())
 
+        progress.close()
         infos = {"reward": scores}
         infos.update({k: v for k, v in extra_infos.items() if len(v) == len(scores) and k != "reward"})
         results = process_validation_metrics(data_sources, uids, infos)
@@ -599,10 +624,24 @@ class RayPPOTrainer:
                     metrics[f"{'val-core' if is_core else 'val-aux'}/{source}/{var}/{name}"] = value
         return metrics
 
+    def _validation_piece_rows(self) -> int:
+        """Rows per generate call in validation: one engine chunk per worker, so the progress bar moves
+        as each chunk finishes (a whole validation set in one call showed nothing for minutes)."""
+        micro = self.plan.rollout.micro_batch_size if self.plan is not None else \
+            self.config.actor_rollout_ref.rollout.get("micro_batch_size")
+        per_worker = micro if isinstance(micro, int) and micro > 0 else VALIDATION_ROWS_PER_WORKER
+        return per_worker * self.actor_rollout_wg.world_size
+
     def _check_finite(self, metrics: dict) -> None:
         bad = {k: metrics[k] for k in _MUST_BE_FINITE if k in metrics and not math.isfinite(metrics[k])}
         if not bad:
             return
+        if "critic/score/mean" in bad:
+            raise TrainingDivergedError(
+                f"Training stopped at step {self.global_steps}: the reward function returned a non-finite score "
+                f"({bad}). Fix the reward function (custom_reward_function / reward_model.reward_manager); this "
+                "is not a training instability."
+            )
         actor = self.config.actor_rollout_ref.actor
         raise TrainingDivergedError(
             f"Training stopped at step {self.global_steps}: {bad} is not finite. This step's metrics were "

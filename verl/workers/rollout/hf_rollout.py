@@ -188,6 +188,17 @@ class HFRollout(BaseRollout):
             top_p=float(meta_info.get("top_p", _cfg(source, "top_p", 1.0))),
         )
 
+    def get_rng_state(self) -> torch.Tensor | None:
+        """The kept sampling stream's state (None before its first use), for checkpoints."""
+        return None if self._generator is None else self._generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor | None) -> None:
+        """Continue the kept sampling stream from `get_rng_state()`'s value (None: seed it afresh)."""
+        self._generator = None
+        if state is not None:
+            self._generator = torch.Generator(device=self._device())
+            self._generator.set_state(state)
+
     # ------------------------------------------------------------------ internals
 
     def _device(self) -> torch.device:
