@@ -86,6 +86,13 @@ def test_model_spec_tokenizer_and_weights_load_from_a_hub_id(offline_cache, tiny
     assert critic.config.num_labels == 1
 
 
+def test_use_shm_copies_a_hub_model_into_shared_memory(offline_cache, tmp_path, monkeypatch):
+    monkeypatch.setattr(fs, "SHM_CACHE_DIR", str(tmp_path / "shm"))
+    local = fs.copy_to_local(REPO_ID, use_shm=True)
+    assert local.startswith(str(tmp_path / "shm")) and sorted(os.listdir(local)) == sorted(os.listdir(offline_cache))
+    assert fs.copy_to_local(REPO_ID, use_shm=True) == local      # copied once
+
+
 def test_hdfs_path_without_a_client_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(fs.shutil, "which", lambda name: None)
     with pytest.raises(FileNotFoundError, match="no `hdfs` command is on PATH"):

@@ -18,6 +18,7 @@ __all__ = ["copy_to_local", "is_non_local", "resolve_model_path"]
 
 _REMOTE_PREFIX = "hdfs://"
 _HDFS_COPY_TIMEOUT_S = 3600
+SHM_CACHE_DIR = "/dev/shm/verl-cache"
 
 
 def is_non_local(path: str) -> bool:
@@ -48,7 +49,8 @@ def copy_to_local(src: str, cache_dir: str | None = None, filelock: str = ".file
                   always_recopy: bool = False, use_shm: bool = False) -> str:
     """A local path for `src` (upstream's signature). Local paths come back unchanged; `hdfs://` paths
     are copied under `cache_dir` (the temp dir by default) unless a finished copy is already there.
-    `use_shm` additionally resolves a hub id, and copies the result under /dev/shm."""
+    `use_shm` additionally resolves a hub id, and copies the result under /dev/shm. (`filelock` is accepted
+    for upstream's signature; the lock file sits next to the copy.)"""
     from filelock import FileLock
 
     src = str(src)
@@ -58,8 +60,10 @@ def copy_to_local(src: str, cache_dir: str | None = None, filelock: str = ".file
         local = _cache_slot(src, cache_dir)
         os.makedirs(os.path.dirname(local), exist_ok=True)
         with FileLock(local + ".lock"):
-            if always_recopy and os.path.exists(local):
-                shutil.rmtree(local) if os.path.isdir(local) else os.remove(local)
+            if always_recopy and os.path.isdir(local):
+                shutil.rmtree(local)
+            elif always_recopy and os.path.exists(local):
+                os.remove(local)
             if not os.path.exists(local):
                 if verbose:
                     print(f"copying {src} to {local}")
@@ -71,7 +75,7 @@ def copy_to_local(src: str, cache_dir: str | None = None, filelock: str = ".file
 
 def _copy_to_shm(path: str) -> str:
     """Upstream's `use_shm`: keep the model files in RAM-backed /dev/shm for faster repeated loads."""
-    dst = _cache_slot(os.path.abspath(path), "/dev/shm/verl-cache")
+    dst = _cache_slot(os.path.abspath(path), SHM_CACHE_DIR)
     if not os.path.exists(dst):
         shutil.copytree(path, dst + ".partial", dirs_exist_ok=True)
         os.replace(dst + ".partial", dst)
