@@ -22,9 +22,11 @@ RUN_TIMEOUT_S = 420
 _CONSOLE_LINE = re.compile(r"^step:(\d+) - (.*)$")
 
 
-def run_main_ppo(overrides: list[str], log_path: Path | None = None, timeout: int = RUN_TIMEOUT_S):
-    """Run main_ppo with Hydra overrides; return (completed process, {step: metrics} from the file logger)."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+def run_main_ppo(overrides: list[str], log_path: Path | None = None, timeout: int = RUN_TIMEOUT_S,
+                 env: dict[str, str] | None = None):
+    """Run main_ppo with Hydra overrides (in `env`, else this process's environment); return
+    (completed process, {step: metrics} from the file logger)."""
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k != "RAY_ADDRESS"}
     env["PYTHONUNBUFFERED"] = "1"
     if log_path is not None:
         env["VERL_FILE_LOGGER_PATH"] = str(log_path)

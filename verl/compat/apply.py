@@ -75,8 +75,18 @@ def _roles(plan: Plan) -> list[RolePlan]:
     return [r for r in (plan.actor, plan.critic, plan.ref) if r is not None]
 
 
+_APPLIED: Plan | None = None   # the plan apply_in_process put in force in this process
+
+
+def applied_plan() -> Plan | None:
+    """The plan this process runs under (None before apply_in_process): what verl.utils.device reports."""
+    return _APPLIED
+
+
 def apply_in_process(plan: Plan, local_rank: int = 0) -> torch.device:
     """Select this process's device and put the plan's process-wide settings in force."""
+    global _APPLIED
+    _APPLIED = plan
     if plan.device_type == "cpu":
         device = torch.device("cpu")
     else:

@@ -140,3 +140,47 @@ def make_micro_batches(
     n = len(batch["attention_mask"])
     partitions = [list(range(s, min(s + micro_batch_size, n))) for s in range(0, n, micro_batch_size)]
     return [{k: v[p[0] : p[-1] + 1] for k, v in batch.items()} for p in partitions], partitions
+
+
+def get_seqlen_balanced_partitions(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool) -> list[list[int]]:
+    """Upstream's name: `k_partitions` non-empty lists of indices (each sorted) with similar length sums.
+    With `equal_size`, every list holds len(seqlen_list) / k_partitions indices (which must divide).
+    (Upstream uses Karmarkar-Karp; this is the greedy longest-first rule: the same contract, and sums
+    differ by at most the longest sequence.)"""
+    if not equal_size:
+        return balanced_partitions(seqlen_list, k_partitions)
+    n = len(seqlen_list)
+    if k_partitions < 1 or n < k_partitions or n % k_partitions:
+        raise ValueError(f"equal_size needs the {n} sequences to split evenly into {k_partitions} partitions")
+    size = n // k_partitions
+    parts: list[list[int]] = [[] for _ in range(k_partitions)]
+    totals = [0] * k_partitions
+    for i in sorted(range(n), key=lambda i: (-int(seqlen_list[i]), i)):
+        target = min((p for p in range(k_partitions) if len(parts[p]) < size), key=lambda p: (totals[p], p))
+        parts[target].append(i)
+        totals[target] += int(seqlen_list[i])
+    return [sorted(part) for part in parts]
+
+
+def prepare_dynamic_batch(data, max_token_len: int, dp_group=None, num_batches_divided_by: int | None = None,
+                          same_micro_num_in_dp: bool = True, min_num_micro_batch: int | None = None,
+                          use_dynamic_bsz_balance: bool = True):
+    """A DataProto split into token-budgeted micro-batch DataProtos (non-tensor columns and meta_info
+    follow their rows), plus each one's original row indices for `restore_dynamic_batch`.
+    `num_batches_divided_by` makes the micro-batch count a multiple of it (e.g. pipeline stages).
+    `use_dynamic_bsz_balance` is accepted for upstream's signature; micro-batches are always balanced."""
+    import copy
+
+    from verl.protocol import DataProto
+
+    tensors = dict(data.batch.items())
+    while True:
+        micro, parts = rearrange_micro_batches(tensors, max_token_len, dp_group=dp_group,
+                                               same_micro_num_in_dp=same_micro_num_in_dp,
+                                               min_num_micro_batch=min_num_micro_batch)
+        if not num_batches_divided_by or len(micro) % num_batches_divided_by == 0:
+            break
+        min_num_micro_batch = ceildiv(len(micro), num_batches_divided_by) * num_batches_divided_by
+    batches = [DataProto.from_dict(tensors=m, non_tensors={k: v[idx] for k, v in data.non_tensor_batch.items()},
+                                   meta_info=copy.deepcopy(data.meta_info)) for m, idx in zip(micro, parts)]
+    return batches, parts
