@@ -257,13 +257,13 @@ def test_world_size_two_matches_world_size_one(model_dir, tmp_path):
 
 
 def test_planned_torch_compile_compiles_the_entropy_with_equal_results(model_dir):
-    """plan.torch_compile is what the actor acts on (upstream's use_torch_compile: a compiled entropy);
+    """plan.torch_compile is what the actor acts on (upstream's use_torch_compile: a compiled entropy kernel);
     the compiled and eager paths give the same log-probs and entropies."""
     import dataclasses
 
     eager = _actor(model_dir)
     compiled = _actor(model_dir, plan=dataclasses.replace(cpu_plan(model_dir), torch_compile=True))
-    assert compiled.actor._entropy is not eager.actor._entropy
+    assert eager.actor._entropy_kernel is None and compiled.actor._entropy_kernel is not None
     data = ppo_batch()
     a, b = eager.compute_log_prob(data), compiled.compute_log_prob(data)
     mask = data.batch["response_mask"].bool()

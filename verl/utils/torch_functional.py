@@ -116,11 +116,59 @@ def log_probs_from_logits_response(input_ids: torch.Tensor, logits: torch.Tensor
     return logprobs_from_logits(response_logits, input_ids[:, -response_length:])
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) over the last dimension, in float32: lse(x) - sum(p * x)."""
-    x = logits if logits.dtype == torch.float64 else logits.float()
-    probs = torch.softmax(x, dim=-1)
-    return torch.logsumexp(x, dim=-1) - (probs * x).sum(dim=-1)
+def entropy_chunk_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-sum-exp, E_p[x]) per row of float32 logits `x`: entropy is their difference.
+
+    The one elementwise-heavy kernel of the entropy; the actor may hand a compiled copy of it to
+    `entropy_from_logits`.
+    """
+    lse = torch.logsumexp(x, dim=-1)
+    mean = (torch.exp(x - lse.unsqueeze(-1)) * x).sum(dim=-1)
+    return lse, mean
+
+
+class _TokenEntropy(torch.autograd.Function):
+    """Entropy of softmax(logits) per row, in float32 chunk by chunk (as `_TokenLogProb`).
+
+    Saves the input logits plus two floats per row; backward recomputes the softmax per chunk:
+    dH/dx_j = -p_j (x_j - E_p[x]).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, kernel) -> torch.Tensor:
+        lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        mean = torch.empty_like(lse)
+        for start in range(0, logits.shape[0], _ROWS_PER_CHUNK):
+            rows = slice(start, start + _ROWS_PER_CHUNK)
+            lse[rows], mean[rows] = kernel(logits[rows].float())
+        ctx.save_for_backward(logits, lse, mean)
+        return lse - mean
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, lse, mean = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], _ROWS_PER_CHUNK):
+            rows = slice(start, start + _ROWS_PER_CHUNK)
+            x = logits[rows].float()
+            probs = torch.exp(x - lse[rows].unsqueeze(-1))
+            grad[rows] = (-probs * (x - mean[rows].unsqueeze(-1)) * grad_out[rows].unsqueeze(-1)).to(logits.dtype)
+        return grad, None
+
+
+def entropy_from_logits(logits: torch.Tensor, kernel=None) -> torch.Tensor:
+    """Entropy of softmax(logits) over the last dimension, in float32: lse(x) - sum(p * x).
+
+    Computed `_ROWS_PER_CHUNK` rows at a time (forward and backward), so no float32 copy of the whole
+    (tokens, vocab) tensor is ever held. `kernel` replaces `entropy_chunk_stats` (e.g. a compiled copy).
+    Float64 input is computed directly in float64 (the reference path).
+    """
+    if logits.dtype == torch.float64:
+        probs = torch.softmax(logits, dim=-1)
+        return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+    lead = logits.shape[:-1]
+    flat = _TokenEntropy.apply(logits.reshape(-1, logits.shape[-1]), kernel or entropy_chunk_stats)
+    return flat.view(lead)
 
 
 def entropy_from_logits_with_chunking(logits: torch.Tensor, chunk_size: int = 2048) -> torch.Tensor:
