@@ -29,6 +29,8 @@ class RolePlan:
     predicted_peak_gb: float = 0.0
     forward_micro_batch_size_per_gpu: int | None = None  # no-grad forwards (log-probs, values)
     forward_max_token_len_per_gpu: int | None = None     # their token budget when use_dynamic_bsz
+    use_dynamic_bsz: bool = False   # token-budgeted micro-batches (verl/compat/throughput.py)
+    fused_optimizer: bool = False   # AdamW's fused kernel (trainable roles on an accelerator)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from verl.compat.memory import (
 from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.profile import DeviceProfile, SoftwareInfo
+from verl.compat.throughput import decide_dynamic_bsz, decide_fused_optimizer, dynamic_auto
 
 AUTO = object()
 _DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "float": "float32", "f32": "float32",
@@ -411,13 +412,17 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
                         response_length=int(_get(config, "data.max_response_length", 512)),
                         rollout_batch_per_gpu=math.ceil(int(_get(config, "data.train_batch_size", 1024)) * n / world),
                         world_size=world)
-    dynamic = bool(_flag(_get(config, f"{arr}.actor.use_dynamic_bsz", False)))
+    dynamic = decide_dynamic_bsz(d.note, profile, config)
     budgets = {"actor": int(_get(config, f"{arr}.actor.ppo_max_token_len_per_gpu", 16384)),
                "actor_forward": int(_get(config, f"{arr}.rollout.log_prob_max_token_len_per_gpu", 16384)),
                "critic": int(_get(config, "critic.ppo_max_token_len_per_gpu", 32768)),
                "critic_forward": int(_get(config, "critic.forward_max_token_len_per_gpu", 32768)),
                "ref": int(_get(config, f"{arr}.ref.log_prob_max_token_len_per_gpu", 16384))}
     batches = _micro_batches(config, workload, n)
+    if dynamic and dynamic_auto(config):
+        floors = {"actor": batches.actor, "actor_forward": batches.actor_forward, "critic": batches.critic,
+                  "critic_forward": batches.critic_forward, "ref": batches.ref}
+        budgets = {k: max(v, floors[k] * workload.seq_len) for k, v in budgets.items()}
 
     # user's memory-related choices (AUTO where the ladder may decide)
     asked_ckpt = {name: _flag(_first(config, f"{rc.model_prefix}.enable_gradient_checkpointing"))
@@ -443,10 +448,20 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
                    "no model config.json given: whole batches" if micro_asked is AUTO else "set by the user")
         d.reasons["memory"] = "no model config.json given: memory not planned, user settings kept"
         plan_kwargs.update(actor=roles["actor"], critic=roles.get("critic"), ref=roles.get("ref"))
-        return Plan(reasons=d.reasons, warnings=d.warnings, **plan_kwargs)
+        return _throughput(d, Plan(reasons=d.reasons, warnings=d.warnings, **plan_kwargs), dynamic)
 
-    return _fit(d, model, workload, roles, rollout, rollout_asked, batches, dynamic, budgets, asked_ckpt,
-                asked_off, margin, plan_kwargs)
+    return _throughput(d, _fit(d, model, workload, roles, rollout, rollout_asked, batches, dynamic, budgets,
+                               asked_ckpt, asked_off, margin, plan_kwargs), dynamic)
+
+
+def _throughput(d: _Decider, plan: Plan, dynamic: bool) -> Plan:
+    """Stamp the throughput rules (verl/compat/throughput.py) on every role of a finished plan."""
+    for name in ("actor", "critic", "ref"):
+        role = getattr(plan, name)
+        if role is not None:
+            fused = name != "ref" and decide_fused_optimizer(d.note, d.profile, name, role.param_offload)
+            setattr(plan, name, replace(role, use_dynamic_bsz=dynamic, fused_optimizer=fused))
+    return plan
 
 
 def _ladder(asked_off: dict, roles: dict):

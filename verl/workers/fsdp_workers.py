@@ -78,11 +78,13 @@ def _normalize_mini_batch(cfg, rollout_n: int, dp_size: int, where: str) -> None
             )
 
 
-def _build_optimizer(module: torch.nn.Module, optim_cfg):
-    """AdamW plus upstream's warm-up / constant|cosine schedule (stepped once per update call)."""
+def _build_optimizer(module: torch.nn.Module, optim_cfg, fused: bool = False):
+    """AdamW (the plan's fused kernel or torch's default) plus upstream's warm-up / constant|cosine
+    schedule (stepped once per update call)."""
     betas = tuple(optim_cfg.get("betas", (0.9, 0.999)))
     optimizer = torch.optim.AdamW(
-        module.parameters(), lr=float(optim_cfg.lr), betas=betas, weight_decay=float(optim_cfg.get("weight_decay", 0.01))
+        module.parameters(), lr=float(optim_cfg.lr), betas=betas, weight_decay=float(optim_cfg.get("weight_decay", 0.01)),
+        fused=True if fused else None,
     )
     total_steps = int(optim_cfg.get("total_training_steps", -1) or -1)
     warmup = optim_cfg.get("lr_warmup_steps", -1)
@@ -249,16 +251,19 @@ class ActorRolloutRefWorker(Worker):
         ref_plan = self.plan.ref or self.plan.actor
         if self._is_actor:
             a, p = cfg.actor, self.plan.actor
+            _fill(a, "use_dynamic_bsz", p.use_dynamic_bsz)
             _per_rank(a, "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu", dp, p.micro_batch_size_per_gpu)
             _fill(a, "ppo_max_token_len_per_gpu", p.max_token_len_per_gpu)
             _normalize_mini_batch(a, n, dp, "actor_rollout_ref.actor")
         if self._is_actor or self._is_rollout:
             r, p = cfg.rollout, self.plan.actor
+            _fill(r, "log_prob_use_dynamic_bsz", p.use_dynamic_bsz)
             _per_rank(r, "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", dp,
                       p.forward_micro_batch_size_per_gpu or p.micro_batch_size_per_gpu)
             _fill(r, "log_prob_max_token_len_per_gpu", p.forward_max_token_len_per_gpu or p.max_token_len_per_gpu)
         if self._is_ref:
             r = cfg.ref
+            _fill(r, "log_prob_use_dynamic_bsz", ref_plan.use_dynamic_bsz)
             _per_rank(r, "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", dp,
                       ref_plan.forward_micro_batch_size_per_gpu or ref_plan.micro_batch_size_per_gpu)
             _fill(r, "log_prob_max_token_len_per_gpu",
@@ -290,7 +295,8 @@ class ActorRolloutRefWorker(Worker):
                                               rollout_dtype)
             self.actor_module = self._load(self._actor_model, train=self._is_actor)
             if self._is_actor:
-                self.actor_optimizer, self.actor_lr_scheduler = _build_optimizer(self.actor_module, self.config.actor.optim)
+                self.actor_optimizer, self.actor_lr_scheduler = _build_optimizer(
+                    self.actor_module, self.config.actor.optim, self.plan.actor.fused_optimizer)
             actor_cfg = self.config.actor if self._is_actor else self.config.rollout
             self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.actor_optimizer,
                                               precision=self._actor_model.precision,
@@ -440,6 +446,7 @@ class CriticWorker(Worker):
         _, self.dp_size = fsdp_utils.init_distributed(plan.dist_backend)
         self.config = _copy_config(config)
         c, p, dp = self.config, plan.critic, self.dp_size
+        _fill(c, "use_dynamic_bsz", p.use_dynamic_bsz)
         _per_rank(c, "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu", dp, p.micro_batch_size_per_gpu)
         _per_rank(c, "forward_micro_batch_size", "forward_micro_batch_size_per_gpu", dp,
                   p.forward_micro_batch_size_per_gpu or c.get("ppo_micro_batch_size_per_gpu"))
@@ -456,7 +463,8 @@ class CriticWorker(Worker):
         module = build_model(model_cfg.path, self.plan.critic, value_head=True, trust_remote_code=trust,
                              override_config=model_cfg.get("override_config") or {}, train=True)
         self.critic_module = self._critic_model.shard(module)
-        self.critic_optimizer, self.critic_lr_scheduler = _build_optimizer(self.critic_module, self.config.optim)
+        self.critic_optimizer, self.critic_lr_scheduler = _build_optimizer(
+            self.critic_module, self.config.optim, self.plan.critic.fused_optimizer)
         self.critic = DataParallelPPOCritic(self.config, self.critic_module, self.critic_optimizer,
                                             precision=self._critic_model.precision,
                                             use_remove_padding=self.plan.critic.use_remove_padding)

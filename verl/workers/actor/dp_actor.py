@@ -19,7 +19,7 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils.fsdp_utils import global_batch_info, optimizer_step
 from verl.utils.packing import pack, padding_windows, unpack
-from verl.utils.seqlen_balancing import make_micro_batches, restore_dynamic_batch
+from verl.utils.seqlen_balancing import group_to_agree, make_micro_batches, restore_dynamic_batch
 from verl.utils.torch_functional import entropy_chunk_stats, entropy_from_logits, logprobs_from_logits
 
 logger = logging.getLogger(__name__)
@@ -152,7 +152,9 @@ class DataParallelPPOActor:
 
     def _micro_batches(self, tensors: dict, micro_batch_size, use_dynamic_bsz: bool, max_token_len):
         if use_dynamic_bsz:
-            return make_micro_batches(tensors, max_token_len=max_token_len, dp_group=self.dp_group)
+            padded = None if self.use_remove_padding else tensors["responses"].shape[-1]
+            return make_micro_batches(tensors, max_token_len=max_token_len, dp_group=group_to_agree(self.dp_group),
+                                      padded_response_length=padded)
         return make_micro_batches(tensors, micro_batch_size=micro_batch_size)
 
     def _windows(self, micro_batches: list[dict]) -> list:

@@ -15,7 +15,7 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_value_loss
 from verl.utils.fsdp_utils import global_batch_info, optimizer_step
 from verl.utils.packing import pack, padding_windows, unpack
-from verl.utils.seqlen_balancing import make_micro_batches, restore_dynamic_batch
+from verl.utils.seqlen_balancing import group_to_agree, make_micro_batches, restore_dynamic_batch
 from verl.utils.torch_functional import masked_mean
 from verl.workers.actor.dp_actor import MODEL_INPUTS, Precision, _reduce_micro_metrics
 
@@ -73,7 +73,9 @@ class DataParallelPPOCritic:
 
     def _micro_batches(self, tensors: dict, micro_batch_size, max_token_len):
         if self.config.get("use_dynamic_bsz", False):
-            return make_micro_batches(tensors, max_token_len=max_token_len, dp_group=self.dp_group)
+            padded = None if self.use_remove_padding else tensors["responses"].shape[-1]
+            return make_micro_batches(tensors, max_token_len=max_token_len, dp_group=group_to_agree(self.dp_group),
+                                      padded_response_length=padded)
         return make_micro_batches(tensors, micro_batch_size=micro_batch_size)
 
     @staticmethod
