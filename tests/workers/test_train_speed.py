@@ -159,3 +159,25 @@ def test_fused_adamw_updates_like_the_default_kernel():
             opt.zero_grad()
     for a, b in zip(models[0].parameters(), models[1].parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_training_flops_count_matmuls_and_attention(model_dir):
+    from transformers import AutoConfig
+
+    from verl.utils.flops import matmul_params, peak_flops, training_flops
+    from verl.compat.catalog import get_profile
+
+    config = AutoConfig.from_pretrained(model_dir)
+    model = __import__("transformers").AutoModelForCausalLM.from_config(config)
+    # every weight matrix of the layers plus one vocabulary projection (tied or not); norms and biases are not matmuls
+    matrices = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n)
+    if config.tie_word_embeddings:
+        matrices += config.vocab_size * config.hidden_size
+    assert matmul_params(config) == matrices
+    head_dim = config.hidden_size // config.num_attention_heads
+    attention = 12 * (3 * 3 + 5 * 5) * head_dim * config.num_attention_heads * config.num_hidden_layers
+    assert training_flops(config, [3, 5]) == 6 * matrices * 8 + attention
+    assert training_flops(config, [3, 5], lm_head=False) == 6 * (matrices - config.vocab_size * config.hidden_size) * 8 \
+        + attention
+    assert peak_flops(get_profile("h200"), "bfloat16") == pytest.approx(989.4e12)
+    assert peak_flops(get_profile("cpu"), "float32") == 0.0

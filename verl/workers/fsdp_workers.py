@@ -9,6 +9,7 @@ counts prompts, is multiplied by `rollout.n` and divided by the data-parallel si
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,7 @@ from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.base.worker import Worker
 from verl.utils import fsdp_utils
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+from verl.utils.flops import peak_flops, training_flops
 from verl.utils.model_loading import build_model, load_tokenizer
 from verl.utils.torch_functional import (
     get_constant_schedule_with_warmup,
@@ -206,6 +208,19 @@ def _checkpoint_manager(planned: _PlannedModel, module, optimizer, scheduler, to
     return FSDPCheckpointManager(module, optimizer, scheduler, tokenizer, checkpoint_config,
                                  scaler=planned.precision.scaler, device_type=planned.device_type,
                                  optimizer_offload=planned.optimizer_offload)
+
+
+def _mfu(role: str, module, plan, compute_dtype: torch.dtype, data: DataProto, epochs: int, seconds: float,
+         lm_head: bool) -> dict:
+    """Upstream's perf/mfu/<role>: this rank's model FLOPs of the update over its time and the plan's
+    device peak (the trainer averages ranks). Left out where the profile gives no peak rate (CPU)."""
+    peak = peak_flops(plan.device, str(compute_dtype).removeprefix("torch."))
+    config = getattr(module, "config", None)
+    if peak <= 0 or seconds <= 0 or config is None:
+        return {}
+    seq_lens = data.batch["attention_mask"].sum(dim=-1).tolist()
+    flops = epochs * training_flops(config, seq_lens, lm_head=lm_head)
+    return {f"perf/mfu/{role}": flops / seconds / peak}
 
 
 def _model_inputs(data: DataProto) -> dict:
@@ -401,8 +416,11 @@ class ActorRolloutRefWorker(Worker):
         data = data.to(self.device)
         data.meta_info.setdefault("temperature", float(self.config.rollout.get("temperature", 1.0)))
         self._actor_model.check_numerics(self.actor_module, _model_inputs(data))
+        start = time.perf_counter()
         with fsdp_utils.optimizer_state_on(self.actor_optimizer, self.device, self._actor_model.optimizer_offload):
             metrics = self.actor.update_policy(data)
+        metrics.update(_mfu("actor", self.actor_module, self.plan, self._actor_model.compute_dtype, data,
+                            int(self.config.actor.get("ppo_epochs", 1)), time.perf_counter() - start, lm_head=True))
         metrics["actor/lr"] = self.actor_lr_scheduler.get_last_lr()[0]
         self.actor_lr_scheduler.step()
         metrics.update(self._perf_metrics())
@@ -493,8 +511,11 @@ class CriticWorker(Worker):
     def update_critic(self, data: DataProto) -> DataProto:
         data = data.to(self.device)
         self._critic_model.check_numerics(self.critic_module, _model_inputs(data))
+        start = time.perf_counter()
         with fsdp_utils.optimizer_state_on(self.critic_optimizer, self.device, self._critic_model.optimizer_offload):
             metrics = self.critic.update_critic(data)
+        metrics.update(_mfu("critic", self.critic_module, self.plan, self._critic_model.compute_dtype, data,
+                            int(self.config.get("ppo_epochs", 1)), time.perf_counter() - start, lm_head=False))
         metrics["critic/lr"] = self.critic_lr_scheduler.get_last_lr()[0]
         self.critic_lr_scheduler.step()
         return _output(self._meta(metrics))
