@@ -20,7 +20,7 @@ from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils.fsdp_utils import global_batch_info, optimizer_step
 from verl.utils.packing import pack, padding_windows, unpack
 from verl.utils.seqlen_balancing import group_to_agree, make_micro_batches, restore_dynamic_batch
-from verl.utils.torch_functional import entropy_chunk_stats, entropy_from_logits, logprobs_from_logits
+from verl.utils.torch_functional import entropy_chunk_stats, logprobs_and_entropy, logprobs_from_logits
 
 logger = logging.getLogger(__name__)
 
@@ -124,8 +124,8 @@ class DataParallelPPOActor:
         if temperature != 1.0:
             logits = logits / temperature
         labels = torch.nn.functional.pad(responses[:, :kept], (0, 1))
-        log_probs = logprobs_from_logits(logits, labels)[:, :kept]
-        entropy = entropy_from_logits(logits, self._entropy_kernel)[:, :kept] if calculate_entropy else None
+        log_probs, entropy = self._log_probs(logits, labels, calculate_entropy)
+        log_probs, entropy = log_probs[:, :kept], entropy[:, :kept] if entropy is not None else None
         # Padding slots read 0, as in the packed path, whatever window the micro-batch got.
         real = micro_batch["attention_mask"][:, seq_len - response_length : end].bool()
         pad = (0, response_length - kept)
@@ -146,9 +146,14 @@ class DataParallelPPOActor:
         logits = output.logits[0] if kwargs else output.logits[0, packed.predictor_index]
         if temperature != 1.0:
             logits = logits / temperature
-        log_probs = unpack(logprobs_from_logits(logits, responses[packed.target]), packed)
-        entropy = unpack(entropy_from_logits(logits, self._entropy_kernel), packed) if calculate_entropy else None
-        return log_probs, entropy
+        log_probs, entropy = self._log_probs(logits, responses[packed.target], calculate_entropy)
+        return unpack(log_probs, packed), unpack(entropy, packed) if entropy is not None else None
+
+    def _log_probs(self, logits: torch.Tensor, labels: torch.Tensor, calculate_entropy: bool):
+        """float32 (log-probs, entropies or None); both from one chunked pass over the vocabulary."""
+        if calculate_entropy:
+            return logprobs_and_entropy(logits, labels, self._entropy_kernel)
+        return logprobs_from_logits(logits, labels), None
 
     def _micro_batches(self, tensors: dict, micro_batch_size, use_dynamic_bsz: bool, max_token_len):
         if use_dynamic_bsz:
