@@ -89,8 +89,8 @@ class _TokenLogProb(torch.autograd.Function):
         grad = torch.empty_like(logits)
         for start in range(0, logits.shape[0], _ROWS_PER_CHUNK):
             rows = slice(start, start + _ROWS_PER_CHUNK)
-            probs = torch.exp(logits[rows].float() - lse[rows].unsqueeze(-1))
-            g = -probs * grad_out[rows].unsqueeze(-1)
+            g = torch.exp(logits[rows].float() - lse[rows].unsqueeze(-1))   # softmax, then in place to -p * grad
+            g.mul_(-grad_out[rows].unsqueeze(-1))
             g.scatter_add_(-1, labels[rows].unsqueeze(-1), grad_out[rows].unsqueeze(-1).float())
             grad[rows] = g.to(logits.dtype)
         return grad, None
@@ -157,9 +157,11 @@ class _TokenLogProbEntropy(torch.autograd.Function):
         for start in range(0, logits.shape[0], _ROWS_PER_CHUNK):
             rows = slice(start, start + _ROWS_PER_CHUNK)
             x = logits[rows].float()
-            probs = torch.exp(x - lse[rows].unsqueeze(-1))
             g_lp, g_ent = grad_logp[rows].unsqueeze(-1), grad_entropy[rows].unsqueeze(-1)
-            g = -probs * (g_lp + g_ent * (x - mean[rows].unsqueeze(-1)))
+            # -p * (g_lp + g_ent * (x - mean)), built in place in one fresh (rows, vocab) buffer
+            g = x - mean[rows].unsqueeze(-1)
+            g.mul_(-g_ent).sub_(g_lp)
+            g.mul_(torch.exp(x - lse[rows].unsqueeze(-1)))
             g.scatter_add_(-1, labels[rows].unsqueeze(-1), g_lp.float())
             grad[rows] = g.to(logits.dtype)
         return grad, None, None
