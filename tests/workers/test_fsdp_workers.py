@@ -257,8 +257,9 @@ def test_world_size_two_matches_world_size_one(model_dir, tmp_path):
 
 
 def test_planned_torch_compile_compiles_the_entropy_with_equal_results(model_dir):
-    """plan.torch_compile is what the actor acts on (upstream's use_torch_compile: a compiled entropy kernel);
-    the compiled and eager paths give the same log-probs and entropies."""
+    """plan.torch_compile is what the actor acts on (upstream's use_torch_compile: a compiled kernel for the
+    per-chunk log-sum-exp and softmax mean, shared by log-probs and entropy); the compiled and eager paths
+    give the same log-probs and entropies to float32 rounding (1e-5)."""
     import dataclasses
 
     eager = _actor(model_dir)
@@ -268,4 +269,4 @@ def test_planned_torch_compile_compiles_the_entropy_with_equal_results(model_dir
     a, b = eager.compute_log_prob(data), compiled.compute_log_prob(data)
     mask = data.batch["response_mask"].bool()
     torch.testing.assert_close(b.batch["entropys"][mask], a.batch["entropys"][mask], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(b.batch["old_log_probs"], a.batch["old_log_probs"], atol=0, rtol=0)
+    torch.testing.assert_close(b.batch["old_log_probs"], a.batch["old_log_probs"], atol=1e-5, rtol=1e-5)
