@@ -61,3 +61,10 @@ def decide_fused_optimizer(note, profile: DeviceProfile, name: str, param_offloa
                                                       "default AdamW implementation")
     return note(f"{name}.fused_optimizer", True, "fused AdamW: one kernel launch per step for all parameters "
                                                  "instead of several per tensor")
+
+
+def peak_flops(profile: DeviceProfile, compute_dtype: str) -> float:
+    """The profile's dense peak for a compute dtype, in FLOP/s (0 when the profile has none, as on CPU);
+    the denominator of upstream's perf/mfu/* metrics."""
+    tflops = {"bfloat16": profile.bf16_tflops, "float16": profile.fp16_tflops}.get(compute_dtype, profile.fp32_tflops)
+    return float(tflops or 0.0) * 1e12

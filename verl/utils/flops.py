@@ -4,7 +4,7 @@ The count is the usual dense-transformer estimate: 6 x (matmul parameters) per t
 backward, plus 12 x seq_len^2 x head_dim x heads per layer per sequence for the attention scores and
 their use. The embedding lookup is free, but the vocabulary projection is a matmul, so it is counted
 once whether or not its weight is tied to the embedding. The device's peak rate comes from the compat
-plan's device profile, never from the device.
+plan's device profile (`verl.compat.throughput.peak_flops`), never from the device.
 """
 from __future__ import annotations
 
@@ -34,8 +34,3 @@ def training_flops(config, seq_lens: Sequence[int], lm_head: bool = True) -> flo
     squares = sum(s * s for s in seq_lens)
     return 6.0 * params * tokens + 12.0 * squares * head_dim * heads * config.num_hidden_layers
 
-
-def peak_flops(profile, compute_dtype: str) -> float:
-    """The device profile's dense peak for a compute dtype, in FLOP/s (0 when the profile has none)."""
-    tflops = {"bfloat16": profile.bf16_tflops, "float16": profile.fp16_tflops}.get(compute_dtype, profile.fp32_tflops)
-    return float(tflops or 0.0) * 1e12

@@ -16,12 +16,13 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from verl.compat import torch_dtype
+from verl.compat.throughput import peak_flops
 from verl.protocol import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.base.worker import Worker
 from verl.utils import fsdp_utils
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
-from verl.utils.flops import peak_flops, training_flops
+from verl.utils.flops import training_flops
 from verl.utils.model_loading import build_model, load_tokenizer
 from verl.utils.torch_functional import (
     get_constant_schedule_with_warmup,
