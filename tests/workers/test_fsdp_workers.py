@@ -233,9 +233,9 @@ def test_update_critic_lowers_the_value_loss(model_dir):
 # ------------------------------------------------------------------------------------ world size 2
 
 
-def _run_ranks(model_dir, tmp_path, world: int) -> list[dict]:
-    outs = [tmp_path / f"w{world}_r{rank}.json" for rank in range(world)]
-    run_ranks(lambda rank: [os.path.join(HERE, "dist_runner.py"), model_dir, str(outs[rank])], world)
+def _run_ranks(model_dir, tmp_path, world: int, *extra: str) -> list[dict]:
+    outs = [tmp_path / f"w{world}_r{rank}{''.join(extra)}.json" for rank in range(world)]
+    run_ranks(lambda rank: [os.path.join(HERE, "dist_runner.py"), model_dir, str(outs[rank]), *extra], world)
     return [json.loads(o.read_text()) for o in outs]
 
 
@@ -254,6 +254,19 @@ def test_world_size_two_matches_world_size_one(model_dir, tmp_path):
     for rank in pair:
         assert rank["metrics"]["actor/grad_norm"] == pytest.approx(single["metrics"]["actor/grad_norm"], rel=1e-5)
     assert len(single["metrics"]["actor/grad_norm"]) == 2   # ppo_epochs=2 over one mini-batch
+
+
+def test_token_budgets_agree_on_micro_batch_counts_across_ranks(model_dir, tmp_path):
+    """Rank 0's short rows fit 2 to a micro-batch, rank 1's need 1 each: without agreeing on the count the
+    ranks' FSDP collectives would not match (hang). With it, 2 ranks give ws=1's numbers (rel 1e-5)."""
+    from dist_runner import run
+
+    single = run(model_dir, dynamic=True)
+    pair = _run_ranks(model_dir, tmp_path, 2, "dynamic")
+    torch.testing.assert_close(torch.tensor(pair[0]["log_probs"] + pair[1]["log_probs"]),
+                               torch.tensor(single["log_probs"]), atol=1e-6, rtol=1e-5)
+    for rank in pair:
+        assert rank["metrics"]["actor/grad_norm"] == pytest.approx(single["metrics"]["actor/grad_norm"], rel=1e-5)
 
 
 def test_planned_torch_compile_compiles_the_entropy_with_equal_results(model_dir):

@@ -52,11 +52,15 @@ def group_to_agree(dp_group=None):
     return None
 
 
-def _agree(value: int, op, dp_group) -> int:
-    """The group-wide MAX/MIN of an int (identity without a process group)."""
+def _agree(value: int, op, dp_group, device=None) -> int:
+    """The group-wide MAX/MIN of an int (identity without a process group).
+
+    The value travels on `device` (the batch's device), which is where the group's backend expects
+    tensors (a GPU backend takes no host tensors).
+    """
     if dp_group is None or not dist.is_initialized():
         return value
-    t = torch.tensor([value], dtype=torch.long)
+    t = torch.tensor([value], dtype=torch.long, device=device)
     dist.all_reduce(t, op=op, group=dp_group)
     return int(t.item())
 
@@ -88,8 +92,8 @@ def rearrange_micro_batches(
         k = max(k, min_num_micro_batch)
     sync = same_micro_num_in_dp and dp_group is not None
     if sync:
-        k = _agree(k, dist.ReduceOp.MAX, dp_group)
-        n_min = _agree(n, dist.ReduceOp.MIN, dp_group)
+        k = _agree(k, dist.ReduceOp.MAX, dp_group, attention_mask.device)
+        n_min = _agree(n, dist.ReduceOp.MIN, dp_group, attention_mask.device)
     else:
         n_min = n
     while True:
@@ -101,7 +105,7 @@ def rearrange_micro_batches(
         partitions = balanced_partitions(lengths, k)
         fits = int(all(sum(lengths[i] for i in part) <= max_token_len for part in partitions))
         if sync:
-            fits = _agree(fits, dist.ReduceOp.MIN, dp_group)
+            fits = _agree(fits, dist.ReduceOp.MIN, dp_group, attention_mask.device)
         if fits:
             break
         k += 1
@@ -148,8 +152,8 @@ def padded_micro_batches(
             groups.append([i])
             top_p, top_r = p, r
     if dp_group is not None:
-        k = _agree(len(groups), dist.ReduceOp.MAX, dp_group)
-        if k > _agree(len(widths), dist.ReduceOp.MIN, dp_group):
+        k = _agree(len(groups), dist.ReduceOp.MAX, dp_group, mask.device)
+        if k > _agree(len(widths), dist.ReduceOp.MIN, dp_group, mask.device):
             raise ValueError(f"cannot form {k} non-empty micro-batches on every rank; "
                              "raise the token budget or the per-rank batch size.")
         while len(groups) < k:   # splitting a micro-batch only lowers its padded size
