@@ -125,6 +125,7 @@ def test_padded_budget_bounds_rows_times_width_and_restores_order():
     assert sorted(i for g in groups for i in g) == list(range(len(prompt)))
     for m, g in zip(micro, groups):
         assert len(g) * (max(prompt[i] for i in g) + max(response[i] for i in g)) <= 24
+        assert len(g) * max(response[i] for i in g) <= (24 // width) * 8   # response rows of budget // width rows
         (window,) = padding_windows([m["attention_mask"]], response_length=8)
         assert len(g) * (window[1] - window[0]) <= 24   # the forward really runs at most the budget
     assert len(groups) < len(prompt)   # short rows share passes

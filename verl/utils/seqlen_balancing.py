@@ -123,7 +123,7 @@ def padded_micro_batches(
 
     A padded micro-batch costs rows x width, where width is the longest prompt plus the longest
     response in it (the columns `verl.utils.packing.padding_windows` keeps), so that is what the
-    budget bounds. Rows are taken longest first and a micro-batch grows while its padded size fits,
+    budget bounds; its response rows are also kept within those of budget // seq_len full rows. Rows are taken longest first and a micro-batch grows while its padded size fits,
     which groups similar lengths and puts many short sequences in one pass. With `dp_group`, every
     rank splits its largest micro-batches until all ranks have the same count.
     """
@@ -140,12 +140,17 @@ def padded_micro_batches(
             f"{max_token_len}; raise ppo_max_token_len_per_gpu / log_prob_max_token_len_per_gpu (at least "
             "prompt + response length)."
         )
+    # Response rows go through the LM head and the vocabulary-wide log-prob pass; they stay within what
+    # budget // seq_len full sequences would bring (the memory model's assumption), however short the prompts.
+    response_budget = max(max_token_len // mask.shape[1], 1) * response_length
     order = sorted(range(len(widths)), key=lambda i: (-(widths[i][0] + widths[i][1]), i))
     groups: list[list[int]] = []
     top_p = top_r = 0
     for i in order:
         p, r = widths[i]
-        if groups and (len(groups[-1]) + 1) * (max(top_p, p) + max(top_r, r)) <= max_token_len:
+        rows = len(groups[-1]) + 1 if groups else 0
+        if groups and rows * (max(top_p, p) + max(top_r, r)) <= max_token_len \
+                and rows * max(top_r, r) <= response_budget:
             groups[-1].append(i)
             top_p, top_r = max(top_p, p), max(top_r, r)
         else:
