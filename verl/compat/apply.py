@@ -186,7 +186,7 @@ _BATCH_KEYS = {
 _HARDWARE_LEAVES = {"attn_implementation", "use_remove_padding", "use_torch_compile", "param_offload",
                     "optimizer_offload", "model_dtype", "dtype", "param_dtype", "reduce_dtype",
                     "buffer_dtype", "name", "gpu_memory_utilization", "enforce_eager", "device", "micro_batch_size",
-                    "enable_gradient_checkpointing", "dataloader_num_workers"}
+                    "enable_gradient_checkpointing", "dataloader_num_workers", "use_dynamic_bsz"}
 
 
 def _exists(config: DictConfig, path: str) -> bool:
@@ -260,6 +260,8 @@ def _resolve_role(config: DictConfig, name: str, role: RolePlan, plan: Plan, wri
         _set(config, f"{model}.attn_implementation", role.attn_implementation, written)
         _set(config, f"{model}.use_remove_padding", role.use_remove_padding, written)
         _set(config, f"{model}.enable_gradient_checkpointing", role.gradient_checkpointing, written)
+    if name == "actor":   # critic, ref and log-prob passes follow the actor's key (upstream's interpolations)
+        _set(config, f"{block}.use_dynamic_bsz", role.use_dynamic_bsz, written)
     for section, per_gpu, global_key, tokens, which in _BATCH_KEYS[name]:
         micro, budget = role.micro_batch_size_per_gpu, role.max_token_len_per_gpu
         if which == "forward":

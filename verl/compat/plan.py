@@ -35,6 +35,8 @@ class RolePlan:
     reduce_dtype: str = "float32"          # dtype FSDP reduce-scatters gradients in
     numerics_guard: bool = False           # compare half precision with float32 on the first real batch
     guard_fallback_dtype: str | None = None  # compute dtype the role switches to when the guard fails
+    use_dynamic_bsz: bool = False   # token-budgeted micro-batches (verl/compat/throughput.py)
+    fused_optimizer: bool = False   # AdamW's fused kernel (trainable roles on an accelerator)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.profile import DeviceProfile, SoftwareInfo
 from verl.compat.settings import AUTO
+from verl.compat.throughput import decide_dynamic_bsz, decide_fused_optimizer, dynamic_auto
 
 __all__ = ["MAX_ROLLOUT_MICRO_BATCH", "PlanError", "make_plan"]
 
@@ -347,8 +348,18 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
                        predicted_peak_gb=0.0, memory_limit_gb=profile.memory_gb, **glob)
     plan_kwargs["dataloader_num_workers"] = _dataloader_workers(d, config, int(_get(config, "trainer.n_gpus_per_node", 1)))
     if model is None:
-        return _plan_without_model(d, inp, plan_kwargs)
-    return fit(d, inp, plan_kwargs)
+        return _throughput(d, _plan_without_model(d, inp, plan_kwargs), inp.dynamic)
+    return _throughput(d, fit(d, inp, plan_kwargs), inp.dynamic)
+
+
+def _throughput(d: _Decider, plan: Plan, dynamic: bool) -> Plan:
+    """Stamp the throughput rules (verl/compat/throughput.py) on every role of a finished plan."""
+    for name in ("actor", "critic", "ref"):
+        role = getattr(plan, name)
+        if role is not None:
+            fused = name != "ref" and decide_fused_optimizer(d.note, d.profile, name, role.param_offload)
+            setattr(plan, name, replace(role, use_dynamic_bsz=dynamic, fused_optimizer=fused))
+    return plan
 
 
 def _decide_roles(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig]) -> dict[str, RolePlan]:
@@ -394,9 +405,14 @@ def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], rol
                  for name, rc in roles_cfg.items()}
     if d.profile.backend == "cpu":
         _offload_on_host(d, {name: roles_cfg[name] for name in roles}, asked_off)
+    dynamic = decide_dynamic_bsz(d.note, d.profile, config)
+    batches = micro_batches(config, workload, n)
+    if dynamic and dynamic_auto(config):
+        floors = {"actor": batches.actor, "actor_forward": batches.actor_forward, "critic": batches.critic,
+                  "critic_forward": batches.critic_forward, "ref": batches.ref}
+        budgets = {k: max(v, floors[k] * workload.seq_len) for k, v in budgets.items()}
     return FitInputs(model=model, workload=workload, roles=roles, rollout=rollout, rollout_asked=rollout_asked,
-                     batches=micro_batches(config, workload, n),
-                     dynamic=bool(_flag(_get(config, f"{arr}.actor.use_dynamic_bsz", False))), budgets=budgets,
+                     batches=batches, dynamic=dynamic, budgets=budgets,
                      asked_ckpt=asked_ckpt, asked_off=asked_off,
                      margin=float(_get(config, "compat.memory_margin", 0.1)))
 

@@ -341,7 +341,8 @@ def _check_batches(cfg, errors: list[str], warnings: list[str]) -> None:
             errors.append(f"{key}={value!r} must be a positive integer.")
     if errors:
         return
-    dynamic = bool(_get(cfg, "actor_rollout_ref.actor.use_dynamic_bsz"))
+    # `auto` may resolve to fixed micro-batches (CPU), so it needs them set like `false` does.
+    dynamic = _get(cfg, "actor_rollout_ref.actor.use_dynamic_bsz") is True
     samples = train_bs * n
     if not dynamic and samples % n_devices:
         errors.append(

@@ -442,7 +442,8 @@ def compute_policy_loss_vanilla(
     Reads clip_ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c and, if present, the dict
     `global_batch_info` (dp_size, batch_num_tokens, global_batch_size, loss_scale_factor) that the
     actor fills in for globally normalised aggregation. Returns (pg_loss, metrics) with upstream's
-    metric names.
+    metric names; the metric values are detached 0-d tensors, so the actor's micro-batch loop does not
+    wait for the device (it reads them once per mini-batch).
     """
     if config is None:
         raise ValueError("compute_policy_loss_vanilla needs config (the actor config, for the clip ratios)")
@@ -458,9 +459,9 @@ def compute_policy_loss_vanilla(
     batch_info = dict(_cfg(config, "global_batch_info", {}) or {})
     pg_loss = agg_loss(loss_mat=per_token, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
     metrics = {
-        "actor/pg_clipfrac": clipfrac.detach().item(),
-        "actor/ppo_kl": ppo_kl.detach().item(),
-        "actor/pg_clipfrac_lower": clipfrac_lower.detach().item(),
+        "actor/pg_clipfrac": clipfrac.detach(),
+        "actor/ppo_kl": ppo_kl.detach(),
+        "actor/pg_clipfrac_lower": clipfrac_lower.detach(),
     }
     return pg_loss, metrics
 
