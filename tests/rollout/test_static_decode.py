@@ -257,10 +257,11 @@ def test_plan_turns_cuda_graphs_on_only_where_they_run():
 def test_cuda_graph_replay_equals_eager_and_generate():
     device = torch.device("cuda", torch.cuda.current_device())
     model = _model().to(device)
-    plan = _plan(model, "h200", dtype="float32")  # exact comparison: float32 weights and compute
-    assert plan.rollout.cuda_graphs and plan.rollout.dtype == "float32"
+    # float32 for an exact comparison; chunks of 5, 5 and 2 rows: the second chunk replays the first's graph
+    plan = _plan(model, "h200", dtype="float32", micro_batch_size=5)
+    assert plan.rollout.cuda_graphs and plan.rollout.dtype == "float32" and plan.rollout.micro_batch_size == 5
     batch = _batch(PROMPTS * 3, 9, [VOCAB + 1])
-    graphs = HFRollout(model, _rollout_config(8, do_sample=False, micro_batch_size=5), plan=plan)
+    graphs = HFRollout(model, _rollout_config(8, do_sample=False), plan=plan)
     eager = HFRollout(model, _rollout_config(8, do_sample=False), plan=None)
     a = graphs.generate_sequences(batch.to(device)).batch["responses"].cpu()
     b = eager.generate_sequences(batch).batch["responses"]
