@@ -149,7 +149,8 @@ def main() -> None:
     results = []
     for name in args.cases.split(","):
         part = out / f"rollout_speed.{name}.json"
-        cmd = [sys.executable, __file__, "--case", name, "--json", str(part)] + (["--skip-old"] if args.skip_old else [])
+        cmd = [sys.executable, __file__, "--case", name, "--json", str(part)]
+        cmd += ["--skip-old"] if args.skip_old else []
         proc = subprocess.run(cmd, timeout=170, capture_output=True, text=True)
         if proc.returncode != 0:
             print(f"{name}: failed (exit {proc.returncode})\n{proc.stderr[-3000:]}")
@@ -157,8 +158,12 @@ def main() -> None:
             continue
         results.append(json.loads(part.read_text()))
     (out / "rollout_speed.json").write_text(json.dumps(results, indent=2))
+    print_table(results)
+    print(f"wrote {out / 'rollout_speed.json'}")
 
-    print(f"\n| case | shape | dtype | graphs | path | wall s | tok/s | decode ms/step | prefill s | peak GiB |")
+
+def print_table(results: list) -> None:
+    print("\n| case | shape | dtype | graphs | path | wall s | tok/s | decode ms/step | prefill s | peak GiB |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if "error" in r:
@@ -167,13 +172,16 @@ def main() -> None:
         for path in ("new", "old"):
             if path in r:
                 m = r[path]
-                print(f"| {r['case']} | {shape} | {r['dtype']} | {'yes' if r['cuda_graphs'] and path == 'new' else 'no'} "
+                graphs = "yes" if r["cuda_graphs"] and path == "new" else "no"
+                print(f"| {r['case']} | {shape} | {r['dtype']} | {graphs} "
                       f"| {path} | {m['wall_s']} | {m['tokens_per_s']} | {m['decode_ms_per_step']} | {m['prefill_s']} "
                       f"| {m['max_memory_allocated_gb']} |")
+    for r in results:
         if "greedy_tokens_equal" in r:
-            print(f"|  {r['case']}: greedy tokens equal (new vs old, {GREEDY_CHECK_TOKENS} steps): "
-                  f"{r['greedy_tokens_equal']} |||||||||")
-    print(f"\nwrote {out / 'rollout_speed.json'}")
+            print(f"{r['case']}: greedy tokens equal, new vs old path over {GREEDY_CHECK_TOKENS} steps: "
+                  f"{r['greedy_tokens_equal']}")
+        if "error" in r:
+            print(f"{r['case']}: failed, see rollout_speed.json")
 
 
 if __name__ == "__main__":

@@ -165,7 +165,8 @@ def test_sampled_tokens_follow_generates_distribution():
     First token: each engine's frequencies within 4.5 standard errors (+1/n) of the exact float64
     distribution, total variation below 0.03, nothing outside the top-k/top-p support. Second token
     (through the decode step and its cache): our marginal within 4.5 two-sample standard errors of
-    `generate`'s per token, total variation below 1.5x what two samples of one distribution show by chance. Seeds are fixed, so the test is deterministic."""
+    `generate`'s per token, total variation below 1.5x what two samples of one distribution show by
+    chance. Seeds are fixed, so the test is deterministic."""
     model = _model(seed=1)
     n, sampling = 6000, dict(temperature=1.7, top_k=12, top_p=0.9)
     prompt = [7, 21, 3, 44]

@@ -27,7 +27,8 @@ from verl.utils.torch_functional import get_response_mask
 from .base import BaseRollout
 from .static_decoder import StaticDecoder, static_decoding_unsupported
 
-__all__ = ["HFRollout", "SamplingParams", "candidate_logits", "filter_logits", "rollout_autocast_dtype", "sample_next_token"]
+__all__ = ["HFRollout", "SamplingParams", "candidate_logits", "filter_logits", "rollout_autocast_dtype",
+           "sample_next_token"]
 
 
 @dataclass(frozen=True)
@@ -312,7 +313,8 @@ class HFRollout(BaseRollout):
             dtype = rollout_autocast_dtype(self.dtype, weights) or weights
             device = ids.device
             graphs = self.cuda_graphs and device.type == "cuda"
-            holder[:] = [key, StaticDecoder(_inner_module(self.module), batch, key[1], positions, dtype, device, graphs)]
+            decoder = StaticDecoder(_inner_module(self.module), batch, key[1], positions, dtype, device, graphs)
+            holder[:] = [key, decoder]
         decoder = holder[1]
         last = pos[:, -1]
         logits = decoder.prefill(ids, mask, pos)

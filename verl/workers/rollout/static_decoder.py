@@ -125,8 +125,8 @@ class StaticDecoder:
 
     def _step(self) -> torch.Tensor:
         cos, sin = F.embedding(self.position, self.cos), F.embedding(self.position, self.sin)
-        visible = self.key_valid & (self.slots <= self.slot)
-        return self._run(self.token, cos, sin, None, visible[:, None, None, :])
+        hidden = ~(self.key_valid & (self.slots <= self.slot))  # padding and not-yet-written slots
+        return self._run(self.token, cos, sin, None, hidden[:, None, None, :])
 
     def _record(self) -> None:
         """Capture `_step` as a CUDA graph. Warm-up runs on a side stream first, as capture requires;
@@ -145,14 +145,14 @@ class StaticDecoder:
                                "actor_rollout_ref.rollout.enforce_eager=True to decode without graphs") from e
         self._graph = graph
 
-    def _run(self, ids, cos, sin, prefill_mask, visible) -> torch.Tensor:
+    def _run(self, ids, cos, sin, prefill_mask, hidden) -> torch.Tensor:
         x = self.embed(ids)
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(i, layer.self_attn, layer.input_layernorm(x), cos, sin, prefill_mask, visible)
+            x = x + self._attention(i, layer.self_attn, layer.input_layernorm(x), cos, sin, prefill_mask, hidden)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.head(self.norm(x[:, -1])).float()
 
-    def _attention(self, i, attn, h, cos, sin, prefill_mask, visible) -> torch.Tensor:
+    def _attention(self, i, attn, h, cos, sin, prefill_mask, hidden) -> torch.Tensor:
         batch, length, _ = h.shape
         q = attn.q_proj(h).view(batch, length, -1, self.head_dim)
         k = attn.k_proj(h).view(batch, length, -1, self.head_dim)
@@ -173,16 +173,16 @@ class StaticDecoder:
         else:
             self.keys[i].index_copy_(2, self.slot, k)
             self.values[i].index_copy_(2, self.slot, v)
-            out = self._cached_attention(q, self.keys[i], self.values[i], visible)
+            out = self._cached_attention(q, self.keys[i], self.values[i], hidden)
         return attn.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
 
-    def _cached_attention(self, q, keys, values, visible) -> torch.Tensor:
+    def _cached_attention(self, q, keys, values, hidden) -> torch.Tensor:
         """One query per row against the whole cache, query heads grouped by their shared KV head
         (head h reads KV head h // groups), so no repeated copy of the cache is made."""
         batch = q.shape[0]
         groups = self.heads // self.kv_heads
         qg = q.reshape(batch, self.kv_heads, groups, self.head_dim)
         scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * self.scaling
-        scores = scores.masked_fill(~visible, float("-inf"))
+        scores = scores.masked_fill(hidden, float("-inf"))
         weights = torch.softmax(scores, dim=-1).to(values.dtype)
         return torch.matmul(weights, values).reshape(batch, self.heads, 1, self.head_dim)
