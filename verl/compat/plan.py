@@ -48,6 +48,7 @@ class RolloutPlan:
     attn_implementation: str
     predicted_peak_gb: float = 0.0
     micro_batch_size: int | None = None   # most sequences the built-in engine generates at once; None: vLLM schedules
+    cuda_graphs: bool = False             # the built-in engine replays its decode step as a CUDA graph
 
 
 @dataclass

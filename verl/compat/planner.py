@@ -242,7 +242,7 @@ def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> 
 
     eager_asked = _flag(_get(config, f"{r}.enforce_eager"))
     if name == "hf":
-        eager = d.note("rollout.enforce_eager", True, "the built-in engine runs eagerly (no CUDA graphs)")
+        eager = _builtin_eager(d, eager_asked, f"{r}.enforce_eager")
     elif eager_asked is AUTO:
         eager = d.note("rollout.enforce_eager", d.cc < (7, 0), "CUDA graphs captured by vLLM" if d.cc >= (7, 0)
                        else "no CUDA graphs below sm_70")
@@ -258,8 +258,29 @@ def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> 
         d.note("rollout.micro_batch_size", None, "vLLM schedules its own batches"
                + (f" ({r}.micro_batch_size is read by the built-in engine only)" if micro is not AUTO else ""))
     asked = {"gpu_memory_utilization": _get(config, f"{r}.gpu_memory_utilization"), "micro_batch_size": micro}
+    graphs = name == "hf" and not eager
+    if name == "hf":
+        d.note("rollout.cuda_graphs", graphs, "the built-in engine records one decode step and replays it per token"
+               if graphs else "the built-in engine decodes eagerly (see rollout.enforce_eager)")
     return RolloutPlan(name=name, dtype=dtype, gpu_memory_utilization=0.0, enforce_eager=eager,
-                       attn_implementation=attn), asked
+                       attn_implementation=attn, cuda_graphs=graphs), asked
+
+
+def _builtin_eager(d: _Decider, asked: Any, key: str) -> bool:
+    """Whether the built-in engine decodes without CUDA graphs. Graphs need a CUDA device (any
+    compute capability torch runs on: capture is a CUDA driver feature, not an architecture one);
+    ROCm's HIP graphs are not validated with this engine, so there they are the user's opt-in."""
+    backend = d.profile.backend
+    if backend == "cpu":
+        if asked is False:
+            return d.adapt("rollout.enforce_eager", key, False, True, "there are no CUDA graphs on CPU")
+        return d.note("rollout.enforce_eager", True, "no CUDA graphs on CPU")
+    if asked is not AUTO:
+        return d.note("rollout.enforce_eager", bool(asked), "set by the user")
+    if backend != "cuda":
+        return d.note("rollout.enforce_eager", True, "HIP graphs are not validated with the built-in engine "
+                      f"(set {key}=False to try them)")
+    return d.note("rollout.enforce_eager", False, "CUDA device: the built-in engine may replay its decode step")
 
 
 UPSTREAM_DATALOADER_WORKERS = 8
