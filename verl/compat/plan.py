@@ -40,6 +40,7 @@ class RolloutPlan:
     attn_implementation: str
     predicted_peak_gb: float = 0.0
     micro_batch_size: int | None = None   # most sequences the built-in engine generates at once; None: vLLM schedules
+    free_cache_engine: bool = False       # vLLM sleeps (frees KV cache, offloads weights) while the actor trains
 
 
 @dataclass
