@@ -159,7 +159,8 @@ def _lacks(plan, profile, software):
             bad.append("remove padding")
         if r.grad_scaler != (r.compute_dtype == "float16" and r is not plan.ref):
             bad.append("grad scaler")
-    if plan.rollout.name == "vllm" and (not software.vllm_usable or cc < (7, 0) or profile.backend == "cpu"):
+    # vllm_usable is detect's verdict for this device: on a CPU it means vLLM's CPU build is installed
+    if plan.rollout.name == "vllm" and (not software.vllm_usable or (profile.backend == "cuda" and cc < (7, 0))):
         bad.append("vllm")
     if plan.torch_compile and (profile.backend == "cpu" or cc < (7, 0) or not software.triton_usable):
         bad.append("torch.compile")
@@ -221,7 +222,7 @@ def test_detected_software_lists_the_engines_the_workers_build():
     from verl.compat import detect_software
     from verl.workers.rollout import ENGINES
 
-    assert detect_software(get_profile("cpu")).rollout_engines == tuple(ENGINES) == ("hf",)
+    assert detect_software(get_profile("cpu")).rollout_engines == tuple(ENGINES) == ("hf", "vllm")
 
 
 def test_possible_override_wins():

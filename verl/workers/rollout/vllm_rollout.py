@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -181,7 +182,9 @@ class VLLMRollout(BaseRollout):
         if self._asleep:
             self.llm.wake_up()
             self._asleep = False
+        start = time.perf_counter()
         self.push_weights()
+        push_s = time.perf_counter() - start
         try:
             outputs = self.llm.generate(requests, params, use_tqdm=False)
         finally:
@@ -208,8 +211,11 @@ class VLLMRollout(BaseRollout):
             "attention_mask": torch.cat([mask, response_mask], dim=-1),
             "position_ids": torch.cat([pos, pos[:, -1:] + offsets], dim=-1),
         }
-        return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensor_batch),
-                                   meta_info=dict(prompts.meta_info))
+        meta = dict(prompts.meta_info)
+        # The trainer logs these: how many in-memory pushes this engine has taken, and the last one's time.
+        meta["metrics"] = {**(meta.get("metrics") or {}), "rollout/weight_pushes": self.weight_pushes,
+                           "perf/weight_push_s": push_s}
+        return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=meta)
 
     def _special_tokens(self, meta: dict):
         hf_config = getattr(_inner_module(self.module), "config", None)
