@@ -94,7 +94,9 @@ class VLLMRollout(BaseRollout):
         self.module = module
         self.config = config
         self.plan = plan
-        self.dtype = None  # the worker's fp16 guard may set float32 here; vLLM's dtype is fixed at start
+        # vLLM's dtype is fixed when it starts, so the worker's fp16-guard fallback (it lowers the built-in
+        # engine's `dtype` to float32) does not reach this engine: None keeps the worker from trying.
+        self.dtype = None
         self.weight_pushes = 0
         self._asleep = False
         self.llm = self._start(plan.rollout)
