@@ -152,7 +152,8 @@ def _lacks(plan, profile, software):
             bad.append("remove padding")
         if r.grad_scaler != (r.compute_dtype == "float16" and r is not plan.ref):
             bad.append("grad scaler")
-    if plan.rollout.name == "vllm" and (not software.vllm_usable or cc < (7, 0) or profile.backend == "cpu"):
+    # vllm_usable is detect's verdict for this device: on a CPU it means vLLM's CPU build is installed
+    if plan.rollout.name == "vllm" and (not software.vllm_usable or (profile.backend == "cuda" and cc < (7, 0))):
         bad.append("vllm")
     if plan.torch_compile and (profile.backend == "cpu" or cc < (7, 0) or not software.triton_usable):
         bad.append("torch.compile")
@@ -198,17 +199,6 @@ def test_impossible_override_is_adapted_with_warning_or_refused_in_strict(key, v
         make_plan(get_profile(device), strict, software, ModelSpec.from_hf_config(TINY))
 
 
-@pytest.mark.parametrize("asked", ["auto", "vllm"])
-def test_usable_vllm_without_its_engine_plans_the_built_in_engine(asked):
-    """vLLM installed and fit for an H100 is still not planned while this verl has no vLLM engine."""
-    software = dataclasses.replace(FULL, notes={"vllm": "vllm 0.11 supports sm_90"})
-    cfg = config(8, 128, 128, 8, 2, 2, actor_rollout_ref__rollout__name=asked)
-    plan = make_plan(get_profile("h100"), cfg, software, ModelSpec.from_hf_config(TINY))
-    assert plan.rollout.name == "hf"
-    assert "no vLLM rollout engine yet" in plan.reasons["rollout.name"]
-    assert bool(plan.warnings) == (asked == "vllm")     # an explicit vllm is adapted with a warning
-
-
 def test_detected_software_lists_the_engines_the_workers_build():
     """compat owns the engine list (it imports no worker); the workers' registry matches it."""
     from verl.compat import detect_software
@@ -216,7 +206,7 @@ def test_detected_software_lists_the_engines_the_workers_build():
     from verl.compat.engines import check_registry
     from verl.workers.rollout import ENGINES
 
-    assert detect_software(get_profile("cpu")).rollout_engines == tuple(LISTED) == tuple(ENGINES) == ("hf",)
+    assert detect_software(get_profile("cpu")).rollout_engines == tuple(LISTED) == tuple(ENGINES) == ("hf", "vllm")
     with pytest.raises(ImportError, match="add or remove the engine in both places"):
         check_registry({**ENGINES, "other": object})
 
@@ -225,7 +215,7 @@ def test_an_unknown_engine_is_adapted_naming_the_engines_this_verl_ships():
     cfg = config(8, 128, 128, 8, 2, 2, actor_rollout_ref__rollout__name="sglang")
     plan = make_plan(get_profile("h100"), cfg, PLAIN, ModelSpec.from_hf_config(TINY))
     assert plan.rollout.name == "hf"
-    assert any("sglang" in w and "this verl ships the built-in (hf) engine only" in w for w in plan.warnings)
+    assert any("sglang" in w and "this verl ships the vllm and built-in (hf) engines only" in w for w in plan.warnings)
 
 
 def test_possible_override_wins():

