@@ -16,8 +16,8 @@ QWEN05 = ModelSpec.from_hf_config(transformers.Qwen2Config(
     vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
     intermediate_size=4864, tie_word_embeddings=True, max_position_embeddings=32768))
 PLAIN = SoftwareInfo(torch_version="2.11.0", triton_usable=True)
-# FULL has every package installed and usable, vLLM included; the engines are this verl's own
-# (verl.compat.engines), which build no vLLM engine yet, so the built-in engine is planned.
+# FULL has every package installed and usable, vLLM included (the engines are this verl's own,
+# verl.compat.engines, which lists vllm): the planner's vLLM rules are planned for real.
 FULL = SoftwareInfo(torch_version="2.11.0", triton_usable=True, flash_attn_version="2.8", flash_attn_usable=True,
                     xformers_version="0.0.30", xformers_usable=True, vllm_version="0.11", vllm_usable=True)
 NONE = SoftwareInfo(torch_version="2.11.0")
@@ -105,15 +105,22 @@ def test_quickstart_on_a100_with_full_software():
     plan = make_plan(get_profile("a100-80gb"), QUICKSTART, FULL, QWEN05)
     assert plan.actor.compute_dtype == "bfloat16" and plan.actor.param_dtype == "float32"
     assert plan.actor.attn_implementation == "flash_attention_2" and plan.use_remove_padding
-    assert plan.rollout.name == "hf" and plan.rollout.dtype == "bfloat16"
-    assert "no vLLM rollout engine yet" in plan.reasons["rollout.name"]
+    assert plan.rollout.name == "vllm" and plan.rollout.dtype == "bfloat16"
+    assert 0.1 <= plan.rollout.gpu_memory_utilization <= 0.9
     assert not plan.actor.param_offload and not plan.actor.optimizer_offload
 
 
+def test_vllm_share_is_what_training_leaves():
+    small = make_plan(get_profile("l4"), QUICKSTART, FULL, QWEN05)
+    big = make_plan(get_profile("h200"), QUICKSTART, FULL, QWEN05)
+    assert small.rollout.gpu_memory_utilization < big.rollout.gpu_memory_utilization
+    assert small.memory["required_gb"] <= get_profile("l4").memory_gb
+
+
 @pytest.mark.parametrize("device", ["t4", "v100-32gb"])
-def test_volta_turing_generate_in_fp16_but_not_with_flash(device):
+def test_volta_turing_get_vllm_in_fp16_but_not_flash(device):
     plan = make_plan(get_profile(device), QUICKSTART, FULL, QWEN05)
-    assert plan.rollout.name == "hf" and plan.rollout.dtype == "float16"
+    assert plan.rollout.name == "vllm" and plan.rollout.dtype == "float16"
     assert plan.actor.attn_implementation in ("sdpa", "xformers")
 
 
