@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The lead's H200 calls, as run for the docs' tables (one device call each, ~9 min):
+#   source .device-pack/install.sh && bash benchmarks/h200_session.sh correctness   # rollout speed, GPU tests,
+#                                                        # then the profile matrix and fp16 offload runs side by side
+#   source .device-pack/install.sh && bash benchmarks/h200_session.sh speed         # the speed rows, one at a time
+# Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
+set -uo pipefail
+mode=${1:?correctness or speed}
+W=/tmp/h200/$mode; mkdir -p "$W"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
+MODEL=/tmp/qwen05b-random
+[ -f $MODEL/config.json ] || python3 benchmarks/build_qwen_shaped.py $MODEL --tokenizer .gpu-assets/tok > "$W/build.log" 2>&1
+pack() { tar czf "${OUT:-/tmp}/$mode.tgz" -C /tmp/h200 "$mode"; }
+trap pack EXIT
+t0=$(date +%s)
+if [ "$mode" = correctness ]; then
+  timeout 170 python3 benchmarks/rollout_speed.py --skip-old --out "$W/rollout" > "$W/rollout.log" 2>&1; echo "rollout_speed exit $?"
+  timeout 90 python3 -m pytest -q -m gpu tests/rollout > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -3 "$W/gpu_tests.log"
+  timeout 420 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --out "$W/matrix" --steps 3 --test-freq 2 \
+      --jobs 6 --budget-gb 80 --cell-timeout 300 > "$W/matrix.log" 2>&1 &
+  m=$!
+  ONLY="t4_manual t4_auto v100-16gb_manual v100-16gb_auto" STEPS=5 RUN_TIMEOUT=300 OUT="$W/offload" \
+      timeout 400 bash benchmarks/offload_e2e.sh > "$W/offload.log" 2>&1 &
+  o=$!
+  wait $m; echo "matrix exit $?"; wait $o; echo "offload exit $?"
+  tail -25 "$W/rollout.log"
+  tail -40 "$W/matrix.log"; tail -16 "$W/offload.log"
+else
+  SPEED_ROWS=${SPEED_ROWS:-quickstart,p40,grpo,p40_manual} QS_TIMEOUT=200 P40_STEPS=8 P40_TIMEOUT=110 \
+      GRPO_TIMEOUT=150 MANUAL_TIMEOUT=80 timeout 560 python3 benchmarks/speed.py --out "$W" > "$W/speed.log" 2>&1
+  echo "speed exit $?"; tail -40 "$W/speed.log"
+fi
+echo "wall $(( $(date +%s) - t0 )) s"
