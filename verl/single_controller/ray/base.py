@@ -321,6 +321,7 @@ class RayWorkerGroup(WorkerGroup):
         self.start_timeout_s = float(ray_wait_register_center_timeout)
         self.resource_pool = resource_pool
         self.sub_cls_name = ""
+        self._node_ids: list[str] = []
 
         if resource_pool is None:
             self._workers = list(worker_handles) if worker_handles else [ray.get_actor(n) for n in worker_names]
@@ -351,8 +352,10 @@ class RayWorkerGroup(WorkerGroup):
                 self._workers.append(ray_cls_with_init(pg, local_rank, options))
                 self._worker_names.append(name)
                 rank += 1
-        # surface constructor errors and unschedulable actors now, with the rank named
-        self.wait([w.__ray_ready__.remote() for w in self._workers], "__init__", timeout_s=self.start_timeout_s)
+        # surface constructor errors and unschedulable actors now, with the rank named; each worker
+        # reports the node it really runs on (placement, error messages)
+        self._node_ids = self.wait([w.__ray_call__.remote(_actor_node_id) for w in self._workers], "__init__",
+                                   timeout_s=self.start_timeout_s)
 
     def _worker_env(self, rank, world_size, local_rank, local_world_size) -> dict[str, str]:
         env = {
@@ -400,6 +403,7 @@ class RayWorkerGroup(WorkerGroup):
                 device_name=self.device_name,
             )
             group._master_addr, group._master_port = self._master_addr, self._master_port
+            group._node_ids = self._node_ids
             group.ray_cls_with_init = self.ray_cls_with_init
             group.sub_cls_name = role
             group.method_names = group._bind_worker_method(roles[role], remote_name=_RolePrefix(role))
@@ -486,7 +490,8 @@ class RayWorkerGroup(WorkerGroup):
                             method_name,
                         ) from None
                     raise WorkerDiedError(
-                        f"worker rank {rank} ({self._name_of(rank)}) died during {self._describe(method_name)}; "
+                        f"worker rank {rank} ({self._name_of(rank)}{self._on_node(rank)}) died during "
+                        f"{self._describe(method_name)}; "
                         f"the other ranks' calls were cancelled. Ray says: {_strip_ansi(str(err))}",
                         rank,
                         method_name,
@@ -500,6 +505,24 @@ class RayWorkerGroup(WorkerGroup):
 
     def _name_of(self, rank: int) -> str:
         return self._worker_names[rank] if rank < len(self._worker_names) else "actor"
+
+    def _on_node(self, rank: int) -> str:
+        if rank >= len(self._node_ids):
+            return ""
+        alive = {n["NodeID"]: n.get("Alive") for n in ray.nodes()}
+        state = "" if alive.get(self._node_ids[rank]) else ", now dead"
+        return f" on node {self._node_ids[rank]}{state}"
+
+    def describe_placement(self) -> str:
+        """Which worker ranks run on which Ray node (as the workers themselves reported), one line per node."""
+        addresses = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        by_node: dict[str, list[int]] = {}
+        for rank, node in enumerate(self._node_ids):
+            by_node.setdefault(node, []).append(rank)
+        lines = [f"Worker placement: {len(self._node_ids)} worker(s) on {len(by_node)} node(s), "
+                 f"MASTER_ADDR {self._master_addr}:{self._master_port}"]
+        lines += [f"  node {node} ({addresses.get(node, '?')}): ranks {ranks}" for node, ranks in by_node.items()]
+        return "\n".join(lines)
 
     def shutdown(self) -> None:
         """Kill the actors (they also end when the driver exits)."""
@@ -517,12 +540,21 @@ class RayWorkerGroup(WorkerGroup):
         return self._workers
 
     @property
+    def node_ids(self) -> list[str]:
+        """The Ray node id each worker rank runs on."""
+        return self._node_ids
+
+    @property
     def master_address(self):
         return self._master_addr
 
     @property
     def master_port(self):
         return self._master_port
+
+
+def _actor_node_id(actor_instance) -> str:
+    return ray.get_runtime_context().get_node_id()
 
 
 def _strip_ansi(text: str) -> str:
