@@ -39,6 +39,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFAULT_PLACEMENT_TIMEOUT_S = 120.0
+PEER_DEATH_GRACE_S = 10.0
 _DEVICE_HINT = "set trainer.n_gpus_per_node / trainer.nnodes to what the cluster has, or use trainer.device=cpu"
 
 
@@ -471,8 +472,18 @@ class RayWorkerGroup(WorkerGroup):
                 try:
                     results[ref] = ray.get(ref)
                 except ray.exceptions.RayTaskError as err:
-                    _cancel(pending)
                     rank = rank_of[ref]
+                    dead = self._dead_peer(pending, rank_of)
+                    _cancel(pending)
+                    if dead is not None:  # this rank's collective broke because a peer's process is gone
+                        dead_rank, dead_err = dead
+                        raise WorkerDiedError(
+                            f"worker rank {dead_rank} ({self._name_of(dead_rank)}{self._on_node(dead_rank)}) died "
+                            f"during {self._describe(method_name)}; rank {rank} then failed too: "
+                            f"{_last_line(err)}. Ray says: {_strip_ansi(str(dead_err))}",
+                            dead_rank,
+                            method_name,
+                        ) from None
                     raise WorkerError(
                         f"{self._describe(method_name)} failed on worker rank {rank} "
                         f"({self._name_of(rank)}):\n{_strip_ansi(str(err))}",
@@ -498,6 +509,26 @@ class RayWorkerGroup(WorkerGroup):
                     ) from None
         ordered = [results[ref] for ref in refs]
         return ordered[0] if single else ordered
+
+    def _dead_peer(self, pending, rank_of) -> Optional[tuple[int, Exception]]:
+        """After one rank raised: (rank, error) of a still-pending rank whose process died, if one did.
+
+        A worker lost with its node makes its peers' collectives fail ("connection reset") moments before
+        Ray reports the loss itself; waiting up to PEER_DEATH_GRACE_S for that report lets the error name
+        the worker and node that are gone rather than the survivor that noticed.
+        """
+        if not pending:
+            return None
+        done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=PEER_DEATH_GRACE_S)
+        for ref in sorted(done, key=rank_of.get):
+            try:
+                ray.get(ref, timeout=0)
+            except ray.exceptions.RayActorError as err:
+                if "creation task" not in str(err):
+                    return rank_of[ref], err
+            except ray.exceptions.RayError:
+                pass
+        return None
 
     def _describe(self, method_name: str) -> str:
         role = f"{self.sub_cls_name}." if self.sub_cls_name else ""
@@ -555,6 +586,11 @@ class RayWorkerGroup(WorkerGroup):
 
 def _actor_node_id(actor_instance) -> str:
     return ray.get_runtime_context().get_node_id()
+
+
+def _last_line(err: Exception) -> str:
+    lines = [line for line in _strip_ansi(str(err)).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else type(err).__name__
 
 
 def _strip_ansi(text: str) -> str:
