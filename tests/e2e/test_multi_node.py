@@ -25,7 +25,7 @@ from ray_cluster import LocalRayCluster
 
 COMPARED = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/vf_loss", "critic/grad_norm",
             "critic/values/mean", "critic/advantages/max", "critic/score/mean")
-REFERENCE_STEPS = 4
+REFERENCE_STEPS = 3
 DEATH_EXIT_TIMEOUT_S = 120    # from the node kill to the driver's exit
 _PLACEMENT = re.compile(r"^\s+node ([0-9a-f]+) \(.*\): ranks \[([0-9, ]+)\]$", re.M)
 
@@ -108,7 +108,7 @@ def test_node_death_exits_and_resumes_on_the_survivors(cluster, one_node, copy_t
     threading.Thread(target=_stream, args=(proc, output), daemon=True).start()
     try:
         deadline = time.monotonic() + 360
-        while not (tracker.exists() and int(tracker.read_text() or 0) >= 2):  # two steps saved: kill mid-run
+        while not (tracker.exists() and int(tracker.read_text() or 0) >= 1):  # a step saved: kill mid-run
             assert proc.poll() is None and time.monotonic() < deadline, "".join(output)[-4000:]
             time.sleep(0.2)
         ranks = placement("".join(output))
@@ -129,7 +129,7 @@ def test_node_death_exits_and_resumes_on_the_survivors(cluster, one_node, copy_t
 
     # the last checkpoint resumes on what is left: the head and the other worker node
     saved = int(tracker.read_text())
-    assert saved in (2, 3)
+    assert saved in (1, 2)
     proc, resumed = run_main_ppo(command(copy_task, 2, 1, saved + 1, checkpoints, save_freq=1),
                                  log_path=tmp_path / "b.jsonl", ray_address=cluster.address)
     assert proc.returncode == 0
