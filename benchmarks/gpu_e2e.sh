@@ -38,3 +38,15 @@ run p40_field_report "${P40_TIMEOUT:-240}" compat.device=p40 data.train_batch_si
   actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1 actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1 \
   actor_rollout_ref.rollout.gpu_memory_utilization=0.3 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1 \
   critic.ppo_micro_batch_size_per_gpu=1 trainer.total_training_steps="${P40_STEPS:-20}"
+
+# float16 (simulated T4): PPO with a critic and GRPO with a KL loss, the two runs that used to stop at the
+# first compute_values / compute_ref_log_prob. Off unless FP16_STEPS is set, e.g. FP16_STEPS=3.
+if [ "${FP16_STEPS:-0}" -gt 0 ]; then
+  fp16=(compat.device=t4 data.train_batch_size=64 data.max_prompt_length=512 data.max_response_length=128
+        actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4
+        actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4
+        critic.ppo_micro_batch_size_per_gpu=4 trainer.total_training_steps="$FP16_STEPS")
+  run t4_ppo_gae "${FP16_TIMEOUT:-300}" "${fp16[@]}"
+  run t4_grpo_kl_loss "${FP16_TIMEOUT:-300}" "${fp16[@]}" algorithm.adv_estimator=grpo \
+    actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.rollout.n=4
+fi

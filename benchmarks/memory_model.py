@@ -1,366 +1,440 @@
-"""Memory model vs measurement: peak allocated memory per PPO phase, predicted and measured.
+"""Memory model vs the real workers: each phase's peak allocated memory, predicted and measured.
 
-Builds a Qwen2.5-0.5B-shaped model with random weights (no download), plans it for simulated
-devices with `verl.compat.planner.make_plan`, then runs each phase for real on one device in
-the plan's dtypes: generation with a KV cache in the plan's rollout chunks, no-grad log-probs /
-values, and actor / critic fwd+bwd+AdamW steps (autocast and gradient checkpointing as planned), with every role's
-persistent state (weights, optimizer) resident or offloaded to the host as the plan says.
-Measurement: `torch.cuda.max_memory_allocated` per phase on CUDA; on CPU (tests) the bytes of
-every tensor storage created while a phase runs, plus the bytes resident at its start.
+For each (device profile, setting, algorithm) the stock config is composed as `main_ppo` composes it,
+planned by the real planner (`verl.compat.build_plan`: `compat.device=NAME` simulates the device, i.e.
+caps the process's GPU memory and switches TF32 and the SDPA flash kernel off as that device would),
+resolved, and the real `ActorRolloutRefWorker` and `CriticWorker` are built in one process (as the
+trainer colocates them on a device) and driven through the step's phases: generate, old log-prob,
+reference log-prob, values, update_critic, update_actor, then a validation generate. One warm-up update
+runs first, unmeasured, so AdamW's states exist as they do from step 2 of a real run on.
 
-    python benchmarks/memory_model.py --out memory.json [--devices p40,t4,a100-40gb,h200]
+Measured per phase: `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats` (what the plan's
+`predicted_peak_gb` predicts). On CPU (smoke runs and tests) the bytes of every tensor storage created
+while the phase runs, on top of the workers' resident state (`LiveBytes`), stand in for the allocator.
+
+Each case runs in its own process (simulated limits, TF32 and the process group are per process), up to
+`--jobs` at once; every case caps its own memory, so cases whose caps add up to the GPU's memory can
+share it. Prints one table, writes `memory_model.json` (rows + per-term predictions) to `--out`, and
+ends with the calibration hints: per term family, how far measured is from predicted.
+
+    python benchmarks/memory_model.py --model /tmp/qwen05b-random --profiles p40,t4,a100-40gb,h200 \
+        --settings field_report --algos ppo,grpo --jobs 3 --out "$OUT"
+    python benchmarks/memory_model.py --tiny --profiles cpu --settings tiny --out /tmp/mm   # CPU smoke
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
+import gc
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+GiB = 1024 ** 3
+ARR = "actor_rollout_ref"
 
-from verl.compat.catalog import get_profile
-from verl.compat.memory import GiB
-from verl.compat.model_spec import BUILTIN_MODELS, ModelSpec
-from verl.compat.planner import make_plan
-from verl.compat.profile import SoftwareInfo
-from verl.utils.torch_functional import logprobs_from_logits
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    return getattr(torch, name)
-
-QWEN25_05B = {k: v for k, v in BUILTIN_MODELS["qwen2.5-0.5b"].items() if k != "model_type"}
-
+# Shapes: (train prompts, mini-batch, micro-batch, log-prob micro, ref micro, prompt, response).
 SETTINGS = {
-    # the field report: batch 1, micro-batch 1, 256 + 256 tokens
-    "field_report": {"train_batch_size": 1, "ppo_mini_batch_size": 1, "micro": 1, "log_prob_micro": 1,
-                         "prompt": 256, "response": 256},
+    # the field report: batch 1, micro-batch 1, 256 + 256 tokens (validation: the whole GSM8K test set)
+    "field_report": dict(batch=1, mini=1, micro=1, log_prob_micro=1, ref_micro=1, prompt=256, response=256),
     # upstream's quick start: batch 256, mini 64, micro 4 (log-prob micro 8 / ref 4), 512 + 512
-    "quickstart": {"train_batch_size": 256, "ppo_mini_batch_size": 64, "micro": 4, "log_prob_micro": 8,
-                       "ref_micro": 4, "prompt": 512, "response": 512},
+    "quickstart": dict(batch=256, mini=64, micro=4, log_prob_micro=8, ref_micro=4, prompt=512, response=512),
+    # the GPU matrix's shape (benchmarks/gpu_matrix.sh)
+    "matrix": dict(batch=8, mini=8, micro=4, log_prob_micro=8, ref_micro=8, prompt=256, response=128),
+    # CPU smoke and tests: the tiny model
+    "tiny": dict(batch=2, mini=2, micro=1, log_prob_micro=2, ref_micro=2, prompt=16, response=4),
 }
+ALGOS = {
+    "ppo": ["algorithm.adv_estimator=gae"],                                           # GAE + critic
+    "grpo": ["algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=True", f"{ARR}.rollout.n=2"],
+}
+PHASES = ("rollout", "log_prob", "ref", "values", "critic_update", "actor_update", "validation")
 
 
-def make_config(setting: dict, model_path: str = "") -> dict:
-    """A config dict with upstream's key names (hardware keys left to the planner)."""
+def overrides(setting: dict, algo: str, profile: str, model: str, val_rows: int | None) -> list[str]:
+    """The stock command's Hydra overrides for one case (hardware keys left to the planner)."""
     s = setting
-    return {
-        "data": {"train_batch_size": s["train_batch_size"], "max_prompt_length": s["prompt"],
-                 "max_response_length": s["response"]},
-        "actor_rollout_ref": {
-            "model": {"path": model_path},
-            "actor": {"ppo_mini_batch_size": s["ppo_mini_batch_size"],
-                      "ppo_micro_batch_size_per_gpu": s["micro"]},
-            "rollout": {"log_prob_micro_batch_size_per_gpu": s["log_prob_micro"], "n": 1},
-            "ref": {"log_prob_micro_batch_size_per_gpu": s.get("ref_micro", s["log_prob_micro"])},
-        },
-        "critic": {"ppo_micro_batch_size_per_gpu": s["micro"], "model": {"path": model_path}},
-        "algorithm": {"adv_estimator": s.get("adv_estimator", "gae"), "use_kl_in_reward": s.get("kl", False)},
-        "trainer": {"n_gpus_per_node": 1, "nnodes": 1},
-    }
+    out = [f"data.train_batch_size={s['batch']}", f"data.max_prompt_length={s['prompt']}",
+           f"data.max_response_length={s['response']}", f"{ARR}.model.path={model}", f"critic.model.path={model}",
+           f"{ARR}.actor.ppo_mini_batch_size={s['mini']}", f"{ARR}.actor.ppo_micro_batch_size_per_gpu={s['micro']}",
+           f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu={s['log_prob_micro']}",
+           f"{ARR}.ref.log_prob_micro_batch_size_per_gpu={s['ref_micro']}",
+           f"critic.ppo_micro_batch_size_per_gpu={s['micro']}", f"critic.ppo_mini_batch_size={s['mini']}",
+           f"{ARR}.rollout.name=hf", f"{ARR}.rollout.ignore_eos=True",     # full-length responses: the worst case
+           "trainer.n_gpus_per_node=1", "trainer.nnodes=1", *ALGOS[algo]]
+    if profile != "auto":
+        out.append(f"compat.device={profile}")
+    if val_rows is not None:
+        out.append(f"data.val_batch_size={val_rows}")
+    return out
 
 
 # ----------------------------------------------------------------------------- measurement
 
-class LiveBytes(TorchDispatchMode):
-    """Peak bytes of tensor storages created while active (CPU stand-in for the CUDA allocator)."""
-
-    def __init__(self, resident=()):
-        super().__init__()
-        self.live = self.peak = 0
-        self._sizes: dict[int, int] = {}
-        self._resident = {t.untyped_storage().data_ptr() for t in _tensors(*resident)}
-
-    def _free(self, key: int) -> None:
-        self.live -= self._sizes.pop(key, 0)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                s = t.untyped_storage()
-                key = s.data_ptr()
-                if key not in self._sizes and key not in self._resident and s.nbytes():
-                    self._sizes[key] = s.nbytes()
-                    self.live += s.nbytes()
-                    self.peak = max(self.peak, self.live)
-                    weakref.finalize(s, self._free, key)
-        return out
+def _local(t):
+    """A DTensor's local shard (the storage it owns on this rank), else the tensor itself."""
+    return t._local_tensor if hasattr(t, "_local_tensor") else t
 
 
-def _tensors(*objects):
+def _storage_key(t) -> tuple[int, int] | None:
+    t = _local(t)
+    if t.device.type == "meta":
+        return None
+    s = t.untyped_storage()
+    return (s.data_ptr(), s.nbytes()) if s.nbytes() else None
+
+
+def resident_storages(*objects) -> dict[int, int]:
+    """{storage pointer: bytes} of the distinct storages held by modules (weights, grads, buffers)
+    and optimizers (their states)."""
+    import torch
+
+    seen = {}
     for obj in objects:
         if isinstance(obj, torch.nn.Module):
-            yield from obj.parameters()
-            yield from (p.grad for p in obj.parameters() if p.grad is not None)
-            yield from obj.buffers()
-        elif isinstance(obj, torch.optim.Optimizer):
-            yield from (v for st in obj.state.values() for v in st.values() if isinstance(v, torch.Tensor))
+            tensors = [*obj.parameters(), *(p.grad for p in obj.parameters() if p.grad is not None), *obj.buffers()]
+        else:
+            tensors = [v for st in obj.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+        for t in tensors:
+            key = _storage_key(t)
+            if key is not None:
+                seen[key[0]] = key[1]
+    return seen
 
 
-def resident_bytes(*objects) -> int:
-    """Bytes of the distinct storages held by modules / optimizers."""
-    sizes = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in _tensors(*objects)}
-    return sum(sizes.values())
+def _live_bytes_mode(resident: set[int]):
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+    import torch
+
+    class LiveBytes(TorchDispatchMode):
+        """Peak bytes of the tensor storages created while active (the CPU stand-in for the CUDA
+        allocator's peak): each new storage counts once, from creation until it is freed."""
+
+        def __init__(self):
+            super().__init__()
+            self.live = self.peak = 0
+            self._sizes: dict[int, int] = {}
+
+        def _free(self, ptr: int) -> None:
+            self.live -= self._sizes.pop(ptr, 0)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and (key := _storage_key(t)) is not None:
+                    ptr, size = key
+                    if ptr not in self._sizes and ptr not in resident:
+                        self._sizes[ptr] = size
+                        self.live += size
+                        self.peak = max(self.peak, self.live)
+                        weakref.finalize(_local(t).untyped_storage(), self._free, ptr)
+            return out
+
+    return LiveBytes()
 
 
-def measure(fn, device: torch.device, resident=()) -> float:
-    """Peak allocated GiB while `fn` runs, including state already resident on the device."""
+def measure(fn, device, resident=()) -> tuple[float, float]:
+    """(GiB allocated when `fn` starts, peak GiB while it runs): the allocator's figures on CUDA; on CPU
+    the workers' modules and optimizers (`resident`) plus the peak of what the phase allocates."""
+    import torch
+
     if device.type == "cuda":
+        gc.collect()
         torch.cuda.synchronize()
-        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
         fn()
         torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() / GiB
-    tracker = LiveBytes(resident)
-    with tracker:
-        fn()
-    return (resident_bytes(*resident) + tracker.peak) / GiB
-
-
-# ----------------------------------------------------------------------------- phases
-
-def build_model(config_kwargs: dict, role: str, attn: str, dtype: torch.dtype, device, checkpointing: bool):
-    import transformers
-
-    cfg = transformers.Qwen2Config(**config_kwargs)
-    cfg._attn_implementation = attn
-    cls = transformers.AutoModelForTokenClassification if role == "critic" else transformers.AutoModelForCausalLM
-    if role == "critic":
-        cfg.num_labels = 1
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = cls.from_config(cfg, torch_dtype=dtype)
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.config.use_cache = False
-    return model
-
-
-def batch(n: int, prompt: int, response: int, vocab: int, device):
-    """Left-padded prompts (one sequence padded, as in real batches) + responses."""
-    ids = torch.randint(0, vocab, (n, prompt + response), device=device)
-    mask = torch.ones_like(ids)
-    mask[0, : prompt // 4] = 0
-    return ids, mask
-
-
-def autocast(device, plan_role):
-    if plan_role.compute_dtype == plan_role.param_dtype:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch_dtype(plan_role.compute_dtype))
-
-
-def forward_log_prob(model, role_plan, ids, mask, response: int, critic: bool):
-    with autocast(ids.device, role_plan):
-        out = model(input_ids=ids, attention_mask=mask)
-        if critic:
-            return out.logits[:, -response - 1:-1, 0].float()
-        logits = out.logits[:, -response - 1:-1]
-        return logprobs_from_logits(logits, ids[:, -response:])
-
-
-def run_update(model, optimizer, role_plan, setting, device, critic: bool, scaler=None, steps_micro=2):
-    """Two micro-batches of fwd+bwd (gradient accumulation) then one AdamW step."""
-    micro, p, r = role_plan.micro_batch_size_per_gpu or 1, setting["prompt"], setting["response"]
-    model.train()       # HF applies gradient checkpointing only in training mode
-    for _ in range(steps_micro):
-        ids, mask = batch(micro, p, r, model.config.vocab_size, device)
-        out = forward_log_prob(model, role_plan, ids, mask, r, critic)
-        loss = (out ** 2).mean() if critic else -out.mean()
-        (scaler.scale(loss) if scaler else loss).backward()
-        del out, loss
-    if role_plan.optimizer_offload:      # an offloaded optimizer visits the device only for its step
-        _to(optimizer, device)
-    if scaler:
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    if role_plan.optimizer_offload:
-        _to(optimizer, torch.device("cpu"))
-
-
-@torch.no_grad()
-def run_forward(model, role_plan, setting, device, critic: bool):
-    micro = role_plan.forward_micro_batch_size_per_gpu or role_plan.micro_batch_size_per_gpu or 1
-    model.eval()
-    ids, mask = batch(micro, setting["prompt"], setting["response"], model.config.vocab_size, device)
-    forward_log_prob(model, role_plan, ids, mask, setting["response"], critic)
-
-
-@torch.no_grad()
-def run_generate(model, rollout_plan, n: int, setting, device):
-    """`n` sequences in chunks of `rollout_plan.micro_batch_size` (all at once when unset), as the
-    built-in engine generates them; the memory model's rollout phase is one such chunk."""
-    model.eval()        # a checkpointed model in training mode would drop the KV cache
-    chunk = min(n, rollout_plan.micro_batch_size or n)
-    cast = torch.autocast(device_type=device.type, dtype=torch_dtype(rollout_plan.dtype)) \
-        if next(model.parameters()).dtype != torch_dtype(rollout_plan.dtype) else contextlib.nullcontext()
-    with cast:
-        for start in range(0, n, chunk):
-            _generate_chunk(model, min(chunk, n - start), setting, device)
-
-
-def _generate_chunk(model, rows: int, setting, device) -> None:
-    """Sampling with HF's KV cache: prefill, then one token per step; the cache dies on return."""
-    from transformers import DynamicCache
-
-    ids, mask = batch(rows, setting["prompt"], 0, model.config.vocab_size, device)
-    out = model(input_ids=ids, attention_mask=mask, past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1)
-    for _ in range(setting["response"]):
-        probs = torch.softmax(out.logits[:, -1].float(), dim=-1)
-        nxt = torch.multinomial(probs, 1)
-        mask = torch.cat([mask, torch.ones_like(nxt)], dim=1)
-        out = model(input_ids=nxt, attention_mask=mask, past_key_values=out.past_key_values, use_cache=True)
-
-
-# ----------------------------------------------------------------------------- one case
-
-def _to(obj, device):
-    if isinstance(obj, torch.nn.Module):
-        obj.to(device)
-    elif isinstance(obj, torch.optim.Optimizer):
-        for st in obj.state.values():
-            for k, v in st.items():
-                if isinstance(v, torch.Tensor) and k != "step":
-                    st[k] = v.to(device)
-
-
-def _override(config: dict, overrides: dict) -> dict:
-    for path, value in overrides.items():
-        node = config
-        *parents, leaf = path.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return config
-
-
-def run_case(profile_name: str, setting_name, model_kwargs: dict, device: torch.device,
-             software: SoftwareInfo | None = None, rollout_batch: int | None = None,
-             overrides: dict | None = None, only: tuple[str, ...] | None = None) -> dict:
-    """Plan one (device, setting), run its phases (or `only` those), return predicted and measured GiB."""
-    setting = SETTINGS[setting_name] if isinstance(setting_name, str) else setting_name
-    profile = get_profile(profile_name)
-    software = software or SoftwareInfo(torch_version=torch.__version__)
-    import transformers
-
-    spec = ModelSpec.from_hf_config(transformers.Qwen2Config(**model_kwargs))
-    config = make_config(setting)
-    config["actor_rollout_ref"]["rollout"]["name"] = "hf"
-    _override(config, overrides or {})
-    plan = make_plan(profile, config, software, spec)
-    predicted = {k: v["total_gb"] for k, v in plan.memory["phases_total"].items()}
-    result = {"device": profile_name, "setting": setting_name, "predicted": predicted, "measured": {},
-              "errors": {}, "memory": plan.memory, "plan": {"actor": dataclasses.asdict(plan.actor),
-                                     "rollout": dataclasses.asdict(plan.rollout)}}
-    host = torch.device("cpu")
-    roles = {}
+        return start / GiB, torch.cuda.max_memory_allocated() / GiB
+    gc.collect()
+    before = resident_storages(*resident)
+    tracker = _live_bytes_mode(set(before))
+    gc.disable()        # cyclic garbage is freed at the end, not whenever a collection happens: repeatable
     try:
-        for name, rp in (("actor", plan.actor), ("critic", plan.critic), ("ref", plan.ref)):
-            if rp is None:
-                continue
-            model = build_model(model_kwargs, "critic" if name == "critic" else "actor", rp.attn_implementation,
-                                torch_dtype(rp.param_dtype), host, rp.gradient_checkpointing)
-            opt = None
-            if name != "ref":
-                opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-                for p in model.parameters():       # materialise AdamW's two fp32 states
-                    opt.state[p]["step"] = torch.tensor(0.0)
-                    opt.state[p]["exp_avg"] = torch.zeros_like(p)
-                    opt.state[p]["exp_avg_sq"] = torch.zeros_like(p)
-            roles[name] = (model, opt, rp)
-
-        def place(active: str):
-            """The active role's weights on the device; idle roles' offloaded state on the host."""
-            for name, (model, opt, rp) in roles.items():
-                _to(model, device if name == active or not rp.param_offload else host)
-                if opt is not None:
-                    _to(opt, host if rp.optimizer_offload else device)
-
-        def resident():
-            return [x for m, o, _ in roles.values() for x in (m, o) if x is not None
-                    and next(iter(m.parameters())).device.type == device.type]
-
-        n_gen = rollout_batch or setting["train_batch_size"]
-        phases = [("rollout", "actor", lambda: run_generate(roles["actor"][0], plan.rollout, n_gen, setting, device)),
-                  ("log_prob", "actor", lambda: run_forward(roles["actor"][0], plan.actor, setting, device, False)),
-                  ("ref", "ref", lambda: run_forward(roles["ref"][0], plan.ref, setting, device, False)),
-                  ("values", "critic", lambda: run_forward(roles["critic"][0], plan.critic, setting, device, True)),
-                  ("critic_update", "critic", lambda: run_update(*roles["critic"][:2], plan.critic, setting, device,
-                                                                 True, _scaler(plan.critic, device))),
-                  ("actor_update", "actor", lambda: run_update(*roles["actor"][:2], plan.actor, setting, device,
-                                                               False, _scaler(plan.actor, device)))]
-        for phase, active, fn in phases:
-            if active not in roles or (only and phase not in only):
-                continue
-            place(active)
-            try:
-                result["measured"][phase] = round(measure(fn, device, resident() if device.type == "cpu" else ()), 3)
-            except torch.OutOfMemoryError as exc:
-                result["errors"][phase] = f"OOM: {str(exc).splitlines()[0]}"
+        with tracker:
+            fn()
     finally:
-        roles.clear()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        gc.enable()
+    start = sum(before.values())
+    return start / GiB, (start + tracker.peak) / GiB
+
+
+# ----------------------------------------------------------------------------- one case (child process)
+
+def _prompts(rows: int, prompt: int, vocab: int, seed: int):
+    """Left-padded random prompts (every fourth row a quarter shorter), as the dataset hands them over."""
+    import torch
+
+    from verl.protocol import DataProto
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(10, vocab, (rows, prompt), generator=g)
+    mask = torch.ones_like(ids)
+    mask[::4, : prompt // 4] = 0
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos})
+
+
+def _training_fields(batch, seed: int):
+    """What the driver adds between phases (advantages, returns; log-probs/values where a phase did not
+    produce them), random but of the right shapes."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    mask = batch.batch["response_mask"].float()
+    shape = mask.shape
+    fields = {"advantages": torch.randn(shape, generator=g) * mask, "returns": torch.randn(shape, generator=g) * mask}
+    for key in ("old_log_probs", "ref_log_prob", "values"):
+        if key not in batch.batch.keys():
+            fields[key] = torch.zeros(shape)
+    batch.batch.update(fields)
+    return batch
+
+
+def _synthetic_step_batch(rows: int, prompt: int, response: int, vocab: int):
+    """A full-length batch for the warm-up update (it only has to create AdamW's states)."""
+    import torch
+
+    from verl.protocol import DataProto
+
+    p = _prompts(rows, prompt, vocab, seed=1).batch
+    responses = torch.randint(10, vocab, (rows, response))
+    rmask = torch.ones_like(responses)
+    offsets = torch.arange(1, response + 1)
+    batch = DataProto.from_dict({
+        "prompts": p["input_ids"], "responses": responses, "response_mask": rmask,
+        "input_ids": torch.cat([p["input_ids"], responses], -1),
+        "attention_mask": torch.cat([p["attention_mask"], rmask], -1),
+        "position_ids": torch.cat([p["position_ids"], p["position_ids"][:, -1:] + offsets], -1)})
+    return _training_fields(batch, seed=2)
+
+
+def run_case(profile: str, setting_name: str, algo: str, model: str, val_rows: int | None = None,
+             extra: tuple[str, ...] = ()) -> dict:
+    """Plan one case (`extra`: more Hydra overrides), build the real workers, run every phase once;
+    predicted and measured GiB."""
+    import torch
+    from omegaconf import OmegaConf, open_dict
+
+    from verl import compat
+    from verl.trainer.config_check import load_config
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+
+    setting = SETTINGS[setting_name]
+    config = load_config(overrides(setting, algo, profile, model, val_rows) + list(extra))
+    plan = compat.build_plan(config)
+    compat.resolve_config(config, plan)
+    OmegaConf.resolve(config)
+    with open_dict(config):
+        config[ARR].actor.optim.total_training_steps = 2
+        if "critic" in config and plan.critic is not None:
+            config.critic.optim.total_training_steps = 2
+    # phase totals from the terms (kept to 0.1 MiB; the rounded totals would swamp a tiny model's phases)
+    predicted = {k: round(sum(t.values()), 4) for k, t in plan.memory.get("phases", {}).items()}
+    result = {"profile": profile, "setting": setting_name, "algo": algo, "predicted": predicted, "measured": {},
+              "errors": {}, "predicted_peak_gb": plan.predicted_peak_gb, "memory_limit_gb": plan.memory_limit_gb,
+              "terms": plan.memory.get("phases", {}), "rollout_micro_batch_size": plan.rollout.micro_batch_size}
+
+    role = "actor_rollout_ref" if plan.ref is not None else "actor_rollout"
+    actor = ActorRolloutRefWorker(config[ARR], role=role, plan=plan)
+    actor.init_model()
+    critic = None
+    if plan.critic is not None:
+        critic = CriticWorker(config.critic, plan=plan)
+        critic.init_model()
+    device = actor.device
+    vocab = len(actor.tokenizer)
+    n = int(config[ARR].rollout.n)
+    rows = setting["batch"] * n
+    result["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+    def resident():
+        objs = [m for m in (actor.actor_module, getattr(actor, "ref_module", None),
+                            critic.critic_module if critic else None) if m is not None]
+        return objs + [o for o in (actor.actor_optimizer, critic.critic_optimizer if critic else None) if o]
+
+    # warm-up: one update of each trained role, so the optimizer states exist (step 2 onwards)
+    warm = _synthetic_step_batch(rows, setting["prompt"], setting["response"], vocab)
+    if critic is not None:
+        critic.update_critic(warm)
+    actor.update_actor(warm)
+    del warm
+
+    state = {}
+
+    def generate():
+        state["batch"] = actor.generate_sequences(_prompts(rows, setting["prompt"], vocab, seed=3))
+
+    def log_prob():
+        state["batch"].batch.update({"old_log_probs": actor.compute_log_prob(state["batch"]).batch["old_log_probs"]})
+
+    def ref():
+        state["batch"].batch.update({"ref_log_prob": actor.compute_ref_log_prob(state["batch"]).batch["ref_log_prob"]})
+
+    def values():
+        state["batch"].batch.update({"values": critic.compute_values(state["batch"]).batch["values"]})
+
+    def critic_update():
+        critic.update_critic(_training_fields(state["batch"], seed=4))
+
+    def actor_update():
+        actor.update_actor(_training_fields(state["batch"], seed=4))
+
+    val = val_rows if val_rows is not None else (plan.rollout.micro_batch_size or rows)
+    result["validation_rows"] = val
+
+    def validation():
+        prompts = _prompts(val, setting["prompt"], vocab, seed=5)
+        prompts.meta_info.update({"validate": True, "do_sample": False})
+        actor.generate_sequences(prompts)
+
+    steps = {"rollout": generate, "log_prob": log_prob, "ref": ref, "values": values,
+             "critic_update": critic_update, "actor_update": actor_update, "validation": validation}
+    for phase in PHASES:
+        if phase not in predicted:
+            continue
+        try:
+            clock = time.time()
+            start, peak = measure(steps[phase], device, resident())
+            result["measured"][phase] = round(peak, 4)
+            result.setdefault("at_start", {})[phase] = round(start, 4)
+            result.setdefault("seconds", {})[phase] = round(time.time() - clock, 2)
+        except torch.OutOfMemoryError as exc:
+            result["errors"][phase] = f"OOM: {str(exc).splitlines()[0]}"
+            if phase == "rollout":
+                break
     return result
 
 
-def _scaler(role_plan, device):
-    if role_plan.grad_scaler and device.type == "cuda":
-        return torch.amp.GradScaler("cuda")
-    return None
+# ----------------------------------------------------------------------------- driver
+
+def _child(args) -> int:
+    row = run_case(args.profiles, args.settings, args.algos, args.model, args.val_rows, tuple(args.override))
+    Path(args.json).write_text(json.dumps(row, indent=1))
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+def _run_child(case: tuple[str, str, str], args, workdir: Path) -> dict:
+    profile, setting, algo = case
+    path = workdir / f"{profile}_{setting}_{algo}.json"
+    cmd = [sys.executable, __file__, "--child", "--profiles", profile, "--settings", setting, "--algos", algo,
+           "--model", args.model, "--json", str(path)]
+    if args.val_rows is not None:
+        cmd += ["--val-rows", str(args.val_rows)]
+    for item in args.override:
+        cmd += ["--override", item]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    start = time.time()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.case_timeout)
+    if proc.returncode != 0 or not path.exists():
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-12:]
+        return {"profile": profile, "setting": setting, "algo": algo, "error": f"exit {proc.returncode}",
+                "log_tail": tail, "wall_s": round(time.time() - start, 1)}
+    row = json.loads(path.read_text())
+    row["wall_s"] = round(time.time() - start, 1)
+    return row
+
+
+def format_table(rows: list[dict]) -> str:
+    """One line per (case, phase): predicted, measured, error %; a failed case gets one line with why."""
+    head = (f"{'profile':10s} {'setting':12s} {'algo':5s} {'phase':14s} {'predicted':>9s} {'measured':>9s} "
+            f"{'diff':>7s}   (GiB, max_memory_allocated)")
+    lines = [head, "-" * len(head)]
+    for row in rows:
+        tag = f"{row['profile']:10s} {row['setting']:12s} {row['algo']:5s}"
+        if "error" in row:
+            lines.append(f"{tag} {'(case failed)':14s} {row['error']}: {' | '.join(row.get('log_tail', [])[-2:])}")
+            continue
+        for phase in PHASES:
+            if phase not in row["predicted"]:
+                continue
+            pred, meas = row["predicted"][phase], row["measured"].get(phase)
+            if meas is None:
+                lines.append(f"{tag} {phase:14s} {pred:9.3f} {'-':>9s} {row['errors'].get(phase, 'not run')}")
+                continue
+            lines.append(f"{tag} {phase:14s} {pred:9.3f} {meas:9.3f} {100 * (pred - meas) / meas:+6.1f}%")
+    return "\n".join(lines)
+
+
+def calibration_hints(rows: list[dict], tolerance: float = 0.15) -> list[str]:
+    """What to change in verl/compat/memory.py: phases off by more than `tolerance`, with the gap and
+    the term that dominates that phase's prediction (the first place to look)."""
+    hints = []
+    for row in rows:
+        for phase, meas in row.get("measured", {}).items():
+            pred = row["predicted"][phase]
+            if meas <= 0 or abs(pred - meas) <= tolerance * meas:
+                continue
+            terms = row["terms"].get(phase, {})
+            biggest = max((k for k in terms if not k.endswith((".weights", ".optimizer"))), default=None,
+                          key=lambda k: terms[k])
+            hints.append(f"{row['profile']}/{row['setting']}/{row['algo']} {phase}: predicted {pred:.3f}, measured "
+                         f"{meas:.3f} GiB ({meas - pred:+.3f} GiB unexplained, measured at the phase's start "
+                         f"{row['at_start'][phase]:.3f}); largest transient term: {biggest} = "
+                         f"{terms.get(biggest, 0):.3f} GiB")
+    return hints or [f"every measured phase is within ±{tolerance:.0%} of its prediction: nothing to recalibrate"]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--devices", default="p40,t4,a100-40gb,h200")
-    ap.add_argument("--settings", default="field_report,quickstart")
-    ap.add_argument("--phases", default=None, help="comma-separated subset, e.g. rollout,actor_update")
-    ap.add_argument("--rollout-batch", type=int, default=None,
-                    help="sequences generated per case (default: the setting's train batch)")
+    ap.add_argument("--out", help="folder for memory_model.json (default: $OUT or .)")
+    ap.add_argument("--profiles", default="p40,t4,a100-40gb,h200", help="catalog names; cpu on a CPU-only host")
+    ap.add_argument("--settings", default="field_report", help=f"comma-separated: {', '.join(SETTINGS)}")
+    ap.add_argument("--algos", default="ppo,grpo", help="ppo (GAE + critic), grpo (use_kl_loss, n=2)")
+    ap.add_argument("--model", help="model folder (config.json + tokenizer); e.g. benchmarks/build_qwen_shaped.py's")
+    ap.add_argument("--tiny", action="store_true", help="build and use the tiny test model (CPU smoke runs)")
+    ap.add_argument("--val-rows", type=int, default=None,
+                    help="data.val_batch_size for the validation phase (default: null, one full chunk generated)")
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="one more Hydra override for every case (repeatable)")
+    ap.add_argument("--jobs", type=int, default=1, help="cases run at once (each caps its own memory)")
+    ap.add_argument("--in-process", action="store_true",
+                    help="run every case in this process (CPU smoke runs and tests; a simulated GPU needs its own)")
+    ap.add_argument("--case-timeout", type=float, default=600)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--json", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rows, t0 = [], time.time()
-    for dev in args.devices.split(","):
-        for setting in args.settings.split(","):
-            try:
-                row = run_case(dev, setting, QWEN25_05B, device, rollout_batch=args.rollout_batch,
-                               only=tuple(args.phases.split(",")) if args.phases else None)
-            except Exception as exc:  # noqa: BLE001 (a PlanError or a failed case is a result too)
-                row = {"device": dev, "setting": setting, "error": f"{type(exc).__name__}: {exc}"}
-            rows.append(row)
-            _print_row(row)
-    Path(args.out).write_text(json.dumps({"device": str(device), "torch": torch.__version__,
-                                          "seconds": round(time.time() - t0, 1), "cases": rows}, indent=2))
-    return 0
+    if args.child:
+        return _child(args)
+    with tempfile.TemporaryDirectory(prefix="memory_model_") as tmp:
+        if args.tiny:
+            from verl.utils.tiny_model import build_tiny_model_dir
 
-
-def _print_row(row: dict) -> None:
-    if "error" in row:
-        print(f"{row['device']:10s} {row['setting']:13s} {row['error']}")
-        return
-    for phase, pred in row["predicted"].items():
-        meas = row["measured"].get(phase)
-        if meas is None and phase not in row["errors"]:
-            continue
-        err = row["errors"].get(phase, "")
-        diff = f"{100 * (pred - meas) / meas:+6.1f}%" if meas else ""
-        print(f"{row['device']:10s} {row['setting']:13s} {phase:14s} predicted {pred:7.2f} GiB  "
-              f"measured {meas if meas is not None else float('nan'):7.2f} GiB  {diff} {err}")
+            args.model = build_tiny_model_dir(str(Path(tmp) / "tiny"), hidden_size=64, num_layers=2,
+                                              intermediate_size=128, num_heads=4, num_kv_heads=2)
+        if not args.model:
+            ap.error("--model DIR or --tiny")
+        cases = [(p, s, a) for p in args.profiles.split(",") for s in args.settings.split(",")
+                 for a in args.algos.split(",")]
+        start = time.time()
+        if args.in_process:
+            rows = [run_case(*case, args.model, args.val_rows, tuple(args.override)) for case in cases]
+        else:
+            with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
+                rows = list(pool.map(lambda c: _run_child(c, args, Path(tmp)), cases))
+    table = format_table(rows)
+    hints = calibration_hints(rows)
+    print(table)
+    print("\ncalibration (verl/compat/memory.py):\n" + "\n".join(f"  {h}" for h in hints))
+    out = Path(args.out or os.environ.get("OUT") or ".")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "memory_model.json").write_text(json.dumps(
+        {"seconds": round(time.time() - start, 1), "cases": rows, "calibration": hints}, indent=1))
+    print(f"\nwrote {out / 'memory_model.json'} ({time.time() - start:.0f} s)")
+    return 0 if all("error" not in r for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -35,6 +35,9 @@ def summarize(path: str) -> dict:
         "timing_s": {k: median(f"timing_s/{k}") for k in TIMINGS},
         "memory_gb": {k: max((s[k] for s in steps if isinstance(s.get(k), (int, float))), default=None)
                       for k in MEMORY},
+        # the allocator's peak so far, as logged at each step (it never resets: a step logged after a
+        # validation carries that validation's peak)
+        "max_allocated_gb_by_step": [s.get("perf/max_memory_allocated_gb") for s in steps],
         "score_first_last": (steps[0].get("critic/score/mean"), steps[-1].get("critic/score/mean")),
         "response_length_mean": median("response_length/mean"),
         "throughput_tokens_per_s": median("perf/throughput"),

@@ -36,6 +36,14 @@ __all__ = [
     "collate_fn",
 ]
 
+DEFAULT_RAY_GET_TIMEOUT_S = 3600.0
+
+
+def ray_get_timeout() -> float:
+    """Seconds the driver waits for a worker-group call (env VERL_RAY_GET_TIMEOUT, default one hour)."""
+    return float(os.environ.get("VERL_RAY_GET_TIMEOUT", DEFAULT_RAY_GET_TIMEOUT_S))
+
+
 logger = logging.getLogger(__name__)
 
 # Key the dispatcher uses to tell the collector how many padded rows to drop (see single_controller).
@@ -752,8 +760,6 @@ class DataProtoFuture:
 
     def get(self) -> DataProto:
         import ray
-
-        from verl.single_controller.base.decorator import ray_get_timeout
 
         timeout = self.timeout_s if self.timeout_s is not None else ray_get_timeout()
         output = self.collect_fn(ray.get(self.futures, timeout=timeout))

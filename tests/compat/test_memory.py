@@ -1,20 +1,21 @@
-"""The memory model: exact state sizes, the shape of each term, and predictions vs measured CPU peaks.
+"""The memory model: exact state sizes, the shape of each term, and predictions vs the real workers' CPU peaks.
 
-Measurement (benchmarks/memory_model.py, shared with the GPU benchmark): the bytes of every tensor
-storage created while a phase runs (a TorchDispatchMode that counts each new storage once and
-uncounts it when freed) plus the storages resident at its start (weights, grads, optimizer states).
-That is what `torch.cuda.max_memory_allocated` reports on a GPU, without the allocator's rounding.
+Measurement (benchmarks/memory_model.py, the same script the GPU run uses): the real planner's plan
+drives the real FSDP2 workers; per phase, the bytes of every tensor storage created while it runs (a
+TorchDispatchMode that counts each new storage once and uncounts it when freed) plus the storages
+resident at its start (weights, grads, optimizer states). That is what `torch.cuda.max_memory_allocated`
+reports on a GPU, without the allocator's rounding.
 """
 import dataclasses
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
 import torch
-import transformers
 
 from verl.compat.memory import GiB, Workload, estimate_memory, layer_activation_bytes
-from verl.compat.model_spec import ModelSpec
+from verl.compat.model_spec import BUILTIN_MODELS, ModelSpec
 from verl.compat.plan import RolePlan, RolloutPlan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,12 +23,14 @@ _spec = importlib.util.spec_from_file_location("memory_benchmark", ROOT / "bench
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
-QWEN05 = ModelSpec.from_hf_config(transformers.Qwen2Config(**bench.QWEN25_05B))
+QWEN05 = ModelSpec.from_hf_config(BUILTIN_MODELS["qwen2.5-0.5b"])
 TOLERANCE = 0.15     # the project's target for predicted vs measured peak
 
 
 def role(compute="bfloat16", param="float32", ckpt=False, attn="sdpa", po=False, oo=False, micro=1):
+    """A role plan as the planner makes it: cast on gather for bfloat16, not for guarded float16."""
     return RolePlan(param_dtype=param, compute_dtype=compute, grad_scaler=compute == "float16",
+                    cast_on_gather=compute not in (param, "float16"), numerics_guard=compute == "float16",
                     attn_implementation=attn, use_remove_padding=False, gradient_checkpointing=ckpt,
                     param_offload=po, optimizer_offload=oo, micro_batch_size_per_gpu=micro,
                     forward_micro_batch_size_per_gpu=micro)
@@ -110,19 +113,15 @@ def test_vllm_share_and_context():
     assert "<- peak" in est.table() and est.to_dict()["peak_phase"] == est.peak_phase
 
 
-# ----------------------------------------------------------------------------- against measurement
+# ----------------------------------------------------------------------------- against the real workers
 
-TINY = {"vocab_size": 1000, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "intermediate_size": 1024, "tie_word_embeddings": False, "max_position_embeddings": 1024}
-MID = {"vocab_size": 151936, "hidden_size": 896, "num_hidden_layers": 2, "num_attention_heads": 14, "num_key_value_heads": 2,
-           "intermediate_size": 4864, "tie_word_embeddings": True, "max_position_embeddings": 1024}
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    """Big enough that each phase's peak is ~60 MiB (the plan's terms are kept to 0.1 MiB)."""
+    from verl.utils.tiny_model import build_tiny_model_dir
 
-
-def _check(result):
-    assert result["measured"], result
-    for phase, measured in result["measured"].items():
-        predicted = result["predicted"][phase]
-        assert abs(predicted - measured) <= TOLERANCE * measured, (phase, predicted, measured, result["memory"])
+    return build_tiny_model_dir(str(tmp_path_factory.mktemp("memory_small")), hidden_size=256, num_layers=2,
+                                intermediate_size=1024, num_heads=4, num_kv_heads=2, vocab_size=512)
 
 
 @pytest.fixture(autouse=True)
@@ -133,27 +132,41 @@ def _threads():
     torch.set_num_threads(before)
 
 
-def test_tiny_model_every_phase_fp32():
-    """actor + critic + reference, float32 (the P40 plan): rollout, log-probs, values, both updates."""
-    setting = {"train_batch_size": 2, "ppo_mini_batch_size": 2, "micro": 2, "log_prob_micro": 2, "prompt": 24, "response": 8,
-                   "adv_estimator": "gae", "kl": True}
-    result = bench.run_case("p40", setting, TINY, torch.device("cpu"))
-    assert set(result["measured"]) == {"rollout", "log_prob", "ref", "values", "actor_update", "critic_update"}
-    _check(result)
+def test_real_workers_every_phase_within_tolerance(small_model):
+    """The real planner's CPU plan drives the real actor/ref and critic workers (FSDP2, float32) through
+    every phase; each measured peak is within 15% of the plan's. Validation generates 4 prompts in the
+    plan's chunks of 2 (a user value the plan keeps), so its generation memory is the training
+    rollout's 2 rows, not 4."""
+    result = bench.run_case("cpu", "tiny", "ppo", small_model, val_rows=4,
+                            extra=("algorithm.use_kl_in_reward=True", "actor_rollout_ref.rollout.micro_batch_size=2"))
+    assert result["rollout_micro_batch_size"] == 2 and result["validation_rows"] == 4
+    assert set(result["measured"]) == set(bench.PHASES), result["errors"]
+    for phase, measured in result["measured"].items():
+        predicted = result["predicted"][phase]
+        assert abs(predicted - measured) <= TOLERANCE * measured, (phase, predicted, measured, result["terms"][phase])
+
+    def generation(phase):           # what the phase allocated on top of the resident state
+        return result["measured"][phase] - result["at_start"][phase]
+
+    assert generation("validation") == pytest.approx(generation("rollout"), rel=0.25)
+    assert generation("validation") < 1.5 * generation("rollout")     # 4 rows at once would be ~2x
 
 
-@pytest.mark.parametrize("device,overrides", [
-    ("a100-40gb", {}),                                                          # bf16 autocast, fp32 master
-    ("p40", {"actor_rollout_ref.model.enable_gradient_checkpointing": True,
-             "actor_rollout_ref.model.attn_implementation": "eager"}),          # fp32, checkpointed, eager
-])
-def test_mid_model_large_vocab(device, overrides):
-    """hidden 896, 2 layers, Qwen's 151,936-token vocab: logits and vocab gradients dominate."""
-    setting = {"train_batch_size": 2, "ppo_mini_batch_size": 2, "micro": 2, "log_prob_micro": 2, "prompt": 48, "response": 32,
-                   "adv_estimator": "grpo"}
-    result = bench.run_case(device, setting, MID, torch.device("cpu"), overrides=overrides,
-                            only=("log_prob", "actor_update"))
-    _check(result)
+def test_script_end_to_end_on_cpu(tmp_path, capsys):
+    """`benchmarks/memory_model.py --tiny --in-process` plans, runs and reports every GRPO phase."""
+    rc = bench.main(["--tiny", "--profiles", "cpu", "--settings", "tiny", "--algos", "grpo", "--val-rows", "2",
+                     "--in-process", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    report = json.loads((tmp_path / "memory_model.json").read_text())
+    (case,) = report["cases"]
+    phases = {"rollout", "log_prob", "ref", "actor_update", "validation"}       # GRPO: no critic phases
+    assert set(case["measured"]) == phases and set(case["predicted"]) == phases
+    assert all(case["measured"][p] > case["at_start"][p] > 0 for p in phases)
+    rows = [line.split() for line in out.splitlines() if line.startswith("cpu ")]
+    assert sorted(r[3] for r in rows) == sorted(phases)
+    assert all(float(r[4]) > 0 and float(r[5]) > 0 and r[6].endswith("%") for r in rows)
+    assert "calibration (verl/compat/memory.py):" in out and report["calibration"]
 
 
 # ----------------------------------------------------------------------------- built-in rollout chunks
@@ -185,73 +198,65 @@ def test_room_and_resident_during_rollout():
     est = estimate(role(), critic=critic, memory=24.0)
     terms = est.phases["rollout"].terms
     assert est.rollout_resident_gb() == pytest.approx(
-        sum(v for k, v in terms.items() if not k.startswith("rollout.")) + terms["rollout.weights"])
+        sum(v for k, v in terms.items() if not k.startswith("rollout."))
+        + terms["rollout.weights"] + terms["rollout.gathered weights"])
     room = est.room_gb(24.0)
     assert room * (1 + est.fragmentation) + est.context_gb == pytest.approx(24.0)   # inverse of required_gb
 
 
-def test_chunked_generation_measured_equals_one_chunk():
-    """HFRollout on 8 prompts in chunks of 2 peaks like 2 prompts alone, as predicted (CPU, float32)."""
-    from types import SimpleNamespace
-
-    from omegaconf import OmegaConf
-
-    from verl.protocol import DataProto
-    from verl.workers.rollout import HFRollout
-
-    model = bench.build_model(TINY, "actor", "sdpa", torch.float32, torch.device("cpu"), False)
-    spec = ModelSpec.from_hf_config(transformers.Qwen2Config(**TINY))
-    prompt, response = 64, 16
-    cfg = OmegaConf.create({"response_length": response, "do_sample": True, "temperature": 1.0, "top_k": -1,
-                            "top_p": 1.0, "seed": 0, "ignore_eos": True})
-
-    def run(n, micro):
-        ids = torch.randint(1, TINY["vocab_size"], (n, prompt))
-        batch = DataProto.from_dict(
-            tensors={"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                     "position_ids": torch.arange(prompt).expand(n, prompt).clone()},
-            meta_info={"eos_token_id": [TINY["vocab_size"] + 1], "pad_token_id": 0})
-        rollout = HFRollout(model, cfg, plan=SimpleNamespace(rollout=SimpleNamespace(dtype="float32",
-                                                                                     micro_batch_size=micro)))
-        measured = bench.measure(lambda: rollout.generate_sequences(batch), torch.device("cpu"), resident=[model])
-        plan = RolloutPlan(name="hf", dtype="float32", gpu_memory_utilization=0.0, enforce_eager=True,
-                           attn_implementation="sdpa", micro_batch_size=micro)
-        terms = estimate_memory(spec, Workload(prompt, response, n), role(compute="float32"), plan,
-                                device_memory_gb=32, backend="cpu").phases["rollout"].terms
-        predicted = terms["actor.weights"] + sum(v for k, v in terms.items() if k.startswith("rollout."))
-        return measured, predicted
-
-    alone, chunked, whole = run(2, None), run(8, 2), run(8, None)
-    weights = bench.resident_bytes(model) / GiB
-    assert chunked[0] == pytest.approx(alone[0], rel=0.02)
-    assert whole[0] - weights > 3 * (chunked[0] - weights)          # unchunked: ~4x the generation memory
-    for measured, predicted in (alone, chunked, whole):
-        assert abs((predicted - weights) - (measured - weights)) <= TOLERANCE * (measured - weights)
+def test_generation_gathers_the_whole_actor_in_its_gather_dtype():
+    """The actor worker unshards the whole FSDP2 model to generate: a full copy next to the shards,
+    in the compute dtype when it casts on gather (bfloat16), else in float32 plus autocast's cast
+    copy (float16 compute, whose numerics guard may fall back at run time)."""
+    p = QWEN05.num_params
+    bf16 = estimate(role()).phases["rollout"].terms
+    assert bf16["rollout.gathered weights"] == pytest.approx(p * 2 / GiB) and bf16["rollout.weights"] == 0
+    fp16 = estimate(role(compute="float16"), rollout=dataclasses.replace(HF, dtype="float16")).phases["rollout"].terms
+    assert fp16["rollout.gathered weights"] == pytest.approx(p * 4 / GiB)
+    assert fp16["rollout.weights"] == pytest.approx(p * 2 / GiB)         # tied embeddings: all weights cast
+    fp32 = estimate(role(compute="float32"), rollout=dataclasses.replace(HF, dtype="float32")).phases["rollout"].terms
+    assert fp32["rollout.gathered weights"] == pytest.approx(p * 4 / GiB) and fp32["rollout.weights"] == 0
 
 
-def test_benchmark_generates_in_the_plans_chunks():
-    """The benchmark's rollout phase runs as the engine does: `micro_batch_size` rows per prefill
-    (the last chunk holds the rest), all rows at once when unset; chunked, it peaks like one chunk."""
-    from types import SimpleNamespace
+def test_validation_is_a_phase_of_one_chunk_or_the_whole_val_batch():
+    """Validation generates `val_batch_per_gpu` sequences in the plan's chunks; unknown (the whole
+    validation set, `data.val_batch_size` null) counts one full chunk."""
+    from verl.compat.memory import ENGINE_TERMS
 
-    model = bench.build_model(TINY, "actor", "sdpa", torch.float32, torch.device("cpu"), False)
-    setting = {"prompt": 32, "response": 4}
-    prefills = []
-    hook = model.register_forward_pre_hook(
-        lambda m, a, kw: prefills.append(kw["input_ids"].shape[0]) if kw["input_ids"].shape[1] > 1 else None,
-        with_kwargs=True)
+    actor, chunked = role(compute="float32"), dataclasses.replace(HF, dtype="float32", micro_batch_size=512)
 
-    def run(n, micro):
-        prefills.clear()
-        plan = SimpleNamespace(dtype="float32", micro_batch_size=micro)
-        peak = bench.measure(lambda: bench.run_generate(model, plan, n, setting, torch.device("cpu")),
-                             torch.device("cpu"), resident=[model])
-        return list(prefills), peak
+    def engine(phase, workload):
+        terms = estimate(actor, rollout=chunked, workload=workload).phases[phase].terms
+        return sum(v for k, v in terms.items() if k in ENGINE_TERMS)
 
-    try:
-        (five, _), (whole, _), (big, _) = run(5, 2), run(5, None), run(3, 64)
-        (chunked_calls, chunked), (_, alone) = run(8, 2), run(2, None)
-    finally:
-        hook.remove()
-    assert five == [2, 2, 1] and whole == [5] and big == [3] and chunked_calls == [2, 2, 2, 2]
-    assert chunked == pytest.approx(alone, rel=0.02)
+    unknown = Workload(256, 256, 1)
+    assert engine("validation", unknown) == pytest.approx(512 * engine("rollout", unknown))
+    assert engine("validation", dataclasses.replace(unknown, val_batch_per_gpu=8)) == \
+        pytest.approx(8 * engine("rollout", unknown))
+    est = estimate(actor, rollout=chunked, workload=unknown)
+    assert est.peak_phase == "validation" and est.predicted_peak_gb == est.phases["validation"].total_gb
+
+
+def test_plan_peak_covers_validation_on_the_field_report():
+    """The simulated-P40 field report (batch 1, 256+256) measured 18.97 GB after its first validation
+    (the whole GSM8K test set in chunks of the plan's size) while the plan said 14.72: the plan's
+    peak now includes that validation chunk, and the chunk still fits the device."""
+    from verl.compat.catalog import get_profile
+    from verl.compat.planner import make_plan
+    from verl.compat.profile import SoftwareInfo
+
+    cfg = {"data": {"train_batch_size": 1, "max_prompt_length": 256, "max_response_length": 256},
+           "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 1, "ppo_micro_batch_size_per_gpu": 1},
+                                 "rollout": {"name": "hf", "log_prob_micro_batch_size_per_gpu": 1},
+                                 "ref": {"log_prob_micro_batch_size_per_gpu": 1}},
+           "critic": {"ppo_micro_batch_size_per_gpu": 1}, "algorithm": {"adv_estimator": "gae"}}
+    p40 = get_profile("p40")
+    plan = make_plan(p40, cfg, SoftwareInfo(torch_version=torch.__version__), QWEN05)
+    assert plan.memory["peak_phase"] == "validation"
+    assert plan.predicted_peak_gb == pytest.approx(18.97, rel=TOLERANCE)
+    assert plan.memory["required_gb"] <= p40.memory_gb
+    assert plan.rollout.predicted_peak_gb == plan.predicted_peak_gb
+    small = make_plan(p40, {**cfg, "data": {**cfg["data"], "val_batch_size": 4}},
+                      SoftwareInfo(torch_version=torch.__version__), QWEN05)
+    assert small.memory["phases_total"]["validation"]["total_gb"] < plan.memory["phases_total"]["validation"]["total_gb"]
+    assert small.predicted_peak_gb < plan.predicted_peak_gb

@@ -16,10 +16,10 @@ QWEN05 = ModelSpec.from_hf_config(transformers.Qwen2Config(
     vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
     intermediate_size=4864, tie_word_embeddings=True, max_position_embeddings=32768))
 PLAIN = SoftwareInfo(torch_version="2.11.0", triton_usable=True)
-# FULL also has a vLLM engine, which this verl does not ship yet: it keeps the planner's vLLM rules tested.
+# FULL has every package installed and usable, vLLM included; the engines are this verl's own
+# (verl.compat.engines), which build no vLLM engine yet, so the built-in engine is planned.
 FULL = SoftwareInfo(torch_version="2.11.0", triton_usable=True, flash_attn_version="2.8", flash_attn_usable=True,
-                    xformers_version="0.0.30", xformers_usable=True, vllm_version="0.11", vllm_usable=True,
-                    rollout_engines=("hf", "vllm"))
+                    xformers_version="0.0.30", xformers_usable=True, vllm_version="0.11", vllm_usable=True)
 NONE = SoftwareInfo(torch_version="2.11.0")
 
 
@@ -121,22 +121,15 @@ def test_quickstart_on_a100_with_full_software():
     plan = make_plan(get_profile("a100-80gb"), QUICKSTART, FULL, QWEN05)
     assert plan.actor.compute_dtype == "bfloat16" and plan.actor.param_dtype == "float32"
     assert plan.actor.attn_implementation == "flash_attention_2" and plan.use_remove_padding
-    assert plan.rollout.name == "vllm" and plan.rollout.dtype == "bfloat16"
-    assert 0.1 <= plan.rollout.gpu_memory_utilization <= 0.9
+    assert plan.rollout.name == "hf" and plan.rollout.dtype == "bfloat16"
+    assert "no vLLM rollout engine yet" in plan.reasons["rollout.name"]
     assert not plan.actor.param_offload and not plan.actor.optimizer_offload
 
 
-def test_vllm_share_is_what_training_leaves():
-    small = make_plan(get_profile("l4"), QUICKSTART, FULL, QWEN05)
-    big = make_plan(get_profile("h200"), QUICKSTART, FULL, QWEN05)
-    assert small.rollout.gpu_memory_utilization < big.rollout.gpu_memory_utilization
-    assert small.memory["required_gb"] <= get_profile("l4").memory_gb
-
-
 @pytest.mark.parametrize("device", ["t4", "v100-32gb"])
-def test_volta_turing_get_vllm_in_fp16_but_not_flash(device):
+def test_volta_turing_generate_in_fp16_but_not_with_flash(device):
     plan = make_plan(get_profile(device), QUICKSTART, FULL, QWEN05)
-    assert plan.rollout.name == "vllm" and plan.rollout.dtype == "float16"
+    assert plan.rollout.name == "hf" and plan.rollout.dtype == "float16"
     assert plan.actor.attn_implementation in ("sdpa", "xformers")
 
 
@@ -211,7 +204,7 @@ TINY = transformers.Qwen2Config(vocab_size=1000, hidden_size=64, num_hidden_laye
     ("actor_rollout_ref__actor__use_torch_compile", True, "p40", "Triton"),
 ])
 def test_impossible_override_is_adapted_with_warning_or_refused_in_strict(key, value, device, needle):
-    software = PLAIN if device != "p40" else dataclasses.replace(PLAIN, vllm_usable=True, rollout_engines=("hf", "vllm"))
+    software = PLAIN
     cfg = config(8, 128, 128, 8, 2, 2, **{key: value})
     plan = make_plan(get_profile(device), cfg, software, ModelSpec.from_hf_config(TINY))
     assert any(needle in w and str(value) in w and "using" in w for w in plan.warnings), plan.warnings
@@ -224,8 +217,7 @@ def test_impossible_override_is_adapted_with_warning_or_refused_in_strict(key, v
 @pytest.mark.parametrize("asked", ["auto", "vllm"])
 def test_usable_vllm_without_its_engine_plans_the_built_in_engine(asked):
     """vLLM installed and fit for an H100 is still not planned while this verl has no vLLM engine."""
-    software = dataclasses.replace(FULL, rollout_engines=("hf",),
-                                   notes={"vllm": "vllm 0.11 supports sm_90"})
+    software = dataclasses.replace(FULL, notes={"vllm": "vllm 0.11 supports sm_90"})
     cfg = config(8, 128, 128, 8, 2, 2, actor_rollout_ref__rollout__name=asked)
     plan = make_plan(get_profile("h100"), cfg, software, ModelSpec.from_hf_config(TINY))
     assert plan.rollout.name == "hf"
@@ -234,10 +226,22 @@ def test_usable_vllm_without_its_engine_plans_the_built_in_engine(asked):
 
 
 def test_detected_software_lists_the_engines_the_workers_build():
+    """compat owns the engine list (it imports no worker); the workers' registry matches it."""
     from verl.compat import detect_software
+    from verl.compat.engines import ENGINES as LISTED
+    from verl.compat.engines import check_registry
     from verl.workers.rollout import ENGINES
 
-    assert detect_software(get_profile("cpu")).rollout_engines == tuple(ENGINES) == ("hf",)
+    assert detect_software(get_profile("cpu")).rollout_engines == tuple(LISTED) == tuple(ENGINES) == ("hf",)
+    with pytest.raises(ImportError, match="add or remove the engine in both places"):
+        check_registry({**ENGINES, "other": object})
+
+
+def test_an_unknown_engine_is_adapted_naming_the_engines_this_verl_ships():
+    cfg = config(8, 128, 128, 8, 2, 2, actor_rollout_ref__rollout__name="sglang")
+    plan = make_plan(get_profile("h100"), cfg, PLAIN, ModelSpec.from_hf_config(TINY))
+    assert plan.rollout.name == "hf"
+    assert any("sglang" in w and "this verl ships the built-in (hf) engine only" in w for w in plan.warnings)
 
 
 def test_possible_override_wins():
@@ -368,15 +372,12 @@ def test_field_report_validation_set_is_generated_in_chunks_that_fit_the_p40():
     assert not plan.actor.param_offload and not plan.actor.optimizer_offload   # training plan unchanged
 
 
-def test_rollout_chunk_uses_host_memory_on_cpu_and_is_none_for_vllm():
+def test_rollout_chunk_uses_host_memory_on_cpu():
     cpu = get_profile("cpu")
     small = make_plan(dataclasses.replace(cpu, memory_gb=24.0), FIELD, PLAIN, QWEN05)
     big = make_plan(dataclasses.replace(cpu, memory_gb=48.0), FIELD, PLAIN, QWEN05)
     assert small.rollout.micro_batch_size < big.rollout.micro_batch_size
     assert _rollout_required(small, 1319) <= 24.0 and small.memory["context_gb"] == 0
-    vllm = make_plan(get_profile("a100-80gb"), QUICKSTART, FULL, QWEN05)
-    assert vllm.rollout.name == "vllm" and vllm.rollout.micro_batch_size is None
-    assert "vLLM schedules" in vllm.reasons["rollout.micro_batch_size"]
 
 
 def test_user_rollout_micro_batch_wins_when_it_fits_else_adapts():

@@ -4,10 +4,12 @@ step-4 checkpoint trains steps 5-6 exactly as the uninterrupted run did.
 The first run trains 6 steps and saves at steps 2, 4 and 6 (save_freq=2, and the last step). Removing
 step 6 and pointing the tracker back at 4 is what a crash during step 5 leaves behind. 24 shuffled
 prompts (data.seed) make 3 batches per epoch, so step 4 is inside the second epoch: the resumed run must
-restore that epoch's order (the sampler's RNG state in data.pt) and skip its first batch; decoding is
-greedy, so generation does not depend on sampling streams. Weights, Adam moments, LR schedule and RNG
-are restored bit for bit, so steps 5-6 agree to float32 round-off (rel 1e-5; in practice equal).
+restore that epoch's order (the sampler's RNG state in data.pt) and skip its first batch. Responses are
+sampled (temperature 1), so the rollout's sampling generator must be restored too. Weights, Adam moments,
+LR schedule and every RNG stream are restored bit for bit, so steps 5-6 repeat exactly (==). Both runs
+write the same metrics file: the resumed run appends, and each step keeps exactly one record.
 """
+import json
 import shutil
 
 import pytest
@@ -26,7 +28,8 @@ def command(task, checkpoints) -> list[str]:
         f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.actor.optim.lr=1e-2",
         "actor_rollout_ref.actor.optim.lr_warmup_steps=8",
         "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-        "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.do_sample=False",
+        "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.do_sample=True",
+        "actor_rollout_ref.rollout.temperature=1.0",
         "actor_rollout_ref.rollout.ignore_eos=True", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
         f"critic.model.path={model}", "critic.optim.lr=1e-2", "critic.ppo_micro_batch_size_per_gpu=8",
         "custom_reward_function.path=examples/demo/reward.py",
@@ -39,20 +42,23 @@ def command(task, checkpoints) -> list[str]:
 @pytest.mark.slow
 def test_resumed_run_repeats_the_uninterrupted_steps(copy_task, tmp_path):
     checkpoints = tmp_path / "checkpoints"
-    proc, full = run_main_ppo(command(copy_task, checkpoints), log_path=tmp_path / "full.jsonl")
+    log = tmp_path / "metrics.jsonl"
+    proc, full = run_main_ppo(command(copy_task, checkpoints), log_path=log)
     assert proc.returncode == 0
     assert sorted(full) == [1, 2, 3, 4, 5, 6]
     assert (checkpoints / "latest_checkpointed_iteration.txt").read_text() == "6"
 
     shutil.rmtree(checkpoints / "global_step_6")                     # as if the run died during step 5
     (checkpoints / "latest_checkpointed_iteration.txt").write_text("4")
-    proc, resumed = run_main_ppo(command(copy_task, checkpoints), log_path=tmp_path / "resumed.jsonl")
+    proc, resumed = run_main_ppo(command(copy_task, checkpoints), log_path=log)
     assert proc.returncode == 0
     assert "Resuming from" in proc.stdout and "global_step_4" in proc.stdout
-    assert sorted(resumed) == [5, 6]                                 # continues at step 5, nothing repeated
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
     assert resumed[5]["training/epoch"] == 1
-    for step in (5, 6):
+    for step in (1, 2, 3, 4):                                        # the history before the resume is kept
+        assert resumed[step] == full[step]
+    for step in (5, 6):                                              # sampled, and still bit-identical
         for key in COMPARED:
-            assert resumed[step][key] == pytest.approx(full[step][key], rel=1e-5, abs=1e-7), (step, key)
+            assert resumed[step][key] == full[step][key], (step, key)
     assert full[6]["actor/lr"] != full[5]["actor/lr"]                # the LR schedule really moved
     assert (checkpoints / "latest_checkpointed_iteration.txt").read_text() == "6"

@@ -1,5 +1,6 @@
 """NaiveRewardManager on a DataProto shaped like a rollout's output (left-padded prompts, right-padded responses)."""
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -129,3 +130,31 @@ def test_num_examine_prints_that_many_per_data_source(tokenizer, capsys):
     printed = capsys.readouterr().out
     assert printed.count("[prompt]") == 2  # one per data source
     assert "[prompt] What is 2+2?" in printed and "[response] #### 2" in printed and "[score] 1.0" in printed
+
+
+def nan_for_the_third(data_source, solution_str, ground_truth, extra_info=None):
+    return float("nan") if extra_info["index"] == 2 else 1.0
+
+
+def test_a_nan_reward_names_the_function_the_sample_and_its_data_source(tokenizer):
+    manager = NaiveRewardManager(tokenizer, 0, compute_score=nan_for_the_third)
+    with pytest.raises(ValueError) as err:
+        manager(make_batch(tokenizer, SAMPLES))
+    message = str(err.value)
+    assert "nan_for_the_third" in message and "test_naive_reward_manager.py" in message
+    assert "sample 2 of the batch" in message and "data_source='openai/gsm8k'" in message
+    assert "learning rate" not in message                 # not mistaken for a training instability
+
+
+def test_a_string_reward_names_the_function_and_the_value(tokenizer):
+    from verl.trainer.ppo.reward import _call_with_kwargs
+
+    def says_yes(data_source, solution_str, ground_truth, extra_info=None, bonus=0):
+        return "yes"
+
+    wrapped = functools.partial(_call_with_kwargs, says_yes, {"bonus": 1})   # as reward_kwargs wrap it
+    manager = NaiveRewardManager(tokenizer, 0, compute_score=wrapped)
+    with pytest.raises(TypeError, match=r"says_yes .* returned 'yes' \(str\) for sample 0"):
+        manager(make_batch(tokenizer, SAMPLES[:1]))
+    numpy_and_tensor = NaiveRewardManager(tokenizer, 0, compute_score=lambda **kw: np.float32(0.5))
+    assert numpy_and_tensor(make_batch(tokenizer, SAMPLES[:1])).sum().item() == 0.5

@@ -315,3 +315,31 @@ def test_config_yaml_ships_in_the_package():
     from importlib import resources
     names = {p.name for p in resources.files("verl.trainer").joinpath("config").iterdir()}
     assert {"ppo_trainer.yaml", "upstream_inert.yaml"} <= names
+
+
+_OUTPUT_DIR_PROBE = """
+import sys
+sys.argv = ["main_ppo"] + sys.argv[1:]
+import verl.trainer.main_ppo as m
+def fake_run_ppo(config, task_runner_class=None):
+    from hydra.core.hydra_config import HydraConfig
+    print("OUTPUT_DIR", HydraConfig.get().runtime.output_dir)
+m.run_ppo = fake_run_ppo
+m.main()
+"""
+
+
+def test_concurrent_runs_get_their_own_hydra_output_folders(tmp_path):
+    """Hydra's default folder has one-second resolution; runs started together must not share it."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    procs = [subprocess.Popen([sys.executable, "-c", _OUTPUT_DIR_PROBE, *QUICKSTART_PPO], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    dirs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        dirs.append(next(line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("OUTPUT_DIR")))
+    assert len(set(dirs)) == 3
+    for folder in dirs:
+        assert folder.startswith(str(tmp_path / "outputs")) and os.path.isfile(os.path.join(folder, ".hydra",
+                                                                                                "config.yaml"))

@@ -207,16 +207,15 @@ def test_nan_loss_stops_with_actionable_error_after_logging(tmp_path, monkeypatc
     assert [r["step"] for r in records] == [1] and records[0]["data"]["actor/pg_loss"] == "nan"
 
 
-@pytest.mark.parametrize("guard", [True, False])
-def test_workers_receive_the_plan_and_compat_numerics_guard(tmp_path, monkeypatch, guard):
-    """init_workers builds ActorRolloutRefWorker and CriticWorker with `plan` and
-    numerics_guard=compat.numerics_guard, arguments their constructors accept."""
+def test_workers_receive_the_plan(tmp_path, monkeypatch):
+    """init_workers builds ActorRolloutRefWorker and CriticWorker with `plan`, an argument their
+    constructors accept (compat.numerics_guard reaches them inside the plan's role plans)."""
     import inspect
 
     from verl.trainer.ppo import ray_trainer
     from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
-    cfg = make_config(tmp_path, **{"compat.numerics_guard": guard})
+    cfg = make_config(tmp_path)
     roles = {Role.ActorRollout: ActorRolloutRefWorker, Role.Critic: CriticWorker}
     pool = ResourcePoolManager(resource_pool_spec={"global_pool": [1]}, mapping={r: "global_pool" for r in roles})
     monkeypatch.setattr(pool, "create_resource_pool", lambda: pool.resource_pool_dict.update(global_pool="pool"))
@@ -242,7 +241,7 @@ def test_workers_receive_the_plan_and_compat_numerics_guard(tmp_path, monkeypatc
     for name, cls in (("actor_rollout", ActorRolloutRefWorker), ("critic", CriticWorker)):
         spec = built[name]
         assert spec.user_cls is cls
-        assert spec.kwargs["numerics_guard"] is guard and spec.kwargs["plan"] is plan
+        assert spec.kwargs["plan"] is plan
         inspect.signature(cls).bind(*spec.args, **spec.kwargs)   # the constructor takes exactly these
 
 
@@ -271,3 +270,37 @@ def test_a_reward_function_without_return_dict_gives_just_the_tensor(tmp_path, m
     trainer.reward_fn = lambda data: reward_fn(data)
     trainer.fit()
     assert read_log(tmp_path / "log.jsonl")[0]["data"]["critic/score/mean"] == pytest.approx(0.5)
+
+
+def test_a_nan_score_from_a_custom_reward_manager_blames_the_reward(tmp_path, monkeypatch):
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "log.jsonl"))
+    cfg = make_config(tmp_path, **{"trainer.val_before_train": False, "trainer.test_freq": -1})
+    trainer, _ = make_trainer(cfg, [])
+
+    def nan_reward(data, return_dict=False):
+        tensor = reward_fn(data)
+        return tensor * float("nan")
+
+    trainer.reward_fn = nan_reward
+    with pytest.raises(TrainingDivergedError, match="reward function returned a non-finite score") as err:
+        trainer.fit()
+    assert "lr" not in str(err.value)
+
+
+def test_validation_generates_in_pieces_and_shows_progress(tmp_path, monkeypatch, capsys):
+    """5 validation prompts x val n=1 with a 2-sequence engine chunk: three generate calls (2, 2, 1), a
+    progress bar that reaches 5/5, and every prompt scored exactly once in the right order."""
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "log.jsonl"))
+    cfg = make_config(tmp_path, **{"trainer.val_only": True, "actor_rollout_ref.rollout.micro_batch_size": 2})
+    trainer, wg = make_trainer(cfg, [])
+    trainer.val_dataset = make_dataset(5)
+    trainer.val_dataloader = torch.utils.data.DataLoader(trainer.val_dataset, batch_size=5, collate_fn=collate_fn)
+    sizes = []
+    generate = wg.generate_sequences
+    wg.generate_sequences = lambda batch: sizes.append(len(batch)) or generate(batch)
+    trainer.fit()
+    assert sizes == [2, 2, 1]
+    err = capsys.readouterr().err
+    assert "Validation" in err and "5/5" in err
+    # the fake's reward: 1 for an even response token, which restarts at 0 in every call -> rows 0,1 | 0,1 | 0
+    assert read_log(tmp_path / "log.jsonl")[0]["data"]["val-core/toy/reward/mean@1"] == pytest.approx(3 / 5)

@@ -3,12 +3,16 @@ the on-disk layout, that the tracker moves only after a complete save, that a Na
 checkpoint, retention, and that a resumed run trains on exactly the batches the uninterrupted run did.
 """
 import os
+import re
+import shutil
 
 import pytest
 import torch
 from test_ray_trainer_loop import FakeWorkerGroup, collate_fn, make_config, make_dataset, reward_fn
 
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role, TrainingDivergedError
+from verl.utils.checkpoint.checkpoint_manager import CheckpointTrackerError
+from verl.utils.checkpoint.plain_state import UnsafeCheckpointError
 
 
 class CheckpointingGroup(FakeWorkerGroup):
@@ -77,7 +81,7 @@ def test_saves_every_save_freq_and_at_the_last_step_in_upstreams_layout(tmp_path
                                         "latest_checkpointed_iteration.txt"]
     assert tracker(root) == 5
     assert sorted(os.listdir(root / "global_step_4")) == ["actor", "critic", "data.pt"]
-    state = torch.load(root / "global_step_5" / "data.pt", weights_only=False)
+    state = torch.load(root / "global_step_5" / "data.pt", weights_only=True)  # plain values only
     # 12 prompts / batch 4 = 3 batches per epoch: step 5 is the second batch of the second epoch
     assert (state["epoch"], state["batches_done"], state["sampler_seed"]) == (1, 2, 7)
 
@@ -142,3 +146,78 @@ def test_resume_modes(tmp_path):
     attach(bad, CheckpointingGroup([]))
     with pytest.raises(ValueError, match="global_step_"):
         bad.fit()
+
+
+class _RunsCode:
+    """Unpickling this calls os.system: what an edited data.pt could carry."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_data_pt_carrying_code_is_refused_and_not_run(tmp_path):
+    first = trainer_for(tmp_path, steps=2, save_freq=2)
+    attach(first, CheckpointingGroup([]))
+    first.fit()
+    data_pt = tmp_path / "checkpoints" / "global_step_2" / "data.pt"
+    marker = tmp_path / "payload_ran"
+    torch.save({"epoch": 0, "batches_done": 2, "payload": _RunsCode(marker)}, data_pt)
+
+    resumed = trainer_for(tmp_path, steps=4, save_freq=-1)
+    group = attach(resumed, CheckpointingGroup([]))
+    with pytest.raises(UnsafeCheckpointError, match=f"refusing to load {data_pt}"):
+        resumed.fit()
+    assert not marker.exists()                                 # the payload never ran
+    assert group.loaded == [] and group.prompts == []          # refused before any weights load or training
+
+
+def test_a_tracker_naming_a_missing_folder_falls_back_to_the_newest_complete_checkpoint(tmp_path, capsys):
+    first = trainer_for(tmp_path, steps=4, save_freq=1)
+    attach(first, CheckpointingGroup([]))
+    first.fit()
+    root = tmp_path / "checkpoints"
+    shutil.rmtree(root / "global_step_4")
+    os.remove(root / "global_step_3" / "data.pt")             # step 3 is incomplete: not a candidate
+    (root / "latest_checkpointed_iteration.txt").write_text("9")
+
+    resumed = trainer_for(tmp_path, steps=4, save_freq=-1)
+    group = attach(resumed, CheckpointingGroup([]))
+    resumed.fit()
+    out = capsys.readouterr().out
+    assert "WARNING" in out and "global_step_9" in out and "global_step_2" in out
+    assert group.loaded == [str(root / "global_step_2" / "actor"), str(root / "global_step_2" / "critic")]
+    assert len(group.prompts) == 2                             # steps 3 and 4; nothing older was overwritten
+    assert (root / "global_step_1").is_dir()
+
+
+@pytest.mark.parametrize("content", ["", "  \n", "step four", "\x00\x01"])
+def test_an_empty_or_garbled_tracker_names_the_file(tmp_path, content):
+    first = trainer_for(tmp_path, steps=1, save_freq=1)
+    attach(first, CheckpointingGroup([]))
+    first.fit()
+    tracker_file = tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt"
+    tracker_file.write_text(content)
+    resumed = trainer_for(tmp_path, steps=2, save_freq=-1)
+    group = attach(resumed, CheckpointingGroup([]))
+    with pytest.raises(CheckpointTrackerError, match=re.escape(str(tracker_file))):
+        resumed.fit()
+    assert group.prompts == []
+
+
+def test_steps_beyond_the_epochs_end_at_the_real_last_step_with_save_and_validation(tmp_path, capsys):
+    """12 prompts / batch 4 x 2 epochs = 6 steps, though 50 were asked for: say so, save and validate at 6."""
+    trainer = trainer_for(tmp_path, steps=50, save_freq=4, **{"trainer.total_epochs": 2, "trainer.test_freq": 100})
+    group = attach(trainer, CheckpointingGroup([]))
+    validated = []
+    real_validate = trainer._validate
+    trainer._validate = lambda: validated.append(trainer.global_steps) or real_validate()
+    out = capsys.readouterr().out
+    assert "total_training_steps=50" in out and "training runs 6 steps" in out
+    assert trainer.total_training_steps == 6
+    trainer.fit()
+    root = tmp_path / "checkpoints"
+    assert tracker(root) == 6 and (root / "global_step_4").is_dir()
+    assert validated == [6] and len(group.prompts) == 6

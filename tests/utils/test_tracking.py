@@ -40,3 +40,41 @@ def test_unknown_backend_names_supported_ones():
 def test_wandb_missing_says_how_to_fix():
     with pytest.raises(ImportError, match="pip install wandb"):
         Tracking("p", "e", default_backend=["wandb"])
+
+
+def _records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_file_logger_appends_on_resume_with_one_record_per_step(tmp_path, monkeypatch):
+    """A run logs steps 0-5 (0: validation), dies; the resumed run continues at checkpoint step 3,
+    validates before training (step 3 again) and logs 4-5 again: one record per step, history kept."""
+    path = tmp_path / "run.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))
+    first = Tracking("p", "e", default_backend="file")
+    for step in range(6):
+        first.log({"x": float(step)}, step=step)
+    first.finish()
+    with open(path, "a") as f:
+        f.write('{"step": 6, "da')                    # a line cut short by the crash
+
+    resumed = Tracking("p", "e", default_backend="file")
+    resumed.continue_from(3)
+    resumed.log({"val": 1.0}, step=3)
+    resumed.log({"x": 40.0}, step=4)
+    resumed.log({"x": 50.0}, step=5)
+    resumed.finish()
+    records = _records(path)
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4, 5]
+    assert records[3]["data"] == {"x": 3.0, "val": 1.0}
+    assert records[4]["data"] == {"x": 40.0} and records[0]["data"] == {"x": 0.0}
+
+
+def test_file_logger_fresh_file_starts_empty(tmp_path, monkeypatch):
+    path = tmp_path / "new.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))
+    tracker = Tracking("p", "e", default_backend="file")
+    tracker.continue_from(0)
+    tracker.log({"x": 1.0}, step=1)
+    tracker.finish()
+    assert _records(path) == [{"step": 1, "data": {"x": 1.0}}]

@@ -163,3 +163,27 @@ def test_retention_keeps_the_newest_and_the_tracked_step(model_dir, tmp_path):
 def test_unknown_save_contents_is_refused(model_dir):
     with pytest.raises(ValueError, match="unknown items"):
         _actor(model_dir, save_contents=["model", "weights"])
+
+
+def test_the_rollout_sampling_stream_is_restored(model_dir, tmp_path):
+    """A sampled rollout after a resume draws what the uninterrupted run drew (the engine's own generator
+    travels in the extra state, next to python/numpy/torch)."""
+    from worker_setup import PROMPT_LEN
+
+    from verl.protocol import DataProto
+
+    config = actor_rollout_ref_config(model_dir, checkpoint={"save_contents": ["model", "optimizer", "extra"]})
+    worker = ActorRolloutRefWorker(config, role="actor_rollout", plan=cpu_plan(model_dir))
+    worker.init_model()
+    data = ppo_batch(batch_size=4)
+    prompts = DataProto.from_dict({k: data.batch[k][:, :PROMPT_LEN] for k in ("input_ids", "attention_mask",
+                                                                              "position_ids")},
+                                  meta_info={"eos_token_id": 10 ** 6, "do_sample": True})
+    worker.generate_sequences(prompts)                     # the stream has moved before the save
+    path = str(tmp_path / "global_step_1" / "actor")
+    worker.save_checkpoint(path, global_step=1)
+    expected = worker.generate_sequences(prompts).batch["responses"]
+    again = worker.generate_sequences(prompts).batch["responses"]
+    assert not torch.equal(expected, again)                # sampling: the stream really differs per call
+    worker.load_checkpoint(path)
+    assert torch.equal(worker.generate_sequences(prompts).batch["responses"], expected)

@@ -21,7 +21,6 @@ from worker_setup import (  # noqa: E402
     GradRecorder,
     critic_config,
     ppo_batch,
-    role_plan,
     run_ranks,
     tiny_model,
 )
@@ -171,7 +170,7 @@ def test_a_plan_naming_an_engine_the_workers_lack_is_refused(model_dir):
 
 
 def _fp16_plan(model_dir):
-    return cpu_plan(model_dir, actor=role_plan(compute_dtype="float16", grad_scaler=True))
+    return cpu_plan(model_dir, device="t4")   # the planner's float16 plan (scaler, numerics guard), run on the CPU
 
 
 def test_fp16_plan_uses_autocast_and_grad_scaler(model_dir):
@@ -197,6 +196,35 @@ def test_failed_numerics_guard_switches_the_role_to_float32(model_dir, monkeypat
     assert "forced in a test" in out.meta_info["compat_notes"][0]
     fp32 = _actor(model_dir, role="actor").compute_log_prob(ppo_batch()).batch["old_log_probs"]
     torch.testing.assert_close(out.batch["old_log_probs"], fp32)
+
+
+def test_a_failed_guard_reissues_the_plan_for_actor_ref_and_rollout(model_dir, monkeypatch):
+    """The actor's guard fails: the worker re-issues the plan (verl.compat.precision) and applies it to
+    the actor, the frozen reference (same weights, so it overflows too) and the rollout; the update
+    travels in meta_info for the trainer, which logs it once."""
+    import verl.compat.numerics as numerics
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    monkeypatch.setattr(numerics, "check_half_precision", lambda model, batch, dtype: (False, "forced in a test"))
+    plan = _fp16_plan(model_dir)
+    assert plan.ref.param_dtype == "float32" and plan.ref.numerics_guard   # a frozen fp16 role keeps fp32 weights
+    worker = _actor(model_dir, role="actor_rollout_ref", plan=plan)
+    out = worker.compute_log_prob(ppo_batch())
+    assert (worker.plan.actor.compute_dtype, worker.plan.ref.compute_dtype, worker.plan.rollout.dtype) == \
+        ("float32",) * 3
+    assert not worker.plan.actor.grad_scaler and not worker.plan.ref.numerics_guard
+    assert worker._ref_model.precision.autocast_dtype is None and not worker._ref_model.guard_pending
+    assert worker.rollout.dtype == torch.float32
+    assert plan.actor.compute_dtype == "float16"        # the plan given is not mutated: a new one is issued
+    update = out.meta_info["compat_plan_updates"]
+    assert [(u["role"], u["reason"]) for u in update] == [("actor", "forced in a test")]
+    assert update[0]["line"].startswith("plan updated: actor.compute_dtype float16 -> float32")
+
+    trainer = RayPPOTrainer.__new__(RayPPOTrainer)   # only the plan bookkeeping of the trainer
+    trainer.plan, trainer._plan_lines = plan, set()
+    trainer._pop_metrics(out)
+    assert trainer.plan == worker.plan
+    assert "compat_plan_updates" not in out.meta_info and "compat_notes" not in out.meta_info
 
 
 # ------------------------------------------------------------------------------------ critic

@@ -69,7 +69,7 @@ class _Role:
 
     def __init__(self, name, model_dir, plan, device_type, config, records, value_head=False):
         torch.manual_seed(0)
-        self.planned = fw._PlannedModel(name, getattr(plan, name), device_type, numerics_guard=False)
+        self.planned = fw._PlannedModel(name, getattr(plan, name), device_type)
         module = build_model(model_dir, self.planned.role_plan, value_head=value_head, train=True)
         self.module = self.planned.shard(module)
         self.optimizer, self.scheduler = fw._build_optimizer(self.module, config.optim)
@@ -122,7 +122,7 @@ def _run(model_dir, tmp_path, device_type, param_offload, optimizer_offload, ste
         return actor, critic
 
     actor, critic = build()
-    ref_planned = fw._PlannedModel("ref", plan.ref, device_type, numerics_guard=False)
+    ref_planned = fw._PlannedModel("ref", plan.ref, device_type)
     ref_module = ref_planned.shard(build_model(model_dir, plan.ref, train=False))
     ref = DataParallelPPOActor(arr.ref, ref_module, precision=ref_planned.precision)
     rollout = ENGINES["hf"](actor.module, arr.rollout, plan=plan)

@@ -70,9 +70,10 @@ def _generation_dtypes(worker) -> set:
 
 
 def test_float32_rollout_over_a_half_precision_actor_generates_in_float32(model_dir):
-    worker = _actor(model_dir, _plan(model_dir, "float32", compute_dtype="bfloat16"))
-    # weights are gathered in float32 so the rollout can stay float32; training autocasts to the compute dtype
-    assert not worker._actor_model.cast_on_gather
+    plan = cpu_plan(model_dir, device="a100-80gb", actor_rollout_ref__rollout__dtype="float32")
+    # the planner gathers weights in float32 so the rollout can stay float32; training autocasts to bfloat16
+    assert plan.actor.compute_dtype == "bfloat16" and not plan.actor.cast_on_gather
+    worker = _actor(model_dir, plan)
     assert worker._actor_model.precision.autocast_dtype == torch.bfloat16
     assert _generation_dtypes(worker) == {(None, torch.float32)}
 
@@ -86,13 +87,12 @@ def test_half_precision_rollout_over_a_float32_actor_autocasts(model_dir):
 def test_rollout_follows_the_fp16_guard(model_dir, monkeypatch):
     import verl.compat.numerics as numerics
 
-    fp16 = {"compute_dtype": "float16", "grad_scaler": True}
-    passed = _actor(model_dir, _plan(model_dir, "float16", **fp16))
+    passed = _actor(model_dir, cpu_plan(model_dir, device="t4"))
     passed.compute_log_prob(ppo_batch())   # the guard runs here, so its own forwards are not recorded below
     assert _generation_dtypes(passed) == {(torch.float16, torch.float32)}
 
     monkeypatch.setattr(numerics, "check_half_precision", lambda model, batch, dtype: (False, "forced in a test"))
-    failed = _actor(model_dir, _plan(model_dir, "float16", **fp16))
+    failed = _actor(model_dir, cpu_plan(model_dir, device="t4"))
     failed.compute_log_prob(ppo_batch())
     assert _generation_dtypes(failed) == {(None, torch.float32)}
     assert failed.rollout.dtype == torch.float32
@@ -116,18 +116,26 @@ def test_value_head_has_no_dropout_in_train_mode(model_dir):
 
 
 def test_numerics_guard_false_skips_the_check_and_casts_on_gather(model_dir, monkeypatch):
-    """`compat.numerics_guard: false` reaches the worker as numerics_guard=False: no check, FSDP casts."""
+    """`compat.numerics_guard: false` reaches the plan: no check, FSDP casts on gather, and the frozen
+    reference is kept in float16 (nothing to compare it against)."""
     import verl.compat.numerics as numerics
+    from verl.utils import fsdp_utils
 
     def never(*_):
-        raise AssertionError("the numerics guard ran although numerics_guard=False")
+        raise AssertionError("the numerics guard ran although compat.numerics_guard=false")
 
     monkeypatch.setattr(numerics, "check_half_precision", never)
-    plan = _plan(model_dir, "float16", compute_dtype="float16", grad_scaler=True)
-    worker = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir), role="actor_rollout", plan=plan,
-                                   numerics_guard=False)
+    plan = cpu_plan(model_dir, device="t4", compat__numerics_guard=False)
+    assert not plan.actor.numerics_guard and plan.actor.cast_on_gather and plan.actor.grad_scaler
+    assert (plan.ref.param_dtype, plan.ref.numerics_guard) == ("float16", False)
+    policies = []
+    real_shard = fsdp_utils.fully_shard
+    monkeypatch.setattr(fsdp_utils, "fully_shard",
+                        lambda module, **kw: (policies.append(kw.get("mp_policy")), real_shard(module, **kw))[1])
+    worker = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir), role="actor_rollout", plan=plan)
     worker.init_model()
-    assert not worker._actor_model.guard_pending and worker._actor_model.cast_on_gather
+    assert not worker._actor_model.guard_pending
+    assert {(p.param_dtype, p.reduce_dtype) for p in policies} == {(torch.float16, torch.float32)}
     log_probs = worker.compute_log_prob(ppo_batch()).batch["old_log_probs"]
     assert log_probs.dtype == torch.float32 and torch.isfinite(log_probs).all()
 
@@ -169,33 +177,23 @@ def test_gradient_checkpointing_recomputes_and_gives_the_same_gradients(model_di
 # ------------------------------------------------------------------------------------ offload
 
 
-def test_offload_on_a_cpu_plan_is_a_logged_no_op(model_dir, caplog):
-    import logging
-
-    data = ppo_batch()
-    results = {}
-    for offload in (False, True):
-        plan = cpu_plan(model_dir, actor=role_plan(param_offload=offload, optimizer_offload=offload))
-        with caplog.at_level(logging.INFO, logger="verl.workers.fsdp_workers"):
-            worker = _actor(model_dir, plan, role="actor")
-        assert not worker._actor_model.optimizer_offload
-        batch = data.select(list(data.batch.keys()))
-        batch.batch["old_log_probs"] = worker.compute_log_prob(batch).batch["old_log_probs"]
-        metrics = worker.update_actor(batch).meta_info["metrics"]
-        results[offload] = (batch.batch["old_log_probs"], metrics["actor/grad_norm"], metrics["actor/pg_loss"])
-    assert "param_offload and optimizer_offload on a cpu device is a no-op" in caplog.text
-    assert results[True][1:] == results[False][1:]
-    torch.testing.assert_close(results[True][0], results[False][0], atol=0, rtol=0)
+def test_offload_on_a_cpu_device_is_planned_off(model_dir):
+    """Whether offload applies is the planner's decision: on a CPU device a user's offload is adapted
+    off with a warning naming the key (host memory already), and the worker applies that plan."""
+    plan = cpu_plan(model_dir, actor_rollout_ref__actor__fsdp_config__param_offload=True,
+                    actor_rollout_ref__actor__fsdp_config__optimizer_offload=True)
+    assert not plan.actor.param_offload and not plan.actor.optimizer_offload
+    assert any("actor_rollout_ref.actor.fsdp_config.optimizer_offload=True" in w and "host memory already" in w
+               for w in plan.warnings)
+    assert not _actor(model_dir, plan, role="actor")._actor_model.optimizer_offload
 
 
-def test_offload_decisions_on_an_accelerator_plan():
-    from verl.utils.fsdp_utils import offload_applies
+def test_the_worker_applies_the_plans_offload_as_given():
     from verl.workers.fsdp_workers import _PlannedModel
 
-    assert offload_applies(True, "cuda") and not offload_applies(True, "cpu") and not offload_applies(False, "cuda")
-    on_gpu = _PlannedModel("actor", role_plan(optimizer_offload=True), "cuda", numerics_guard=False)
-    on_cpu = _PlannedModel("actor", role_plan(optimizer_offload=True), "cpu", numerics_guard=False)
-    assert on_gpu.optimizer_offload and not on_cpu.optimizer_offload
+    for device_type in ("cuda", "cpu"):
+        for offload in (True, False):
+            assert _PlannedModel("actor", role_plan(optimizer_offload=offload), device_type).optimizer_offload is offload
 
 
 def test_param_offload_on_an_accelerator_plan_shards_with_a_cpu_offload_policy(model_dir, monkeypatch):
@@ -207,11 +205,11 @@ def test_param_offload_on_an_accelerator_plan_shards_with_a_cpu_offload_policy(m
     monkeypatch.setattr(fsdp_utils, "fully_shard", lambda module, **kw: policies.append(kw.get("offload_policy")))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     common = dict(param_dtype=torch.float32, compute_dtype=torch.float32, cast_params_for_compute=True,
-                  param_offload=True)
-    fsdp_utils.shard_model(model, device_type="cuda", **common)   # offloaded shards never move to the GPU
+                  reduce_dtype=torch.float32)
+    fsdp_utils.shard_model(model, device_type="cuda", param_offload=True, **common)   # shards never move to the GPU
     assert len(policies) == 3 and all(isinstance(p, fsdp_utils.CPUOffloadPolicy) for p in policies)  # 2 layers + root
     policies.clear()
-    fsdp_utils.shard_model(model, device_type="cpu", **common)
+    fsdp_utils.shard_model(model, device_type="cpu", param_offload=False, **common)
     assert policies == [None, None, None]
 
 
@@ -233,7 +231,8 @@ def test_every_fsdp_unit_reduces_gradients_as_sum_then_divide(model_dir, monkeyp
     fsdp_utils.init_distributed("gloo")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     fsdp_utils.shard_model(model, param_dtype=torch.float32, compute_dtype=torch.float32,
-                           cast_params_for_compute=True, param_offload=False, device_type="cpu")
+                           cast_params_for_compute=True, reduce_dtype=torch.float32, param_offload=False,
+                           device_type="cpu")
     assert calls == [True] * len(fsdp_utils.fsdp_modules(model)) == [True] * 3   # 2 layers + root
 
 
@@ -258,7 +257,7 @@ def test_update_loads_the_optimizer_state_only_around_the_step(model_dir, monkey
     from verl.utils import fsdp_utils
 
     worker = _actor(model_dir, cpu_plan(model_dir), role="actor")
-    worker._actor_model.optimizer_offload = True   # what _PlannedModel decides for a cuda plan (tested above)
+    worker._actor_model.optimizer_offload = True   # what a cuda plan's optimizer offload gives (tested above)
     events = []
     real_move = fsdp_utils.move_optimizer_state
     monkeypatch.setattr(fsdp_utils, "move_optimizer_state",
@@ -272,40 +271,34 @@ def test_update_loads_the_optimizer_state_only_around_the_step(model_dir, monkey
     assert events == [("move", str(worker.device)), ("step",), ("step",), ("move", "cpu")]
 
 
-# ------------------------------------------------------------------------------------ the sm_80+ plan
+# ------------------------------------------------------------------------------------ precision is applied, not decided
 
 
-def test_bfloat16_plan_runs_a_whole_ppo_step_with_float32_outputs(model_dir):
-    """The plan an A100/H100/H200 gets (float32 master weights, bfloat16 compute and rollout, ref and
-    critic likewise), run on the CPU: every worker method of a PPO step works and hands back float32
-    log-probs and values; losses stay finite. Autocast on CPU runs the same bf16 code path."""
-    from worker_setup import critic_config
+@pytest.mark.parametrize("param,compute,cast,reduce,scaler,guard", [
+    ("float32", "float32", False, "float32", False, False),
+    ("float32", "bfloat16", True, "float32", False, False),
+    ("float32", "bfloat16", False, "bfloat16", False, False),
+    ("float32", "float16", False, "float32", True, True),
+    ("float32", "float16", True, "float16", True, False),
+    ("float16", "float16", False, "float32", False, False),
+    ("bfloat16", "bfloat16", False, "float32", False, False),
+])
+def test_the_worker_applies_each_precision_exactly_as_planned(monkeypatch, param, compute, cast, reduce, scaler,
+                                                               guard):
+    """Whatever the role plan says reaches FSDP and autocast unchanged: the worker decides nothing."""
+    from verl.compat import torch_dtype
+    from verl.utils import fsdp_utils
+    from verl.workers.fsdp_workers import _PlannedModel
 
-    from verl.workers.fsdp_workers import CriticWorker
-
-    bf16 = role_plan(compute_dtype="bfloat16")
-    plan = cpu_plan(model_dir, actor=bf16, critic=bf16)
-    plan.ref = bf16
-    plan.rollout = dataclasses.replace(plan.rollout, dtype="bfloat16")
-    actor = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir, use_kl_loss=True), role="actor_rollout_ref",
-                                  plan=plan)
-    actor.init_model()
-    critic = CriticWorker(critic_config(model_dir), plan=plan)
-    critic.init_model()
-
-    generated = actor.generate_sequences(_prompts())
-    assert generated.batch["responses"].shape[0] == 4
-    data = ppo_batch()
-    data.batch["old_log_probs"] = actor.compute_log_prob(data).batch["old_log_probs"]
-    data.batch["ref_log_prob"] = actor.compute_ref_log_prob(data).batch["ref_log_prob"]
-    data.batch["values"] = critic.compute_values(data).batch["values"]
-    for key in ("old_log_probs", "ref_log_prob", "values"):
-        assert data.batch[key].dtype == torch.float32, key
-        assert torch.isfinite(data.batch[key]).all(), key
-    actor_metrics = actor.update_actor(data).meta_info["metrics"]
-    critic_metrics = critic.update_critic(data).meta_info["metrics"]
-    for name in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
-        assert all(torch.isfinite(torch.tensor(v)) for v in actor_metrics[name]), name
-    assert all(torch.isfinite(torch.tensor(v)) for v in critic_metrics["critic/vf_loss"])
-    # the master weights stay float32 (bf16 is the compute dtype only)
-    assert {p.dtype for p in actor.actor_module.parameters()} == {torch.float32}
+    seen = {}
+    monkeypatch.setattr(fsdp_utils, "shard_model", lambda module, **kw: seen.update(kw) or module)
+    plan = role_plan(param_dtype=param, compute_dtype=compute, cast_on_gather=cast, reduce_dtype=reduce,
+                     grad_scaler=scaler, numerics_guard=guard, guard_fallback_dtype="float32" if guard else None)
+    planned = _PlannedModel("actor", plan, "cpu")
+    planned.shard(torch.nn.Linear(2, 2))
+    assert seen == {"param_dtype": torch_dtype(param), "compute_dtype": torch_dtype(compute),
+                    "cast_params_for_compute": cast, "reduce_dtype": torch_dtype(reduce), "param_offload": False,
+                    "device_type": "cpu"}
+    assert planned.precision.autocast_dtype == (None if compute == "float32" else torch_dtype(compute))
+    assert (planned.precision.scaler is not None) == scaler
+    assert planned.guard_pending == guard

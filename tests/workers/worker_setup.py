@@ -33,15 +33,18 @@ def role_plan(**overrides) -> RolePlan:
     return dataclasses.replace(base, **overrides)
 
 
-def cpu_plan(model_dir: str, actor: RolePlan | None = None, critic: RolePlan | None = None) -> Plan:
-    """What `verl.compat.planner.make_plan` decides for the CPU profile and these configs (float32, sdpa,
-    gloo, built-in rollout), optionally with the actor/critic role plans swapped for a test."""
-    from verl.compat.catalog import get_profile
-    from verl.compat.detect import detect_software
+def cpu_plan(model_dir: str, actor: RolePlan | None = None, critic: RolePlan | None = None, *,
+             device: str = "cpu", **overrides) -> Plan:
+    """What `verl.compat.planner.make_plan` decides for these configs on `device` (a catalog name; a
+    GPU plan is run on the host CPU through `verl.compat.apply.on_host_cpu`, its dtypes unchanged),
+    optionally with the actor/critic role plans swapped for a test. `overrides` set config keys, with
+    `__` for dots: `compat__numerics_guard=False`."""
+    from verl.compat.apply import on_host_cpu
+    from verl.compat.detect import detect_profile, detect_software
     from verl.compat.model_spec import ModelSpec
     from verl.compat.planner import make_plan
 
-    profile = get_profile("cpu")
+    profile = detect_profile(device)
     config = OmegaConf.create({
         "actor_rollout_ref": actor_rollout_ref_config(model_dir, use_kl_loss=True),
         "critic": critic_config(model_dir),
@@ -49,7 +52,9 @@ def cpu_plan(model_dir: str, actor: RolePlan | None = None, critic: RolePlan | N
         "trainer": {"n_gpus_per_node": 1, "nnodes": 1},
         "algorithm": {"adv_estimator": "gae"},
     })
-    plan = make_plan(profile, config, detect_software(profile), ModelSpec.from_pretrained(model_dir))
+    for key, value in overrides.items():
+        OmegaConf.update(config, key.replace("__", "."), value, force_add=True)
+    plan = on_host_cpu(make_plan(profile, config, detect_software(profile), ModelSpec.from_pretrained(model_dir)))
     assert plan.device_type == "cpu" and plan.dist_backend == "gloo" and plan.rollout.name == "hf"
     if actor is not None:
         plan.actor = actor

@@ -63,13 +63,10 @@ def make_plan(profile, config, software, model) -> Plan:
 
 
 def _select(config, path: str, default=None):
-    """`config.a.b` from a DictConfig or a plain dict (hosts without omegaconf plan from dicts)."""
-    node = config
-    for key in path.split("."):
-        node = node.get(key) if hasattr(node, "get") else None
-        if node is None:
-            return default
-    return node
+    """`config.a.b` from a DictConfig or a plain dict (verl.compat.settings, the one reader)."""
+    from verl.compat.settings import get
+
+    return get(config, path, default)
 
 
 def model_spec_for(config):

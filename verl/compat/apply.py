@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from verl.compat import settings
 from verl.compat.plan import Plan, RolePlan
 
 if TYPE_CHECKING:      # omegaconf loads only when a config is resolved: `import verl.compat` stays light
@@ -22,21 +23,11 @@ logger = logging.getLogger(__name__)
 
 GiB = 1024**3
 
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32, "f32": torch.float32,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16, "f16": torch.float16,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-}
-
-
 def torch_dtype(name: str | torch.dtype) -> torch.dtype:
     """"float16" / "fp16" / "bf16" / "float32" ... -> the torch dtype (a torch dtype passes through)."""
     if isinstance(name, torch.dtype):
         return name
-    key = str(name).strip().lower().removeprefix("torch.")
-    if key not in _DTYPES:
-        raise ValueError(f"Unknown dtype '{name}'; use one of {', '.join(sorted(_DTYPES))}.")
-    return _DTYPES[key]
+    return getattr(torch, settings.dtype_name(name))
 
 
 def dtype_name(name: str | torch.dtype) -> str:
@@ -102,6 +93,50 @@ def apply_in_process(plan: Plan, local_rank: int = 0) -> torch.device:
     return device
 
 
+_GPU_ONLY_ATTENTION = ("flash_attention_2", "xformers")
+
+
+def on_host_cpu(plan: Plan) -> Plan:
+    """A plan made for another device, to be run on this host's CPU (the plan-to-worker contract
+    test, dry runs of a GPU plan without the GPU).
+
+    Every numerics decision stays as planned: param, compute and reduce dtypes, casting on gather,
+    grad scaler, numerics guard, rollout dtype, micro-batches, checkpointing and optimizer offload
+    (torch's CPU autocast runs float16 and bfloat16; the optimizer state moves host to host).
+    What a CPU cannot run is replaced, and each replacement is a reason in the returned plan:
+    the device type and collective backend, GPU-only attention kernels (by sdpa, packed rows
+    then use sdpa's block-diagonal mask), torch.compile (its CPU backend compiles for minutes) and
+    param offload (FSDP2's CPU offload policy needs an accelerator to load the shards onto).
+    Memory figures stay the device's: nothing here measures them.
+    """
+    import dataclasses
+
+    reasons = dict(plan.reasons)
+    stand_in = "run on the host CPU in place of " + plan.device.name
+
+    def role(name: str, rp: RolePlan | None) -> RolePlan | None:
+        if rp is None:
+            return rp
+        if rp.attn_implementation in _GPU_ONLY_ATTENTION:
+            reasons[f"{name}.attn_implementation"] = f"sdpa for {rp.attn_implementation}: {stand_in}"
+            rp = dataclasses.replace(rp, attn_implementation="sdpa")
+        if rp.param_offload:
+            reasons[f"{name}.param_offload"] = f"False (the shards already live in host memory): {stand_in}"
+            rp = dataclasses.replace(rp, param_offload=False)
+        return rp
+
+    roles = {name: role(name, getattr(plan, name)) for name in ("actor", "critic", "ref")}
+    rollout = plan.rollout
+    if rollout.attn_implementation in _GPU_ONLY_ATTENTION:
+        rollout = dataclasses.replace(rollout, attn_implementation="sdpa")
+    for key, value in (("device_type", "cpu"), ("dist_backend", "gloo"), ("torch_compile", False),
+                       ("tf32", False)):
+        if getattr(plan, key) != value:
+            reasons[key] = f"{value}: {stand_in}"
+    return dataclasses.replace(plan, device_type="cpu", dist_backend="gloo", torch_compile=False, tf32=False,
+                               rollout=rollout, reasons=reasons, **roles)
+
+
 def device_memory_share(plan: Plan, share: float, local_rank: int = 0) -> float:
     """A share of the (possibly simulated) device's memory as a share of the real GPU's memory.
 
@@ -141,7 +176,7 @@ _BATCH_KEYS = {
 _HARDWARE_LEAVES = {"attn_implementation", "use_remove_padding", "use_torch_compile", "param_offload",
                     "optimizer_offload", "model_dtype", "dtype", "param_dtype", "reduce_dtype",
                     "buffer_dtype", "name", "gpu_memory_utilization", "enforce_eager", "device", "micro_batch_size",
-                    "enable_gradient_checkpointing"}
+                    "enable_gradient_checkpointing", "dataloader_num_workers"}
 
 
 def _exists(config: DictConfig, path: str) -> bool:
@@ -202,7 +237,7 @@ def _resolve_role(config: DictConfig, name: str, role: RolePlan, plan: Plan, wri
         "model_dtype": role.param_dtype,
         "dtype": role.compute_dtype,
         "mixed_precision.param_dtype": role.compute_dtype,
-        "mixed_precision.reduce_dtype": "float32",
+        "mixed_precision.reduce_dtype": role.reduce_dtype,
         "mixed_precision.buffer_dtype": "float32",
         "param_offload": role.param_offload,
         "optimizer_offload": role.optimizer_offload,
@@ -254,6 +289,7 @@ def resolve_config(config: DictConfig, plan: Plan) -> dict:
         _set(config, "actor_rollout_ref.rollout.enforce_eager", rollout.enforce_eager, written)
         _set(config, "actor_rollout_ref.rollout.micro_batch_size", rollout.micro_batch_size, written)
         _set(config, "trainer.device", plan.device_type, written)
+        _set(config, "data.dataloader_num_workers", plan.dataloader_num_workers, written)
     raw = OmegaConf.to_container(config, resolve=False)
     left = [p for p in _raw_autos(raw) if p.rpartition(".")[2] in _HARDWARE_LEAVES]
     if left:

@@ -21,6 +21,7 @@ import sys
 import torch
 
 from verl.compat.catalog import CATALOG, get_profile
+from verl.compat.engines import engine_names
 from verl.compat.profile import DeviceProfile, SoftwareInfo
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,13 @@ class SimulationNeedsGPUError(RuntimeError):
 
 
 # ----------------------------------------------------------------------------- device
+
+def host_cpu_count() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 0
+
 
 def host_memory_gb() -> tuple[float, float | None]:
     """(total, available) host RAM in GiB: /proc/meminfo where it exists, else sysconf."""
@@ -118,6 +126,7 @@ def _gpu_profile() -> DeviceProfile:
         fp16_tflops=twin.fp16_tflops if twin else 0.0,
         bf16_tflops=twin.bf16_tflops if twin and bf16 else 0.0,
         native_bf16=bf16, tensor_core_fp16=matrix, tf32=tf32, host_memory_gb=round(host_total, 2),
+        host_cpu_count=host_cpu_count(),
     )
 
 
@@ -143,7 +152,7 @@ def _cpu_profile() -> DeviceProfile:
     return dataclasses.replace(
         CATALOG["cpu"], memory_gb=round(total, 2),
         free_memory_gb=None if avail is None else round(avail, 2),
-        host_memory_gb=round(total, 2), count=1, note=note)
+        host_memory_gb=round(total, 2), host_cpu_count=host_cpu_count(), count=1, note=note)
 
 
 def detect_real_profile() -> DeviceProfile:
@@ -173,11 +182,13 @@ def detect_profile(simulate: str | None = None) -> DeviceProfile:
     if sim.backend == "cpu":
         return dataclasses.replace(real if real.backend == "cpu" else _cpu_profile(), simulated=True)
     if real.backend == "cpu":
-        return dataclasses.replace(sim, host_memory_gb=real.host_memory_gb, simulated=True)
+        return dataclasses.replace(sim, host_memory_gb=real.host_memory_gb, host_cpu_count=real.host_cpu_count,
+                                   simulated=True)
     memory = min(sim.memory_gb, real.memory_gb)
     free = memory if real.free_memory_gb is None else min(memory, real.free_memory_gb)
     return dataclasses.replace(sim, memory_gb=memory, free_memory_gb=free, count=real.count,
-                               host_memory_gb=real.host_memory_gb, simulated=True)
+                               host_memory_gb=real.host_memory_gb, host_cpu_count=real.host_cpu_count,
+                               simulated=True)
 
 
 def check_can_run(profile: DeviceProfile) -> None:
@@ -335,15 +346,13 @@ def detect_software(profile: DeviceProfile) -> SoftwareInfo:
     xf_ok, notes["xformers"] = _xformers_verdict(profile, xf_version)
     vllm_ok, notes["vllm"] = _vllm_verdict(profile, vllm_version)
     compile_ok, notes["triton"] = _compile_verdict(profile)
-    from verl.workers.rollout import ENGINES  # here, not at the top: the engines import verl.protocol
-
     return SoftwareInfo(
         torch_version=torch.__version__, torch_arch_list=arch,
         transformers_version=_version("transformers"),
         flash_attn_version=fa_version, flash_attn_usable=fa_ok,
         xformers_version=xf_version, xformers_usable=xf_ok,
         vllm_version=vllm_version, vllm_usable=vllm_ok,
-        triton_usable=compile_ok, rollout_engines=tuple(ENGINES), notes=notes)
+        triton_usable=compile_ok, rollout_engines=engine_names(), notes=notes)
 
 
 # ----------------------------------------------------------------------------- torch build check

@@ -23,8 +23,12 @@ token per layer) is kept, plus one layer recomputed during backward. Logits: the
 `logprobs_from_logits` and the logits' gradient.
 
 The built-in rollout engine generates `rollout.micro_batch_size` sequences at a time. Its memory
-is linear in that count (`generation_bytes_per_sequence`), so the rollout phase is predicted for
-one such chunk, however large the batch handed to it (a whole validation set, say).
+is linear in that count (`generation_bytes_per_sequence`), so a generation phase is predicted for
+one such chunk, however large the batch handed to it. Two phases generate: the training rollout
+(the step's batch) and validation (`data.val_batch_size` prompts x `val_kwargs.n`, or the whole
+validation set when that is null, whose size the planner cannot know: then one full chunk).
+The actor worker unshards its FSDP2 model once before generating, so the whole model is gathered
+next to its shards for the phase, on one device too (FSDP2 copies even at world size 1).
 """
 from __future__ import annotations
 
@@ -49,6 +53,7 @@ class Workload:
     response_length: int
     rollout_batch_per_gpu: int
     world_size: int = 1
+    val_batch_per_gpu: int | None = None   # sequences per validation call; None: the whole set (unknown)
 
     @property
     def seq_len(self) -> int:
@@ -95,7 +100,7 @@ class MemoryEstimate:
         return sum(v for k, v in self.phases["rollout"].terms.items() if k not in ENGINE_TERMS)
 
     def to_dict(self) -> dict:
-        out = {name: {k: round(v, 3) for k, v in p.terms.items()} for name, p in self.phases.items()}
+        out = {name: {k: round(v, 4) for k, v in p.terms.items()} for name, p in self.phases.items()}
         return {"phases": out, "peak_phase": self.peak_phase, "context_gb": self.context_gb,
                 "fragmentation": self.fragmentation,
                 "predicted_peak_gb": round(self.predicted_peak_gb, 3),
@@ -182,14 +187,28 @@ def generation_bytes_per_sequence(m: ModelSpec, actor: RolePlan, rollout: Rollou
     return max(sum(t.values()) for t in _generation_terms(m, actor, rollout, prompt_length, response_length))
 
 
-def _builtin_rollout(m: ModelSpec, actor: _Role, wl: Workload, rollout: RolloutPlan) -> dict[str, float]:
+def _builtin_rollout(m: ModelSpec, actor: _Role, wl: Workload, rollout: RolloutPlan,
+                     batch: int | None) -> dict[str, float]:
     """The actor's weights as the engine computes with them, plus one chunk of sequences
-    (`rollout.micro_batch_size` of them, or the whole per-device batch when that is smaller or unset)."""
-    chunk = min(wl.rollout_batch_per_gpu, rollout.micro_batch_size or wl.rollout_batch_per_gpu)
+    (`rollout.micro_batch_size` of them, or the whole batch when that is smaller or unset;
+    `batch` None: a batch of unknown size, i.e. at least one full chunk)."""
+    if batch is None:
+        batch = rollout.micro_batch_size or wl.rollout_batch_per_gpu
+    chunk = min(batch, rollout.micro_batch_size or batch)
     prefill, decode = _generation_terms(m, actor.plan, rollout, wl.prompt_length, wl.response_length)
     peak = max((prefill, decode), key=lambda t: sum(t.values()))
-    weights = _compute_copy(m, actor, wl.world_size, rollout.dtype)
-    return {"rollout.weights": weights, **{k: v * chunk for k, v in peak.items()}}
+    return {**_generation_weights(m, actor, rollout), **{k: v * chunk for k, v in peak.items()}}
+
+
+def _generation_weights(m: ModelSpec, actor: _Role, rollout: RolloutPlan) -> dict[str, float]:
+    """The whole actor unsharded in its gather dtype (`fsdp_utils.full_params`), plus autocast's cast
+    copies when the engine computes in another dtype (they are cached for the whole generate call)."""
+    gather = gather_dtype(actor.plan, rollout.dtype)
+    cast = 0.0
+    if gather != rollout.dtype:
+        embedding = m.vocab_size * m.hidden_size if not m.tie_word_embeddings else 0
+        cast = (actor.params - embedding) * BYTES[rollout.dtype]
+    return {"rollout.gathered weights": actor.params * BYTES[gather], "rollout.weights": cast}
 
 
 # ----------------------------------------------------------------------------- roles
@@ -219,19 +238,27 @@ class _Role:
                 f"{self.name}.optimizer": 0.0 if self.plan.optimizer_offload else self.optimizer(ws)}
 
 
-def _compute_copy(m: ModelSpec, role: _Role, ws: int, dtype: str) -> float:
-    """Weights materialised in `dtype` for compute: a cast copy (autocast's cache) on one device,
-    the FSDP all-gathered units (root plus two prefetched layers) on several."""
-    same = dtype == role.plan.param_dtype
-    if ws == 1:
-        if same:
-            return 0.0
-        embedding = m.vocab_size * m.hidden_size
-        casted = role.params - (embedding if (role.name == "critic" or not m.tie_word_embeddings) else 0)
-        return casted * BYTES[dtype]
+def gather_dtype(plan: RolePlan, rollout_dtype: str | None = None) -> str:
+    """The dtype FSDP2 all-gathers a role's weights in: the plan's `cast_on_gather` decides (compute
+    dtype when set, else the parameter dtype, with autocast casting each weight as it is used).
+    `rollout_dtype` is kept for callers; the plan already weighed it."""
+    return plan.compute_dtype if plan.cast_on_gather else plan.param_dtype
+
+
+def _compute_copy(m: ModelSpec, role: _Role, dtype: str, rollout_dtype: str | None = None) -> float:
+    """Weights materialised for compute: the FSDP2 all-gathered units (root plus two prefetched
+    layers) in the gather dtype, at every world size (FSDP2 copies on one device too); plus
+    autocast's cast copy of the (unsharded) weights when they are gathered in another dtype than
+    `dtype` (autocast caches the casts of leaf weights for the whole forward)."""
+    gather = gather_dtype(role.plan, rollout_dtype)
     vocab = m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings or role.name == "critic" else 2)
     per_layer = (role.params - vocab) / m.num_layers
-    return (vocab + 2 * per_layer) * BYTES[dtype]
+    units = (vocab + 2 * per_layer) * BYTES[gather]
+    if gather == dtype:
+        return units
+    embedding = m.vocab_size * m.hidden_size
+    casted = role.params - (embedding if (role.name == "critic" or not m.tie_word_embeddings) else 0)
+    return units + casted * BYTES[dtype]
 
 
 def _tokens(plan: RolePlan, seq_len: int, response_len: int, forward: bool) -> tuple[int, int]:
@@ -285,18 +312,19 @@ def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollo
 
     phases: dict[str, PhaseMemory] = {}
 
-    # rollout: vLLM holds its own weights and KV cache inside its share; the built-in engine
-    # generates with the actor's weights in place (cast under autocast, gathered under FSDP)
+    # rollout and validation: vLLM holds its own weights and KV cache inside its share; the built-in
+    # engine generates with the actor's weights gathered whole (cast under autocast)
     a = roles["actor"]
-    terms = idle("actor")
-    terms["actor.optimizer"] = 0.0 if actor.optimizer_offload else a.optimizer(ws)
-    if rollout.name == "vllm":
+    for label, batch in (("rollout", workload.rollout_batch_per_gpu), ("validation", workload.val_batch_per_gpu)):
+        terms = idle("actor")
+        terms["actor.optimizer"] = 0.0 if actor.optimizer_offload else a.optimizer(ws)
+        # offloaded shards stay on the host (the built-in engine uses the gathered copy it counts)
         terms["actor.weights"] = 0.0 if actor.param_offload else a.weights(ws)
-        terms["rollout.engine share"] = rollout.gpu_memory_utilization * device_memory_gb * GiB
-    else:
-        terms["actor.weights"] = a.weights(ws)
-        terms.update(_builtin_rollout(model, a, workload, rollout))
-    phases["rollout"] = PhaseMemory("rollout", terms)
+        if rollout.name == "vllm":
+            terms["rollout.engine share"] = rollout.gpu_memory_utilization * device_memory_gb * GiB
+        else:
+            terms.update(_builtin_rollout(model, a, workload, rollout, batch))
+        phases[label] = PhaseMemory(label, terms)
 
     # no-grad forwards: old log-probs (actor), reference log-probs, values (critic)
     for name in ("actor", "ref", "critic"):
@@ -305,8 +333,9 @@ def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollo
         role = roles[name]
         terms = idle(name)
         terms.update(on_device(role, optimizer=not role.plan.optimizer_offload and role.trainable))
-        terms[f"{name}.compute_copy"] = _compute_copy(cmodel if name == "critic" else model, role, ws,
-                                                      role.plan.compute_dtype)
+        terms[f"{name}.compute_copy"] = _compute_copy(cmodel if name == "critic" else model, role,
+                                                      role.plan.compute_dtype,
+                                                      rollout.dtype if name == "actor" else None)
         tokens, resp = _tokens(role.plan, T, R, forward=True)
         spec = cmodel if name == "critic" else model
         terms.update(_activations(spec, role.plan, tokens, T, train=False))
@@ -328,7 +357,8 @@ def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollo
         terms[f"{name}.grads"] = role.grads(ws)
         tokens, resp = _tokens(role.plan, T, R, forward=False)
         # three candidate peaks: end of forward / start of backward, end of backward, optimizer step
-        fwd_bwd = {f"{name}.compute_copy": _compute_copy(spec, role, ws, role.plan.compute_dtype)}
+        fwd_bwd = {f"{name}.compute_copy": _compute_copy(spec, role, role.plan.compute_dtype,
+                                                          rollout.dtype if name == "actor" else None)}
         fwd_bwd.update(_activations(spec, role.plan, tokens, T, train=True))
         if name == "critic":
             fwd_bwd["values"] = tokens * spec.hidden_size * 4 * 2

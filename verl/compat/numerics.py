@@ -13,6 +13,11 @@ difference exceeds `max_abs` nats, or when the mean exceeds `mean_abs` nats. The
 below what an overflowing one produces; a 0.05-nat mean error is a 5% error in the PPO ratio,
 a quarter of the usual 0.2 clip range.
 
+A value model (the critic: one output per position, no vocabulary) is judged on its values
+instead, at every real position: non-finite values fail, and so do differences past the same
+limits measured in units of max(1, RMS of the float32 values). Returns are O(1) per sequence in
+RLHF, so 0.05 is a small fraction of what the critic has to resolve.
+
 Memory: the first batch a role sees can be the whole validation set (1,319 GSM8K prompts x 256
 tokens x a 152k vocabulary is ~205 GB of float32 logits), so the guard looks at `GUARD_ROWS` rows
 (`guard_sample`), runs them one at a time trimmed to their real tokens, and reduces each row's
@@ -81,10 +86,14 @@ def _reduce(logits: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor
 class _Tally:
     """What the verdict needs, summed over rows: non-finite counts and per-token log-prob errors."""
 
+    unit = "nats"
+    what = "token log-prob"
+
     def __init__(self):
         self.reference_bad = 0
         self.half_bad = 0
         self.diffs: list[torch.Tensor] = []
+        self.scale = 1.0
 
     def add(self, reference, half, attention_mask: torch.Tensor) -> None:
         """`reference` and `half` are `_reduce` results for the same rows."""
@@ -93,6 +102,11 @@ class _Tally:
         self.half_bad += int(half[0][valid].sum())
         pairs = valid[:, :-1] & valid[:, 1:]
         self.diffs.append((reference[1] - half[1]).abs()[pairs])
+
+    @staticmethod
+    def reduce(output: torch.Tensor, inputs: Mapping):
+        """What `add` needs of one forward's logits (never the full-vocabulary float32 copy)."""
+        return _reduce(output, inputs["input_ids"])
 
     def verdict(self, dtype: str, max_abs: float, mean_abs: float) -> tuple[bool, str]:
         if self.reference_bad:
@@ -105,11 +119,39 @@ class _Tally:
         if diff.numel() == 0:
             raise ValueError("The batch has no pair of consecutive real tokens to compare.")
         worst, mean = float(diff.max()), float(diff.mean())
-        summary = (f"token log-prob |{dtype} - float32|: max {worst:.3g} nats (limit {max_abs:g}), "
-                   f"mean {mean:.3g} (limit {mean_abs:g}) over {diff.numel()} tokens")
+        max_abs, mean_abs = max_abs * self.scale, mean_abs * self.scale
+        summary = (f"{self.what} |{dtype} - float32|: max {worst:.3g} {self.unit} (limit {max_abs:.3g}), "
+                   f"mean {mean:.3g} (limit {mean_abs:.3g}) over {diff.numel()} tokens")
         if worst > max_abs or mean > mean_abs:
             return False, f"{summary}; using float32"
         return True, summary
+
+
+class _ValueTally(_Tally):
+    """The same verdict for a value model: its one output per position, at every real position,
+    with the limits scaled by max(1, RMS of the float32 values)."""
+
+    unit = "value units"
+    what = "value"
+
+    def __init__(self):
+        super().__init__()
+        self.squares, self.count = 0.0, 0
+
+    @staticmethod
+    def reduce(output: torch.Tensor, inputs: Mapping) -> torch.Tensor:
+        return output[..., 0].float()
+
+    def add(self, reference: torch.Tensor, half: torch.Tensor, attention_mask: torch.Tensor) -> None:
+        valid = attention_mask.bool()
+        ref, hlf = reference[valid], half[valid]
+        self.reference_bad += int((~torch.isfinite(ref)).sum())
+        self.half_bad += int((~torch.isfinite(hlf)).sum())
+        self.diffs.append((ref - hlf).abs())
+        if torch.isfinite(ref).all():
+            self.squares += float((ref.double() ** 2).sum())
+            self.count += ref.numel()
+        self.scale = max(1.0, (self.squares / max(self.count, 1)) ** 0.5)
 
 
 def compare_logits(reference: torch.Tensor, half: torch.Tensor, input_ids: torch.Tensor,
@@ -158,7 +200,7 @@ def check_half_precision(model: torch.nn.Module, batch: Mapping, compute_dtype: 
     rows = {k: batch[k] for k in _INPUT_KEYS if k in batch.keys() and batch[k] is not None}  # noqa: SIM118
     # The inputs' device, not the weights': offloaded FSDP shards live in host memory between passes.
     device = rows["input_ids"].device
-    tally = _Tally()
+    tally: _Tally | None = None
     was_training = model.training
     model.eval()
     try:
@@ -167,10 +209,16 @@ def check_half_precision(model: torch.nn.Module, batch: Mapping, compute_dtype: 
                 continue
             inputs = _real_span(rows, index)
             with torch.autocast(device.type, enabled=False):
-                reference = _reduce(model(**inputs, use_cache=False).logits, inputs["input_ids"])
+                logits = model(**inputs, use_cache=False).logits
+            if tally is None:   # one output per position: a value model (critic), not a language model
+                tally = _ValueTally() if logits.shape[-1] == 1 else _Tally()
+            reference = tally.reduce(logits, inputs)
+            del logits
             with torch.autocast(device.type, dtype=dtype):
-                half = _reduce(model(**inputs, use_cache=False).logits, inputs["input_ids"])
+                half = tally.reduce(model(**inputs, use_cache=False).logits, inputs)
             tally.add(reference, half, inputs["attention_mask"])
     finally:
         model.train(was_training)
+    if tally is None:
+        raise ValueError("The batch has no pair of consecutive real tokens to compare.")
     return tally.verdict(name, max_abs, mean_abs)

@@ -29,6 +29,12 @@ class RolePlan:
     predicted_peak_gb: float = 0.0
     forward_micro_batch_size_per_gpu: int | None = None  # no-grad forwards (log-probs, values)
     forward_max_token_len_per_gpu: int | None = None     # their token budget when use_dynamic_bsz
+    # How the compute dtype is applied: True casts the parameters when FSDP all-gathers them (FSDP2's
+    # MixedPrecisionPolicy); False gathers them in param_dtype and autocast alone computes in compute_dtype.
+    cast_on_gather: bool = False
+    reduce_dtype: str = "float32"          # dtype FSDP reduce-scatters gradients in
+    numerics_guard: bool = False           # compare half precision with float32 on the first real batch
+    guard_fallback_dtype: str | None = None  # compute dtype the role switches to when the guard fails
 
 
 @dataclass
@@ -59,6 +65,7 @@ class Plan:
     reasons: dict[str, str] = field(default_factory=dict)   # "actor.compute_dtype" -> why
     warnings: list[str] = field(default_factory=list)       # user settings that were adapted
     memory: dict = field(default_factory=dict)   # memory model breakdown: phase -> term -> GiB
+    dataloader_num_workers: int = 0   # driver-side loader processes (data.dataloader_num_workers)
 
     @property
     def use_remove_padding(self) -> bool:

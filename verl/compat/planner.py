@@ -1,10 +1,10 @@
 """make_plan: every hardware decision of a run, from (device, config, software, model) alone.
 
-Pure: reads no environment, touches no device. Each decision comes with a one-line reason in
-`plan.reasons`; a user setting the device cannot honour is replaced and named in
-`plan.warnings` (or raises `PlanError` when `compat.strict` is true). Memory is fitted with the
-memory model by walking a ladder: nothing offloaded -> optimizer offload -> params + optimizer
-offload -> halve the micro-batches down to 1 -> `PlanError` with the shortfall.
+Pure: reads no environment, touches no device. Read top to bottom: process-wide settings, the
+roles (per role: compute dtype, weights, numerics, attention, packing), the rollout engine, how
+each role's compute dtype is applied, then the memory fit (`verl.compat.fit`). Each decision
+comes with a one-line reason in `plan.reasons`; a user setting the device cannot honour is
+replaced and named in `plan.warnings` (or raises `PlanError` when `compat.strict` is true).
 """
 from __future__ import annotations
 
@@ -12,142 +12,36 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from verl.compat.memory import (
-    BYTES,
-    GiB,
-    Workload,
-    estimate_memory,
-    generation_bytes_per_sequence,
-)
+from verl.compat import engines, settings
+from verl.compat.decider import Decider as _Decider
+from verl.compat.decider import PlanError
+from verl.compat.decider import cc_name as _cc
+from verl.compat.fit import MAX_ROLLOUT_MICRO_BATCH, FitInputs, apply_batches, fit, micro_batches
+from verl.compat.memory import Workload
 from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.profile import DeviceProfile, SoftwareInfo
+from verl.compat.settings import AUTO
 
-AUTO = object()
-_DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "float": "float32", "f32": "float32",
-                "float16": "float16", "fp16": "float16", "half": "float16", "f16": "float16",
-                "bfloat16": "bfloat16", "bf16": "bfloat16"}
-_ATTN = ("eager", "sdpa", "xformers", "flash_attention_2")
-MAX_ROLLOUT_MICRO_BATCH = 1024   # past this, bigger built-in generate passes gain little and hold the device longer
-
-
-class PlanError(RuntimeError):
-    """The run cannot be planned on this device (strict-mode refusal or memory shortfall)."""
+__all__ = ["MAX_ROLLOUT_MICRO_BATCH", "PlanError", "make_plan"]
 
 
 # ----------------------------------------------------------------------------- config access
+# One reader for every compat module (verl.compat.settings); the short names keep the rules terse.
 
-def _get(config: Any, path: str, default: Any = AUTO) -> Any:
-    """Nested lookup in a dict or OmegaConf config; missing, None and "auto" read as `default`."""
-    node = config
-    for key in path.split("."):
-        if node is None:
-            return default
-        try:
-            node = node.get(key)
-        except (AttributeError, TypeError):
-            node = getattr(node, key, None)
-    if node is None or (isinstance(node, str) and node.strip().lower() == "auto"):
-        return default
-    return node
-
-
-def _first(config: Any, *paths: str) -> Any:
-    for path in paths:
-        value = _get(config, path)
-        if value is not AUTO:
-            return value
-    return AUTO
+_get, _first, _first_with_path, _flag = settings.get, settings.first, settings.first_with_path, settings.flag
 
 
 def _dtype(value: Any) -> Any:
     if value is AUTO:
         return AUTO
-    key = str(value).strip().lower().removeprefix("torch.")
-    if key not in _DTYPE_NAMES:
-        raise PlanError(f"Unknown dtype '{value}'; use float32, float16 or bfloat16 (or auto).")
-    return _DTYPE_NAMES[key]
-
-
-def _flag(value: Any) -> Any:
-    if value is AUTO or isinstance(value, bool):
-        return value
-    return str(value).strip().lower() in ("1", "true", "yes", "on")
+    try:
+        return settings.dtype_name(value)
+    except ValueError as err:
+        raise PlanError(str(err)) from None
 
 
 # ----------------------------------------------------------------------------- the decisions
-
-class _Decider:
-    """Collects reasons and warnings while deciding; `adapt` handles settings the device lacks."""
-
-    def __init__(self, profile: DeviceProfile, software: SoftwareInfo, strict: bool):
-        self.profile, self.software, self.strict = profile, software, strict
-        self.reasons: dict[str, str] = {}
-        self.warnings: list[str] = []
-
-    def note(self, key: str, value: Any, reason: str) -> Any:
-        self.reasons[key] = reason
-        return value
-
-    def adapt(self, key: str, setting: str, asked: Any, replacement: Any, why: str) -> Any:
-        msg = f"{setting}={asked} is not possible on {self.profile.name}: {why}; using {replacement} instead."
-        if self.strict:
-            raise PlanError(msg + " (compat.strict=true: change the setting or set compat.strict=false)")
-        self.warnings.append(msg)
-        self.reasons[key] = f"adapted from {asked}: {why}"
-        return replacement
-
-    # -- capabilities
-    @property
-    def cc(self) -> tuple[int, int]:
-        return self.profile.compute_capability or (0, 0)
-
-    def dtype_missing(self, dtype: str) -> str | None:
-        """Why the device cannot compute in `dtype` (None when it can)."""
-        p = self.profile
-        if dtype == "float32":
-            return None
-        if p.backend == "cpu":
-            return "the CPU backend trains in float32 only (half-precision matmuls are emulated there)"
-        if dtype == "bfloat16" and not p.native_bf16:
-            return f"bfloat16 needs compute capability >= 8.0 (this device has {_cc(p)})"
-        if dtype == "float16" and not p.tensor_core_fp16:
-            return (f"float16 needs tensor cores (compute capability >= 7.0; this device has {_cc(p)}, "
-                    f"where half precision runs at a fraction of float32 speed)")
-        return None
-
-    def default_dtype(self) -> tuple[str, str]:
-        p = self.profile
-        if p.backend == "cpu":
-            return "float32", "CPU: float32 (no fast half-precision matmul)"
-        if p.native_bf16:
-            return "bfloat16", f"{_cc(p)} has native bfloat16: bfloat16 compute, float32 master weights"
-        if p.tensor_core_fp16:
-            return "float16", f"{_cc(p)} has float16 tensor cores but no bfloat16: float16 with a grad scaler"
-        return "float32", f"{_cc(p)} has neither bfloat16 nor fast float16: float32"
-
-    def attn_missing(self, attn: str, compute: str) -> str | None:
-        sw = self.software
-        if attn == "flash_attention_2":
-            if self.profile.backend == "cuda" and self.cc < (8, 0):
-                return f"FlashAttention-2 needs compute capability >= 8.0 ({_cc(self.profile)})"
-            if not sw.flash_attn_usable:
-                return sw.notes.get("flash_attn", "flash_attn is not installed or not usable on this device "
-                                                  "(needs compute capability >= 8.0)")
-            if compute == "float32":
-                return "flash_attention_2 runs only in float16/bfloat16"
-        if attn == "xformers" and not sw.xformers_usable:
-            return sw.notes.get("xformers", "xformers is not installed or its kernels do not load on this device")
-        if attn not in _ATTN:
-            return f"unknown attention implementation (use one of {', '.join(_ATTN)})"
-        return None
-
-
-def _cc(p: DeviceProfile) -> str:
-    if p.backend == "cpu" or p.compute_capability is None:
-        return p.backend
-    return f"sm_{p.compute_capability[0]}{p.compute_capability[1]}"
-
 
 @dataclass
 class _RoleConfig:
@@ -172,29 +66,10 @@ def _role_configs(config: Any) -> dict[str, _RoleConfig]:
 def _decide_role(d: _Decider, config: Any, rc: _RoleConfig, compute_default: str) -> RolePlan:
     n = rc.name
     fsdp = (rc.fsdp_prefix, "critic.model.fsdp_config") if n == "critic" else (rc.fsdp_prefix,)
-
-    asked = _dtype(_first(config, *[f"{f}.dtype" for f in fsdp], *[f"{f}.mixed_precision.param_dtype" for f in fsdp]))
-    if asked is AUTO:
-        compute = d.note(f"{n}.compute_dtype", compute_default, d.reasons["compute_dtype"])
-    elif (why := d.dtype_missing(asked)) is not None:
-        compute = d.adapt(f"{n}.compute_dtype", f"{rc.fsdp_prefix}.dtype", asked, compute_default, why)
-    else:
-        compute = d.note(f"{n}.compute_dtype", asked, "set by the user; the device supports it")
-
-    master = _dtype(_first(config, *[f"{f}.model_dtype" for f in fsdp]))
-    if master is AUTO:
-        if rc.trainable:
-            param = d.note(f"{n}.param_dtype", "float32", "trained weights and AdamW states stay float32")
-        else:
-            param = d.note(f"{n}.param_dtype", compute, "a frozen model is kept in its compute dtype")
-    elif (why := d.dtype_missing(master)) is not None:
-        param = d.adapt(f"{n}.param_dtype", f"{rc.fsdp_prefix}.model_dtype", master, "float32", why)
-    else:
-        param = d.note(f"{n}.param_dtype", master, "set by the user")
-
-    scaler = d.note(f"{n}.grad_scaler", compute == "float16" and rc.trainable,
-                    "float16 compute needs dynamic loss scaling" if compute == "float16"
-                    else f"not needed for {compute} compute")
+    compute = _decide_compute(d, config, rc, fsdp, compute_default)
+    guard_wanted = compute == "float16" and bool(_flag(_get(config, "compat.numerics_guard", True)))
+    param = _decide_param(d, config, rc, fsdp, compute, guard_wanted)
+    numerics = _decide_numerics(d, config, rc, fsdp, compute, param, guard_wanted)
 
     attn_asked = _first(config, f"{rc.model_prefix}.attn_implementation",
                         f"{rc.model_prefix}.override_config.attn_implementation")
@@ -223,9 +98,113 @@ def _decide_role(d: _Decider, config: Any, rc: _RoleConfig, compute_default: str
     else:
         rmpad = d.note(f"{n}.use_remove_padding", bool(rmpad_asked), "set by the user")
 
-    return RolePlan(param_dtype=param, compute_dtype=compute, grad_scaler=scaler, attn_implementation=attn,
+    return RolePlan(param_dtype=param, compute_dtype=compute, attn_implementation=attn,
                     use_remove_padding=rmpad, gradient_checkpointing=False, param_offload=False,
-                    optimizer_offload=False)
+                    optimizer_offload=False, **numerics)
+
+
+def _decide_compute(d: _Decider, config: Any, rc: _RoleConfig, fsdp: tuple, default: str) -> str:
+    """The dtype the role computes in: the device's best unless the user asked for one it runs."""
+    n = rc.name
+    keys = [f"{f}.dtype" for f in fsdp] + [f"{f}.mixed_precision.param_dtype" for f in fsdp]
+    key, asked = _first_with_path(config, *keys)
+    asked = _dtype(asked)
+    for other in keys[keys.index(key) + 1:]:
+        value = _dtype(_get(config, other))
+        if value not in (AUTO, asked):   # both spellings of the compute dtype set, differently: the first wins
+            d.adapt(f"{n}.compute_dtype", other, value, asked, f"{key}={asked} sets the compute dtype")
+    if asked is AUTO:
+        return d.note(f"{n}.compute_dtype", default, d.reasons["compute_dtype"])
+    if (why := d.dtype_missing(asked)) is not None:
+        return d.adapt(f"{n}.compute_dtype", key, asked, default, why)
+    return d.note(f"{n}.compute_dtype", asked, f"set by the user ({key}); the device supports it")
+
+
+def _decide_param(d: _Decider, config: Any, rc: _RoleConfig, fsdp: tuple, compute: str, guard_wanted: bool) -> str:
+    """The dtype the sharded weights are stored in.
+
+    A trained role keeps float32 master weights (AdamW updates below half precision's resolution
+    would vanish). A frozen role (the reference) is stored in its compute dtype, half the memory,
+    except under a float16 numerics guard: it then keeps float32 weights, because the guard's
+    float32 forward needs them and because a model that overflows float16 must be able to fall
+    back to float32 as the actor does; a float16 copy could not (its weights would be rounded
+    already and its reference log-probs, and so the KL, would be garbage).
+    """
+    n = rc.name
+    key, master = _first_with_path(config, *[f"{f}.model_dtype" for f in fsdp])
+    master = _dtype(master)
+    if master is not AUTO:
+        if (why := d.dtype_missing(master)) is not None:
+            return d.adapt(f"{n}.param_dtype", key, master, "float32", why)
+        return d.note(f"{n}.param_dtype", master, f"set by the user ({key})")
+    if rc.trainable:
+        return d.note(f"{n}.param_dtype", "float32", "trained weights and AdamW states stay float32")
+    if guard_wanted:
+        return d.note(f"{n}.param_dtype", "float32",
+                      "a frozen float16 model keeps float32 weights so the numerics guard can check it and fall "
+                      "back to float32 like the actor (float16 autocast computes with them)")
+    return d.note(f"{n}.param_dtype", compute, "a frozen model is kept in its compute dtype (half the memory)")
+
+
+def _decide_numerics(d: _Decider, config: Any, rc: _RoleConfig, fsdp: tuple, compute: str, param: str,
+                     guard_wanted: bool) -> dict:
+    """Grad scaler, numerics guard (and its fallback) and the gradient reduce dtype of one role."""
+    n = rc.name
+    scaler = d.note(f"{n}.grad_scaler", compute == "float16" and rc.trainable,
+                    ("float16 compute needs dynamic loss scaling" if rc.trainable else "a frozen model has no "
+                     "gradients to scale") if compute == "float16" else f"not needed for {compute} compute")
+    if not guard_wanted:
+        guard = d.note(f"{n}.numerics_guard", False,
+                       "compat.numerics_guard=false" if compute == "float16"
+                       else ("float32 compute: nothing to check" if compute == "float32"
+                             else f"{compute} has float32's range: no overflow to check"))
+    elif param != "float32":
+        guard = d.note(f"{n}.numerics_guard", False,
+                       f"the weights are {param}: no float32 copy to compare float16 against")
+    else:
+        guard = d.note(f"{n}.numerics_guard", True,
+                       "float16 overflows past 65504: the first real batch is run in float16 and float32 and, "
+                       "if they disagree, the role computes in float32 from then on")
+    fallback = d.note(f"{n}.guard_fallback_dtype", "float32" if guard else None,
+                      "float32 has no overflow to fear" if guard else "no numerics guard")
+    key, asked = _first_with_path(config, *[f"{f}.mixed_precision.reduce_dtype" for f in fsdp])
+    asked = _dtype(asked)
+    why_default = ("gradients are summed across ranks in float32 (half-precision sums drop small contributions)"
+                   if rc.trainable else "a frozen model reduces no gradients")
+    if asked is AUTO:
+        reduce = d.note(f"{n}.reduce_dtype", "float32", why_default)
+    elif (why := d.dtype_missing(asked)) is not None:
+        reduce = d.adapt(f"{n}.reduce_dtype", key, asked, "float32", why)
+    else:
+        reduce = d.note(f"{n}.reduce_dtype", asked, f"set by the user ({key}); the device supports it")
+    key, buffers = _first_with_path(config, *[f"{f}.mixed_precision.buffer_dtype" for f in fsdp])
+    if _dtype(buffers) not in (AUTO, "float32"):
+        d.adapt(f"{n}.buffer_dtype", key, buffers, "float32",
+                "FSDP2 leaves buffers (the rotary tables) in the dtype the model made them, float32")
+    return {"grad_scaler": scaler, "numerics_guard": guard, "guard_fallback_dtype": fallback,
+            "reduce_dtype": reduce}
+
+
+def _decide_cast_on_gather(d: _Decider, roles: dict[str, RolePlan], rollout_dtype: str) -> None:
+    """Whether FSDP casts parameters to the compute dtype as it gathers them, or autocast does.
+
+    Casting on gather halves the gather's traffic and memory but fixes the dtype the weights are
+    seen in: a role the guard may switch to float32 at run time, or an actor whose rollout
+    generates in another dtype (autocast cannot raise precision), gathers in its param dtype.
+    """
+    for name, rp in roles.items():
+        if rp.compute_dtype == rp.param_dtype:
+            cast, why = False, f"the weights are already {rp.param_dtype}"
+        elif rp.numerics_guard:
+            cast, why = False, ("the numerics guard may switch it to float32 at run time: weights are gathered in "
+                                f"{rp.param_dtype} and autocast computes in {rp.compute_dtype}")
+        elif name == "actor" and rollout_dtype != rp.compute_dtype:
+            cast, why = False, (f"the rollout generates in {rollout_dtype}: weights are gathered in {rp.param_dtype} "
+                                "and autocast picks each phase's dtype")
+        else:
+            cast, why = True, (f"parameters are all-gathered in {rp.compute_dtype} (half the gather traffic and "
+                               f"memory of {rp.param_dtype})")
+        roles[name] = replace(rp, cast_on_gather=d.note(f"{name}.cast_on_gather", cast, why))
 
 
 def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> tuple[RolloutPlan, dict]:
@@ -246,9 +225,9 @@ def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> 
                       else f"built-in engine: {why_not}")
     elif str(asked) == "vllm" and not usable:
         name = d.adapt("rollout.name", f"{r}.name", asked, "hf", why_not)
-    elif str(asked) not in ("vllm", "hf"):
+    elif str(asked) not in ("vllm", *d.software.rollout_engines):
         name = d.adapt("rollout.name", f"{r}.name", asked, "vllm" if usable else "hf",
-                       "this fork ships the vllm and built-in (hf) engines only")
+                       f"this verl ships {engines.shipped(d.software.rollout_engines)} only")
     else:
         name = d.note("rollout.name", str(asked), "set by the user; usable here")
 
@@ -280,6 +259,44 @@ def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> 
     asked = {"gpu_memory_utilization": _get(config, f"{r}.gpu_memory_utilization"), "micro_batch_size": micro}
     return RolloutPlan(name=name, dtype=dtype, gpu_memory_utilization=0.0, enforce_eager=eager,
                        attn_implementation=attn), asked
+
+
+UPSTREAM_DATALOADER_WORKERS = 8
+
+
+def _dataloader_workers(d: _Decider, config: Any, device_processes: int) -> int:
+    """Loader processes for the driver, from the cores left beside the device worker processes."""
+    asked = _get(config, "data.dataloader_num_workers")
+    if asked is not AUTO:
+        if isinstance(asked, bool) or not str(asked).isdigit():
+            raise PlanError(f"data.dataloader_num_workers={asked} is not a whole number >= 0; set it or leave it auto.")
+        return d.note("data.dataloader_num_workers", int(asked), "set by the user")
+    cores = d.profile.host_cpu_count
+    if cores <= 0:
+        return d.note("data.dataloader_num_workers", 0, "core count unknown: batches load in the driver")
+    if d.profile.backend == "cpu":
+        return d.note("data.dataloader_num_workers", 0,
+                      f"CPU training uses all {cores} cores; batches load in the driver, not in extra processes")
+    workers = min(UPSTREAM_DATALOADER_WORKERS, max(0, (cores - device_processes) // 2))
+    return d.note("data.dataloader_num_workers", workers,
+                  f"half of the {cores} cores left beside {device_processes} device process(es), at most "
+                  f"upstream's {UPSTREAM_DATALOADER_WORKERS}")
+
+
+# Rollout keys only vLLM reads, with upstream 0.9.1's defaults: a different value was set by the user.
+VLLM_ONLY_ROLLOUT_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "enable_chunked_prefill": True}
+
+
+def _warn_vllm_only_keys(d: _Decider, config: Any, engine: str) -> None:
+    """One warning naming the vLLM-only keys the user changed when the built-in engine will run."""
+    if engine == "vllm":
+        return
+    r = "actor_rollout_ref.rollout"
+    changed = [f"{r}.{key}={value}" for key, default in VLLM_ONLY_ROLLOUT_DEFAULTS.items()
+               if (value := _get(config, f"{r}.{key}", default)) is not AUTO and value is not None and value != default]
+    if changed:
+        d.warnings.append(f"{', '.join(changed)} only apply to vLLM, and the built-in engine runs here: ignored "
+                          f"(its chunk of sequences is {r}.micro_batch_size)")
 
 
 def _decide_globals(d: _Decider, config: Any) -> dict:
@@ -319,84 +336,34 @@ def _decide_globals(d: _Decider, config: Any) -> dict:
     return out
 
 
-# ----------------------------------------------------------------------------- memory fitting
-
-@dataclass
-class _Batch:
-    """Micro-batch knobs of the four forward/backward consumers (None: token budget instead)."""
-
-    actor: int | None
-    actor_forward: int | None
-    critic: int | None
-    critic_forward: int | None
-    ref: int | None
-    explicit: dict
-
-
-def _micro_batches(config: Any, workload: Workload, n: int) -> _Batch:
-    arr = "actor_rollout_ref"
-    mini = int(_get(config, f"{arr}.actor.ppo_mini_batch_size", 256)) * n
-    per_gpu = max(mini // workload.world_size, 1)
-    auto_train = min(per_gpu, 8)
-
-    def pick(*paths, default):
-        v = _first(config, *paths)
-        return (int(v), True) if v is not AUTO else (default, False)
-
-    actor, ea = pick(f"{arr}.actor.ppo_micro_batch_size_per_gpu", default=auto_train)
-    actor_fwd, eaf = pick(f"{arr}.rollout.log_prob_micro_batch_size_per_gpu", default=2 * actor)
-    critic, ec = pick("critic.ppo_micro_batch_size_per_gpu", default=actor)
-    critic_fwd, ecf = pick("critic.forward_micro_batch_size_per_gpu", default=critic)
-    ref, er = pick(f"{arr}.ref.log_prob_micro_batch_size_per_gpu", default=actor_fwd)
-    return _Batch(actor, actor_fwd, critic, critic_fwd, ref,
-                  {"actor": ea, "actor_forward": eaf, "critic": ec, "critic_forward": ecf, "ref": er})
-
-
-def _apply_batches(roles: dict[str, RolePlan], b: _Batch, dynamic: bool, budgets: dict) -> dict[str, RolePlan]:
-    out = dict(roles)
-    if dynamic:
-        out["actor"] = replace(out["actor"], micro_batch_size_per_gpu=None, max_token_len_per_gpu=budgets["actor"],
-                               forward_max_token_len_per_gpu=budgets["actor_forward"])
-        if "critic" in out:
-            out["critic"] = replace(out["critic"], micro_batch_size_per_gpu=None,
-                                    max_token_len_per_gpu=budgets["critic"],
-                                    forward_max_token_len_per_gpu=budgets["critic_forward"])
-        if "ref" in out:
-            out["ref"] = replace(out["ref"], micro_batch_size_per_gpu=None, max_token_len_per_gpu=budgets["ref"],
-                                 forward_max_token_len_per_gpu=budgets["ref"])
-        return out
-    out["actor"] = replace(out["actor"], micro_batch_size_per_gpu=b.actor, forward_micro_batch_size_per_gpu=b.actor_forward)
-    if "critic" in out:
-        out["critic"] = replace(out["critic"], micro_batch_size_per_gpu=b.critic,
-                                forward_micro_batch_size_per_gpu=b.critic_forward)
-    if "ref" in out:
-        out["ref"] = replace(out["ref"], micro_batch_size_per_gpu=b.ref, forward_micro_batch_size_per_gpu=b.ref)
-    return out
-
-
-def _vllm_need_gb(model: ModelSpec, workload: Workload, dtype: str) -> float:
-    """The least vLLM needs: its weights, KV for min(batch, 16) full sequences, 0.5 GiB of scratch."""
-    seqs = min(workload.rollout_batch_per_gpu, 16)
-    kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * seqs * workload.seq_len * BYTES[dtype]
-    return (model.num_params * BYTES[dtype] + kv) / GiB + 0.5
-
-
 def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model: ModelSpec | None = None) -> Plan:
     """Decide dtypes, attention, rollout engine, compile, backend and the memory plan for one run."""
-    strict = bool(_flag(_get(config, "compat.strict", False)))
-    margin = float(_get(config, "compat.memory_margin", 0.1))
-    d = _Decider(profile, software, strict)
+    d = _Decider(profile, software, bool(_flag(_get(config, "compat.strict", False))))
+    glob = _decide_globals(d, config)
+    roles_cfg = _role_configs(config)
+    roles = _decide_roles(d, config, roles_cfg)
+    rollout, rollout_asked = _decide_rollout(d, config, roles["actor"].compute_dtype,
+                                             roles["actor"].attn_implementation)
+    _decide_cast_on_gather(d, roles, rollout.dtype)
+    _warn_vllm_only_keys(d, config, rollout.name)
+    inp = _fit_inputs(d, config, roles_cfg, roles, rollout, rollout_asked, model)
+    plan_kwargs = dict(device=profile, software=software, actor=None, critic=None, ref=None, rollout=rollout,
+                       predicted_peak_gb=0.0, memory_limit_gb=profile.memory_gb, **glob)
+    plan_kwargs["dataloader_num_workers"] = _dataloader_workers(d, config, int(_get(config, "trainer.n_gpus_per_node", 1)))
+    if model is None:
+        return _plan_without_model(d, inp, plan_kwargs)
+    return fit(d, inp, plan_kwargs)
+
+
+def _decide_roles(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig]) -> dict[str, RolePlan]:
+    """Which roles the run has (critic for GAE, reference for a KL term), each decided."""
     compute_default, why = d.default_dtype()
     d.reasons["compute_dtype"] = why
-    glob = _decide_globals(d, config)
-
-    arr = "actor_rollout_ref"
-    roles_cfg = _role_configs(config)
     adv = str(_get(config, "algorithm.adv_estimator", "gae"))
     critic_on = _flag(_get(config, "critic.enable"))
     critic_on = adv == "gae" if critic_on is AUTO else critic_on
     ref_on = bool(_flag(_get(config, "algorithm.use_kl_in_reward", False))) or \
-        bool(_flag(_get(config, f"{arr}.actor.use_kl_loss", False)))
+        bool(_flag(_get(config, "actor_rollout_ref.actor.use_kl_loss", False)))
     d.reasons["roles"] = (f"critic {'on' if critic_on else 'off'} (adv_estimator={adv}); reference model "
                           f"{'on' if ref_on else 'off'} (use_kl_in_reward / use_kl_loss)")
     roles = {"actor": _decide_role(d, config, roles_cfg["actor"], compute_default)}
@@ -405,279 +372,79 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     if ref_on:
         roles["ref"] = _decide_role(d, config, roles_cfg["ref"], compute_default)
     d.reasons.pop("compute_dtype")
-    rollout, rollout_asked = _decide_rollout(d, config, roles["actor"].compute_dtype,
-                                             roles["actor"].attn_implementation)
+    return roles
 
+
+def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], roles: dict, rollout: RolloutPlan,
+                rollout_asked: dict, model: ModelSpec | None) -> FitInputs:
+    """The workload and the user's memory-related settings (AUTO where the fit may decide)."""
+    arr = "actor_rollout_ref"
     world = int(_get(config, "trainer.n_gpus_per_node", 1)) * int(_get(config, "trainer.nnodes", 1))
-    world = 1 if profile.backend == "cpu" else max(world, 1)
+    world = 1 if d.profile.backend == "cpu" else max(world, 1)
     n = int(_get(config, f"{arr}.rollout.n", 1))
     workload = Workload(prompt_length=int(_get(config, "data.max_prompt_length", 512)),
                         response_length=int(_get(config, "data.max_response_length", 512)),
                         rollout_batch_per_gpu=math.ceil(int(_get(config, "data.train_batch_size", 1024)) * n / world),
-                        world_size=world)
-    dynamic = bool(_flag(_get(config, f"{arr}.actor.use_dynamic_bsz", False)))
+                        world_size=world, val_batch_per_gpu=_val_batch_per_gpu(config, world))
     budgets = {"actor": int(_get(config, f"{arr}.actor.ppo_max_token_len_per_gpu", 16384)),
                "actor_forward": int(_get(config, f"{arr}.rollout.log_prob_max_token_len_per_gpu", 16384)),
                "critic": int(_get(config, "critic.ppo_max_token_len_per_gpu", 32768)),
                "critic_forward": int(_get(config, "critic.forward_max_token_len_per_gpu", 32768)),
                "ref": int(_get(config, f"{arr}.ref.log_prob_max_token_len_per_gpu", 16384))}
-    batches = _micro_batches(config, workload, n)
-
-    # user's memory-related choices (AUTO where the ladder may decide)
     asked_ckpt = {name: _flag(_first(config, f"{rc.model_prefix}.enable_gradient_checkpointing"))
                   for name, rc in roles_cfg.items()}
     asked_off = {name: (_flag(_first(config, f"{rc.fsdp_prefix}.param_offload")),
                         _flag(_first(config, f"{rc.fsdp_prefix}.optimizer_offload")))
                  for name, rc in roles_cfg.items()}
-
-    plan_kwargs = dict(device=profile, software=software, actor=None, critic=None, ref=None, rollout=rollout,
-                       predicted_peak_gb=0.0, memory_limit_gb=profile.memory_gb, **glob)
-    if model is None:
-        roles = _apply_batches(roles, batches, dynamic, budgets)
-        for name in roles:
-            ck = asked_ckpt[name]
-            po, oo = asked_off[name]
-            roles[name] = replace(roles[name], gradient_checkpointing=ck is not False,
-                                  param_offload=po is True, optimizer_offload=oo is True)
-        util_asked, micro_asked = rollout_asked["gpu_memory_utilization"], rollout_asked["micro_batch_size"]
-        rollout.gpu_memory_utilization = float(util_asked) if util_asked is not AUTO else 0.5
-        if rollout.name == "hf":
-            rollout.micro_batch_size = None if micro_asked is AUTO else micro_asked
-            d.note("rollout.micro_batch_size", rollout.micro_batch_size,
-                   "no model config.json given: whole batches" if micro_asked is AUTO else "set by the user")
-        d.reasons["memory"] = "no model config.json given: memory not planned, user settings kept"
-        plan_kwargs.update(actor=roles["actor"], critic=roles.get("critic"), ref=roles.get("ref"))
-        return Plan(reasons=d.reasons, warnings=d.warnings, **plan_kwargs)
-
-    return _fit(d, model, workload, roles, rollout, rollout_asked, batches, dynamic, budgets, asked_ckpt,
-                asked_off, margin, plan_kwargs)
+    if d.profile.backend == "cpu":
+        _offload_on_host(d, {name: roles_cfg[name] for name in roles}, asked_off)
+    return FitInputs(model=model, workload=workload, roles=roles, rollout=rollout, rollout_asked=rollout_asked,
+                     batches=micro_batches(config, workload, n),
+                     dynamic=bool(_flag(_get(config, f"{arr}.actor.use_dynamic_bsz", False))), budgets=budgets,
+                     asked_ckpt=asked_ckpt, asked_off=asked_off,
+                     margin=float(_get(config, "compat.memory_margin", 0.1)))
 
 
-def _ladder(asked_off: dict, roles: dict):
-    """Offload rungs in order; a role whose user set offload explicitly keeps that setting."""
-    def offload(level: int) -> dict[str, tuple[bool, bool]]:
-        out = {}
-        for name in roles:
-            po, oo = asked_off[name]
-            trainable = name != "ref"
-            want_o = level >= 1 and trainable
-            want_p = level >= 2
-            out[name] = (po if po is not AUTO else want_p, (oo if oo is not AUTO else want_o) and trainable)
-        return out
-    return [("nothing offloaded", offload(0)), ("optimizer offload", offload(1)),
-            ("params + optimizer offload", offload(2))]
+def _plan_without_model(d: _Decider, inp: FitInputs, plan_kwargs: dict) -> Plan:
+    """No config.json to size the model from: the user's memory settings are kept as they are."""
+    roles, rollout = apply_batches(inp.roles, inp.batches, inp.dynamic, inp.budgets), inp.rollout
+    for name in roles:
+        ck = inp.asked_ckpt[name]
+        po, oo = inp.asked_off[name]
+        roles[name] = replace(roles[name], gradient_checkpointing=ck is not False,
+                              param_offload=po is True, optimizer_offload=oo is True)
+    util_asked, micro_asked = inp.rollout_asked["gpu_memory_utilization"], inp.rollout_asked["micro_batch_size"]
+    rollout.gpu_memory_utilization = float(util_asked) if util_asked is not AUTO else 0.5
+    if rollout.name == "hf":
+        rollout.micro_batch_size = None if micro_asked is AUTO else micro_asked
+        d.note("rollout.micro_batch_size", rollout.micro_batch_size,
+               "no model config.json given: whole batches" if micro_asked is AUTO else "set by the user")
+    d.reasons["memory"] = "no model config.json given: memory not planned, user settings kept"
+    plan_kwargs.update(actor=roles["actor"], critic=roles.get("critic"), ref=roles.get("ref"))
+    return Plan(reasons=d.reasons, warnings=d.warnings, **plan_kwargs)
 
 
-def _chunk_size(fits: int, batch: int, asked: Any, whole: bool) -> int | None:
-    """Sequences per built-in generate pass, given how many fit at once (None: too few fit).
-
-    The user's size when it fits; else the largest power of two that fits (at most
-    MAX_ROLLOUT_MICRO_BATCH), raised to the training batch when that fits whole so a training
-    rollout runs in one pass. `whole` asks for the training batch (or the user's size) to fit
-    in one pass, which the fit tries before settling for chunked training rollouts.
-    """
-    fits = min(fits, MAX_ROLLOUT_MICRO_BATCH)
-    target = min(batch, MAX_ROLLOUT_MICRO_BATCH) if asked is AUTO else min(batch, asked)
-    if fits < (target if whole else 1):
+def _val_batch_per_gpu(config: Any, world: int) -> int | None:
+    """Sequences each device generates per validation call: `data.val_batch_size` prompts x
+    `val_kwargs.n`; None when it is null (upstream's default: the whole validation set, whose size
+    a pure planner cannot know, so the memory model assumes at least one full chunk)."""
+    prompts = _get(config, "data.val_batch_size", None)
+    if prompts is None:
         return None
-    if asked is not AUTO and asked <= fits:
-        return asked
-    return max(1 << (fits.bit_length() - 1), min(batch, fits))
+    n = int(_get(config, "actor_rollout_ref.rollout.val_kwargs.n", 1))
+    return math.ceil(int(prompts) * n / world)
 
 
-def _fit(d: _Decider, model, workload, roles, rollout, rollout_asked, batches, dynamic, budgets, asked_ckpt,
-         asked_off, margin, plan_kwargs) -> Plan:
-    profile = d.profile
-    limit = profile.memory_gb
-    util_asked, micro_asked = rollout_asked["gpu_memory_utilization"], rollout_asked["micro_batch_size"]
-    per_seq = generation_bytes_per_sequence(model, roles["actor"], rollout, workload.prompt_length,
-                                            workload.response_length) / GiB
-
-    def build(offload, ckpt_on, b, budgets_now, util, chunk=None):
-        rs = _apply_batches(roles, b, dynamic, budgets_now)
-        for name in rs:
-            rs[name] = replace(rs[name], gradient_checkpointing=ckpt_on[name], param_offload=offload[name][0],
-                               optimizer_offload=offload[name][1])
-        ro = replace(rollout, gpu_memory_utilization=util, micro_batch_size=chunk)
-        est = estimate_memory(model, workload, rs["actor"], ro, rs.get("critic"), rs.get("ref"),
-                              device_memory_gb=limit, backend=profile.backend, fragmentation=margin)
-        return rs, ro, est
-
-    def hf_chunk(offload, ckpt_on, b, budgets_now, whole: bool) -> int | None:
-        """The built-in engine's chunk: as many sequences as the memory free while generating holds."""
-        est = build(offload, ckpt_on, b, budgets_now, 0.0, chunk=1)[2]
-        free = est.room_gb(limit) - est.rollout_resident_gb()
-        return _chunk_size(max(int(free // per_seq), 0), workload.rollout_batch_per_gpu, micro_asked, whole)
-
-    def vllm_util(offload, ckpt_on, b, budgets_now) -> tuple[float | None, str]:
-        """The vLLM share: user's if it fits, else what the other phases leave (None: too little)."""
-        est = build(offload, ckpt_on, b, budgets_now, 0.0)[2]
-        free = est.room_gb(limit) - est.rollout_resident_gb()
-        left = math.floor(100 * free / limit) / 100
-        need = _vllm_need_gb(model, workload, rollout.dtype) / limit
-        if util_asked is not AUTO:
-            u = float(util_asked)
-            if u <= left:
-                return u, "set by the user; fits next to the resident training state"
-            if left >= need:
-                return d.adapt("rollout.gpu_memory_utilization", "actor_rollout_ref.rollout.gpu_memory_utilization",
-                               u, min(left, 0.9), "that share does not fit next to the training state"), ""
-            return None, ""
-        if left < need:
-            return None, ""
-        return min(left, 0.9), "share of device memory left after the resident training state (memory model)"
-
-    ckpt_options = []
-    base_ckpt = {n: (asked_ckpt[n] if asked_ckpt[n] is not AUTO else False) for n in roles}
-    ckpt_options.append(base_ckpt)
-    if any(asked_ckpt[n] is AUTO for n in roles):
-        ckpt_options.append({n: (asked_ckpt[n] if asked_ckpt[n] is not AUTO else True) for n in roles})
-
-    def attempt(b: _Batch, budgets_now: dict, whole: bool):
-        for rung, offload in _ladder(asked_off, roles):
-            for ckpt_on in ckpt_options:
-                util, why, chunk = 0.0, "", None
-                if rollout.name == "vllm":
-                    util, why = vllm_util(offload, ckpt_on, b, budgets_now)
-                    if util is None:
-                        continue
-                else:
-                    chunk = hf_chunk(offload, ckpt_on, b, budgets_now, whole)
-                    if chunk is None:
-                        continue
-                rs, ro, est = build(offload, ckpt_on, b, budgets_now, util, chunk)
-                if rollout.name != "vllm":
-                    engine = sum(v for k, v in est.phases["rollout"].terms.items() if k.startswith("rollout."))
-                    util = round(min(engine / limit, 1.0), 3)
-                    why = "built-in engine allocates on demand; predicted share of its weights, KV cache and logits"
-                    ro = replace(ro, gpu_memory_utilization=util)
-                if est.required_gb <= limit:
-                    return rung, ckpt_on, rs, ro, est, why
-        return None
-
-    def search(whole: bool):
-        """Walk the ladder, halving micro-batches until a rung fits; None at the floor."""
-        b, bud, halvings = batches, dict(budgets), 0
-        while (found := attempt(b, bud, whole)) is None:
-            smaller = _halve(b, bud, dynamic, workload.seq_len)
-            if smaller is None:
-                return None, b, bud, halvings
-            b, bud = smaller
-            halvings += 1
-        return found, b, bud, halvings
-
-    # First keep each training rollout in one pass (offloading for it, as before chunking existed);
-    # the built-in engine may then settle for chunked training rollouts.
-    found, b, bud, halvings = search(whole=True)
-    if found is None and rollout.name == "hf":
-        found, b, bud, halvings = search(whole=False)
-    if found is None:
-        _raise_shortfall(d, model, workload, roles, rollout, b, bud, dynamic, asked_off, margin, limit)
-
-    rung, _, rs, ro, est, util_why = found
-    for name, rp in rs.items():
-        ck = asked_ckpt[name]
-        d.note(f"{name}.gradient_checkpointing", rp.gradient_checkpointing,
-               "set by the user" if ck is not AUTO else
-               ("activations do not fit without it" if rp.gradient_checkpointing else "activations fit without it"))
-        po, oo = asked_off[name]
-        d.note(f"{name}.param_offload", rp.param_offload,
-               "set by the user" if po is not AUTO else f"memory plan: {rung}")
-        d.note(f"{name}.optimizer_offload", rp.optimizer_offload,
-               "set by the user" if oo is not AUTO else
-               (f"memory plan: {rung}" if name != "ref" else "a frozen model has no optimizer"))
-        key = "max_token_len_per_gpu" if dynamic else "micro_batch_size_per_gpu"
-        d.note(f"{name}.{key}", getattr(rp, key),
-               f"halved {halvings}x to fit (mini-batch unchanged, so the update's math is unchanged)"
-               if halvings else "as configured")
-    if halvings:
-        for name, explicit in b.explicit.items():
-            if explicit:
-                d.warnings.append(f"{name} micro-batch reduced to fit {profile.name} ({halvings} halvings); "
-                                  f"gradient accumulation keeps the mini-batch and the math unchanged.")
-                break
-    d.note("rollout.gpu_memory_utilization", ro.gpu_memory_utilization, util_why)
-    if ro.name == "hf":
-        _note_chunk(d, ro.micro_batch_size, micro_asked, est, limit, per_seq, workload)
-    for name, rp in rs.items():
-        phases = [p for k, p in est.phases.items() if k.startswith(name) or (name == "critic" and k == "values")]
-        rs[name] = replace(rp, predicted_peak_gb=round(max(p.total_gb for p in phases), 3))
-    ro = replace(ro, predicted_peak_gb=round(est.phases["rollout"].total_gb, 3))
-    d.note("memory", round(est.predicted_peak_gb, 3),
-           f"peak {est.predicted_peak_gb:.2f} GiB in {est.peak_phase}; with context and {margin:.0%} margin "
-           f"{est.required_gb:.2f} of {limit:.1f} GiB ({rung})")
-    memory = est.to_dict()
-    memory["phases_total"] = {k: {"total_gb": round(p.total_gb, 3)} for k, p in est.phases.items()}
-    plan_kwargs.update(actor=rs["actor"], critic=rs.get("critic"), ref=rs.get("ref"), rollout=ro,
-                       predicted_peak_gb=round(est.predicted_peak_gb, 3))
-    return Plan(reasons=d.reasons, warnings=d.warnings, memory=memory, **plan_kwargs)
+HOST_MEMORY_ALREADY = "host memory already: on a CPU device weights and optimizer state live in host memory"
 
 
-def _note_chunk(d: _Decider, chunk: int, asked: Any, est, limit: float, per_seq: float, wl: Workload) -> None:
-    """Reason (or adaptation warning) for the built-in engine's chunk size."""
-    free = est.room_gb(limit) - est.rollout_resident_gb()
-    full = est.rollout_resident_gb() + chunk * per_seq
-    sizing = (f"{free:.2f} GiB free while generating / {per_seq * 1024:.1f} MiB per sequence of {wl.seq_len} "
-              f"tokens (KV cache, prefill transients, sampling); a full pass peaks at {full:.2f} GiB")
-    if asked is AUTO:
-        d.note("rollout.micro_batch_size", chunk, f"{chunk} sequences per pass: {sizing}")
-    elif asked == chunk:
-        d.note("rollout.micro_batch_size", chunk, f"set by the user; {sizing}")
-    else:
-        d.adapt("rollout.micro_batch_size", "actor_rollout_ref.rollout.micro_batch_size", asked, chunk,
-                f"{asked} sequences need {asked * per_seq:.2f} GiB while generating, {free:.2f} GiB are free")
-
-
-def _halve(b: _Batch, budgets: dict, dynamic: bool, seq_len: int):
-    """Next rung of the micro-batch ladder, or None when everything is already at its floor."""
-    if dynamic:
-        if all(v <= seq_len for v in budgets.values()):
-            return None
-        return b, {k: max(v // 2, seq_len) for k, v in budgets.items()}
-    sizes = [b.actor, b.actor_forward, b.critic, b.critic_forward, b.ref]
-    if all(s <= 1 for s in sizes):
-        return None
-    h = [max(s // 2, 1) for s in sizes]
-    return _Batch(*h, explicit=b.explicit), budgets
-
-
-def _raise_shortfall(d, model, workload, roles, rollout, b, bud, dynamic, asked_off, margin, limit) -> None:
-    """Nothing fits: say by how much, and the largest batch / length that would."""
-    offload = _ladder(asked_off, roles)[-1][1]
-    ck = {n: True for n in roles}
-
-    def required(wl: Workload) -> float:
-        rs = _apply_batches(roles, b, dynamic, bud)
-        for name in rs:
-            rs[name] = replace(rs[name], gradient_checkpointing=ck[name], param_offload=offload[name][0],
-                               optimizer_offload=offload[name][1])
-        ro = replace(rollout, gpu_memory_utilization=0.0, micro_batch_size=1)   # the engine can chunk to 1
-        if rollout.name == "vllm":
-            ro = replace(ro, gpu_memory_utilization=_vllm_need_gb(model, wl, rollout.dtype) / limit)
-        return estimate_memory(model, wl, rs["actor"], ro, rs.get("critic"), rs.get("ref"),
-                               device_memory_gb=limit, backend=d.profile.backend, fragmentation=margin)
-
-    est = required(workload)
-    need = est.required_gb
-    hint = ""
-    batch = workload.rollout_batch_per_gpu
-    while batch > 1:
-        batch //= 2
-        if required(replace(workload, rollout_batch_per_gpu=batch)).required_gb <= limit:
-            hint = f" The largest setting that fits: data.train_batch_size <= {batch * workload.world_size} per step."
-            break
-    if not hint:
-        resp = workload.response_length
-        while resp > 16:
-            resp //= 2
-            wl = replace(workload, rollout_batch_per_gpu=1, response_length=resp)
-            if required(wl).required_gb <= limit:
-                hint = (f" The largest setting that fits: data.train_batch_size=1 with "
-                        f"data.max_response_length <= {resp}.")
-                break
-    if not hint:
-        hint = f" Use a device with at least {math.ceil(need)} GiB, or a smaller model."
-    raise PlanError(
-        f"The run does not fit on {d.profile.name} ({limit:.1f} GiB): even with params and optimizer offloaded, "
-        f"gradient checkpointing and micro-batch 1 it needs {need:.2f} GiB (peak in {est.peak_phase}), "
-        f"{need - limit:.2f} GiB more than the device has.{hint}")
+def _offload_on_host(d: _Decider, roles_cfg: dict[str, _RoleConfig], asked_off: dict) -> None:
+    """On a CPU device there is nothing to offload to: both offloads are off (a user's `true` is
+    adapted with a warning), and the memory ladder keeps them off."""
+    for name, rc in roles_cfg.items():
+        for i, key in enumerate(("param_offload", "optimizer_offload")):
+            if asked_off[name][i] is True:
+                d.adapt(f"{name}.{key}", f"{rc.fsdp_prefix}.{key}", True, False, HOST_MEMORY_ALREADY)
+            else:
+                d.note(f"{name}.{key}", False, HOST_MEMORY_ALREADY)
+        asked_off[name] = (False, False)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from verl.compat.engines import engine_names
+
 
 @dataclass(frozen=True)
 class DeviceProfile:
@@ -28,6 +30,7 @@ class DeviceProfile:
     tensor_core_fp16: bool = False  # compute capability >= 7.0
     tf32: bool = False             # compute capability >= 8.0
     host_memory_gb: float = 0.0
+    host_cpu_count: int = 0        # CPU cores this process may use; 0 when unknown (catalog entries)
     simulated: bool = False        # True when this profile stands in for another device
     note: str = ""                 # why detection fell back (e.g. an MPS/XPU device planned as cpu)
 
@@ -52,9 +55,9 @@ class SoftwareInfo:
     vllm_version: str | None = None
     vllm_usable: bool = False
     triton_usable: bool = False
-    # The rollout engines this verl implements (verl.workers.rollout.ENGINES); vLLM may be usable on
-    # the device and still not be planned while its engine is missing here.
-    rollout_engines: tuple[str, ...] = ("hf",)
+    # The rollout engines this verl builds (verl.compat.engines); vLLM may be usable on the device
+    # and still not be planned while its engine is not listed there.
+    rollout_engines: tuple[str, ...] = field(default_factory=engine_names)
     notes: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:

@@ -43,7 +43,31 @@ def _task(config) -> None:
         _warn(validate(config))
     except ConfigError as error:
         _fail(error)
-    run_ppo(config)
+    import signal
+
+    from verl.trainer.ppo.task_runner import Interrupted, interruption_line, stop_on_sigterm
+    from verl.trainer.preflight import InputError
+
+    stop_on_sigterm()
+    try:
+        run_ppo(config)
+    except InputError as error:
+        print(f"verl: input error (found before starting Ray):\n{error}", file=sys.stderr)
+        raise SystemExit(CONFIG_ERROR_EXIT) from None
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM as Interrupted; Ray is already shut down
+        signum = Interrupted.signum if isinstance(stop, Interrupted) else signal.SIGINT
+        print(f"\nverl: {interruption_line(config, signum)}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum) from None
+
+
+def unique_run_dir(args: list[str]) -> list[str]:
+    """Hydra's default output folder (outputs/<date>/<time>) plus this process's id, unless the user
+    chose one: runs started in the same second get their own folders instead of sharing one."""
+    import os
+
+    if any(a.lstrip("+").startswith("hydra.run.dir=") for a in args):
+        return args
+    return [*args, f"hydra.run.dir=outputs/${{now:%Y-%m-%d}}/${{now:%H-%M-%S}}-{os.getpid()}"]
 
 
 def main() -> None:
@@ -53,7 +77,7 @@ def main() -> None:
     except ConfigError as error:
         _fail(error)
     _warn(warnings)
-    sys.argv[1:] = args
+    sys.argv[1:] = unique_run_dir(args)
 
     import hydra
 

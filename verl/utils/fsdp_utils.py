@@ -41,15 +41,6 @@ def init_distributed(backend: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> tupl
     return dist.get_rank(), dist.get_world_size()
 
 
-def offload_applies(requested: bool, device_type: str) -> bool:
-    """Whether a param/optimizer offload request does anything on `device_type`.
-
-    Offload moves tensors out of accelerator memory into host memory between uses. On a CPU device they
-    already live in host memory, so there the request is a no-op (the worker logs so), not a host-to-host copy.
-    """
-    return bool(requested) and device_type != "cpu"
-
-
 def _layer_classes(model: torch.nn.Module) -> set[str]:
     """Class names of the repeated blocks (transformers lists them as `_no_split_modules`)."""
     names = set(getattr(model, "_no_split_modules", None) or [])
@@ -64,6 +55,7 @@ def shard_model(
     param_dtype: torch.dtype,
     compute_dtype: torch.dtype,
     cast_params_for_compute: bool,
+    reduce_dtype: torch.dtype,
     param_offload: bool,
     device_type: str,
     mesh=None,
@@ -71,23 +63,24 @@ def shard_model(
 ) -> torch.nn.Module:
     """Shard `model` with FSDP2: one unit per transformer layer plus the root (embeddings, head).
 
-    With `cast_params_for_compute`, parameters are all-gathered in `compute_dtype` (gradients are
-    reduced in float32); otherwise they stay in `param_dtype` and autocast does the down-casting, which
-    the fp16 numerics guard can switch off at run time. `param_offload` keeps shards in host memory
-    (FSDP2's CPUOffloadPolicy) where `offload_applies`.
+    All three choices are the role plan's (verl.compat): with `cast_params_for_compute`, parameters
+    are all-gathered in `compute_dtype`, otherwise in `param_dtype` (autocast then down-casts, which
+    the fp16 numerics guard can switch off at run time); gradients are reduce-scattered in
+    `reduce_dtype`; `param_offload` keeps shards in host memory (FSDP2's CPUOffloadPolicy).
     """
     kwargs = {"reshard_after_forward": reshard_after_forward}
     if mesh is not None:
         kwargs["mesh"] = mesh
-    if cast_params_for_compute and compute_dtype != param_dtype:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-    offload = offload_applies(param_offload, device_type)
-    if offload:
+    gather_dtype = compute_dtype if cast_params_for_compute else param_dtype
+    if gather_dtype != param_dtype or reduce_dtype != gather_dtype:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=gather_dtype if gather_dtype != param_dtype else None,
+                                                   reduce_dtype=reduce_dtype)
+    if param_offload:
         # FSDP2's own policy: shards and their gradients stay in host memory, each forward/backward
         # all-gathers onto the mesh's device, and the optimizer step runs on the host shards. Pinned
         # host memory (faster, asynchronous copies) needs an accelerator runtime to allocate it.
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.accelerator.is_available())
-    if device_type != "cpu" and not offload:
+    if device_type != "cpu" and not param_offload:
         model.to(torch.device(device_type, torch.get_device_module(device_type).current_device()))
     layer_names = _layer_classes(model)
     for module in model.modules():

@@ -5,7 +5,8 @@ and the end-to-end tests), `tensorboard` and `wandb` (when those packages are in
 
 The file logger follows upstream's layout so existing tooling keeps working: the path is
 `$VERL_FILE_LOGGER_PATH`, or else `$VERL_FILE_LOGGER_ROOT` (default ".") / project / experiment.jsonl,
-and every line is `{"step": <int>, "data": {<metric>: <value>, ...}}`.
+and every line is `{"step": <int>, "data": {<metric>: <value>, ...}}`, one line per step, kept across
+resumes (the file is appended to, never started over).
 """
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ class ConsoleLogger:
 
 
 class FileLogger:
+    """Appends one JSON line per step. A resumed run keeps the history: `continue_from(step)` drops the
+    records of steps after the checkpoint (they are trained again), and a step logged twice (the
+    validation before a resumed run, at the checkpoint's step) is merged into its one record."""
+
     def __init__(self, project_name: str, experiment_name: str):
         path = os.environ.get("VERL_FILE_LOGGER_PATH")
         if path is None:
@@ -48,8 +53,43 @@ class FileLogger:
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
         self.path = path
-        print(f"File logger writes to {os.path.abspath(path)}", flush=True)
-        self._fp = open(path, "w", buffering=1)  # noqa: SIM115 - open for the whole run; line-buffered
+        records = self._read()
+        self._steps = {record["step"] for record in records}
+        print(f"File logger appends to {os.path.abspath(path)}"
+              + (f" ({len(records)} earlier records kept)" if records else ""), flush=True)
+        self._fp = None
+        self._rewrite(records)  # also drops a line a crash left half-written
+
+    def _read(self) -> list[dict]:
+        if not os.path.exists(self.path):
+            return []
+        records = []
+        with open(self.path) as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(record, dict) and isinstance(record.get("step"), int):
+                    records.append(record)
+        return records
+
+    def _rewrite(self, records: list[dict]) -> None:
+        """Replace the file with `records` (atomically) and reopen it for appending."""
+        if self._fp is not None:
+            self._fp.close()
+        tmp = self.path + ".partial"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(record) + "\n" for record in records)
+        os.replace(tmp, self.path)
+        self._fp = open(self.path, "a", buffering=1)  # noqa: SIM115 - open for the whole run; line-buffered
+
+    def continue_from(self, step: int) -> None:
+        """Forget the records of steps after `step`: a run resumed at `step` logs them again."""
+        if any(s > step for s in self._steps):
+            records = [r for r in self._read() if r["step"] <= step]
+            self._steps = {r["step"] for r in records}
+            self._rewrite(records)
 
     def log(self, data: dict, step: int) -> None:
         clean = {}
@@ -59,6 +99,14 @@ class FileLogger:
                 value = str(value)  # "nan" / "inf": JSON has no literal for them
             if isinstance(value, (Number, str, bool)) or value is None:
                 clean[key] = value
+        if step in self._steps:  # rare (once per resume): merge into the step's one record
+            records = self._read()
+            for record in records:
+                if record["step"] == step:
+                    record["data"].update(clean)
+            self._rewrite(records)
+            return
+        self._steps.add(step)
         self._fp.write(json.dumps({"step": step, "data": clean}) + "\n")
 
     def finish(self) -> None:
@@ -138,6 +186,12 @@ class Tracking:
         for name, logger in self.logger.items():
             if backend is None or name in backend:
                 logger.log(data=data, step=step)
+
+    def continue_from(self, step: int) -> None:
+        """A run resumed at `step`: backends that keep a history (the file) drop what comes after it."""
+        for logger in self.logger.values():
+            if hasattr(logger, "continue_from"):
+                logger.continue_from(step)
 
     def finish(self) -> None:
         """Flush and close every backend once (safe to call again)."""

@@ -108,67 +108,61 @@ def _build_optimizer(module: torch.nn.Module, optim_cfg):
 
 
 class _PlannedModel:
-    """One model of a worker with everything the plan decided about it.
+    """One model of a worker, set up exactly as its role plan says: param and compute dtypes, FSDP
+    casting on gather and reduce dtype, grad scaler, offload, and whether the numerics guard runs.
 
-    The fp16 numerics guard needs to fall back to float32 after the model is sharded, so float16
-    compute is applied by autocast (switchable) rather than baked into FSDP's mixed-precision policy.
-    The same holds when the model also generates in a `rollout_dtype` other than its compute dtype:
-    weights gathered in the compute dtype would fix the rollout's dtype too (autocast cannot raise
-    precision), so they are gathered in the parameter dtype and autocast picks each phase's dtype.
+    Nothing here is decided: a role plan re-issued at run time (the guard failed, see
+    `verl.compat.precision`) is put in force with `apply`.
     """
 
-    def __init__(self, name: str, role_plan, device_type: str, numerics_guard: bool,
-                 rollout_dtype: torch.dtype | None = None):
+    def __init__(self, name: str, role_plan, device_type: str):
         if role_plan.use_remove_padding and role_plan.attn_implementation in ("sdpa", "eager"):
             logger.warning("%s: packed sequences with %s attention use a dense block-diagonal mask over the whole "
                            "packed row: correct, but attention costs more than in the padded batch",
                            name, role_plan.attn_implementation)
         self.name = name
-        self.role_plan = role_plan
         self.device_type = device_type
         self.param_dtype = torch_dtype(role_plan.param_dtype)
+        self.optimizer_offload = role_plan.optimizer_offload
+        self.guard_pending = role_plan.numerics_guard
+        self.precision = Precision(device_type)
+        self.apply(role_plan)
+
+    def apply(self, role_plan) -> None:
+        """Compute in the role plan's dtype (autocast for any half dtype) with its grad scaler, if any."""
+        self.role_plan = role_plan
+        self.guard_pending = self.guard_pending and role_plan.numerics_guard
         self.compute_dtype = torch_dtype(role_plan.compute_dtype)
-        self.guard_pending = numerics_guard and self.compute_dtype == torch.float16
-        self.cast_on_gather = not self.guard_pending and rollout_dtype in (None, self.compute_dtype)
-        self.note: str | None = None
-        self.optimizer_offload = fsdp_utils.offload_applies(role_plan.optimizer_offload, device_type)
-        asked = [k for k in ("param_offload", "optimizer_offload") if getattr(role_plan, k)]
-        if asked and device_type == "cpu":
-            logger.info("%s: %s on a cpu device is a no-op: weights and optimizer state already live in host "
-                        "memory", name, " and ".join(asked))
-        scaler = None
-        if role_plan.grad_scaler and self.compute_dtype == torch.float16:
-            scaler = torch.amp.GradScaler(device_type)
-        autocast = self.compute_dtype if self.compute_dtype != self.param_dtype else None
-        self.precision = Precision(device_type, autocast, scaler)
+        self.precision.autocast_dtype = None if self.compute_dtype == torch.float32 else self.compute_dtype
+        if not role_plan.grad_scaler:
+            self.precision.scaler = None
+        elif self.precision.scaler is None:
+            self.precision.scaler = torch.amp.GradScaler(self.device_type)
 
     def shard(self, module: torch.nn.Module) -> torch.nn.Module:
+        plan = self.role_plan
         return fsdp_utils.shard_model(
             module,
             param_dtype=self.param_dtype,
             compute_dtype=self.compute_dtype,
-            cast_params_for_compute=self.cast_on_gather,
-            param_offload=self.role_plan.param_offload,
+            cast_params_for_compute=plan.cast_on_gather,
+            reduce_dtype=torch_dtype(plan.reduce_dtype),
+            param_offload=plan.param_offload,
             device_type=self.device_type,
         )
 
-    def check_numerics(self, module: torch.nn.Module, batch: dict) -> None:
-        """On the first real batch, compare float16 with float32 on a few of its rows (that batch
-        may be the whole validation set); fall back to float32 if it fails."""
+    def check_numerics(self, module: torch.nn.Module, batch: dict) -> str | None:
+        """On the first real batch, compare the compute dtype with float32 on a few of its rows (that
+        batch may be the whole validation set); the reason when it fails (None otherwise). Every
+        data-parallel rank gets the same verdict and reason."""
         if not self.guard_pending:
-            return
+            return None
         self.guard_pending = False
         from verl.compat import numerics
 
         sample = _same_row_count_on_every_rank(numerics.guard_sample(batch, numerics.GUARD_ROWS))
-        ok, reason = _agreed_verdict(*numerics.check_half_precision(module, sample, self.compute_dtype),
-                                     sample["input_ids"].device)
-        if not ok:
-            self.note = f"{self.name}: float16 compute failed the numerics check ({reason}); switched to float32"
-            logger.warning(self.note)
-            self.compute_dtype = torch.float32
-            self.precision.autocast_dtype = None if self.param_dtype == torch.float32 else torch.float32
-            self.precision.scaler = None
+        ok, reason = _agreed_verdict(*numerics.check_half_precision(module, sample, self.compute_dtype))
+        return None if ok else reason
 
 
 def _ranks() -> int:
@@ -189,15 +183,38 @@ def _same_row_count_on_every_rank(sample: dict) -> dict:
     return {k: v[index] for k, v in sample.items()}
 
 
-def _agreed_verdict(ok: bool, reason: str, device: torch.device) -> tuple[bool, str]:
-    """One precision for the whole data-parallel group: if any rank's sample fails, all fall back."""
+def _agreed_verdict(ok: bool, reason: str) -> tuple[bool, str]:
+    """One precision for the whole data-parallel group: if any rank's sample fails, all fall back,
+    with the first failing rank's reason (so every rank re-issues the same plan)."""
     if _ranks() == 1:
         return ok, reason
-    all_ok = torch.tensor([int(ok)], dtype=torch.int64, device=device)
-    dist.all_reduce(all_ok, op=dist.ReduceOp.MIN)
-    if ok and not int(all_ok):
-        return False, "another data-parallel rank's sample failed the check"
-    return ok, reason
+    verdicts: list = [None] * _ranks()
+    dist.all_gather_object(verdicts, (ok, reason))
+    failed = [(rank, why) for rank, (passed, why) in enumerate(verdicts) if not passed]
+    if not failed:
+        return ok, reason
+    rank, why = failed[0]
+    return False, f"rank {rank}'s sample: {why}"
+
+
+def _reissue(plan, role: str, reason: str, updates: list[dict]):
+    """The plan after `role`'s guard failed (decided by verl.compat.precision), logged and kept for
+    the outputs' meta_info, where the trainer re-issues its own copy from `role` and `reason`."""
+    from verl.compat.precision import describe, guard_fallback
+
+    plan, changes = guard_fallback(plan, role, reason)
+    line = describe(changes, reason)
+    logger.warning(line)
+    updates.append({"role": role, "reason": reason, "line": line})
+    return plan
+
+
+def _with_plan_updates(meta: dict, updates: list[dict]) -> dict:
+    """Every output carries the plan updates so far (the trainer applies each once)."""
+    if updates:
+        meta["compat_plan_updates"] = [dict(u) for u in updates]
+        meta["compat_notes"] = [u["line"] for u in updates]
+    return meta
 
 
 def _checkpoint_manager(planned: _PlannedModel, module, optimizer, scheduler, tokenizer, checkpoint_config):
@@ -225,7 +242,7 @@ class ActorRolloutRefWorker(Worker):
     is loaded, as upstream does.
     """
 
-    def __init__(self, config, role: str, plan=None, numerics_guard: bool = True):
+    def __init__(self, config, role: str, plan=None):
         super().__init__()
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
@@ -239,7 +256,8 @@ class ActorRolloutRefWorker(Worker):
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref")
-        self._numerics_guard = numerics_guard
+        self._actor_model = self._ref_model = None
+        self._plan_updates: list[dict] = []
         _, self.dp_size = fsdp_utils.init_distributed(plan.dist_backend)
         self.config = _copy_config(config)
         self._normalize_batch_sizes()
@@ -285,9 +303,7 @@ class ActorRolloutRefWorker(Worker):
         self.actor = self.rollout = self.ref_policy = None
         self.actor_optimizer = self.actor_lr_scheduler = None
         if self._is_actor or self._is_rollout:
-            rollout_dtype = torch_dtype(self.plan.rollout.dtype) if self._is_rollout else None
-            self._actor_model = _PlannedModel("actor", self.plan.actor, self.plan.device_type, self._numerics_guard,
-                                              rollout_dtype)
+            self._actor_model = _PlannedModel("actor", self.plan.actor, self.plan.device_type)
             self.actor_module = self._load(self._actor_model, train=self._is_actor)
             if self._is_actor:
                 self.actor_optimizer, self.actor_lr_scheduler = _build_optimizer(self.actor_module, self.config.actor.optim)
@@ -302,9 +318,11 @@ class ActorRolloutRefWorker(Worker):
                                                               self.tokenizer, self.config.actor.get("checkpoint"))
         if self._is_rollout:
             self.rollout = self._build_rollout()
+            if self._is_actor and hasattr(self.rollout, "get_rng_state"):
+                # an engine with its own sampling stream: checkpoint it, so a resumed run samples alike
+                self.checkpoint_manager.sampling_streams["rollout"] = self.rollout
         if self._is_ref:
-            self._ref_model = _PlannedModel("ref", self.plan.ref or self.plan.actor, self.plan.device_type,
-                                            self._numerics_guard)
+            self._ref_model = _PlannedModel("ref", self.plan.ref or self.plan.actor, self.plan.device_type)
             self.ref_module = self._load(self._ref_model, train=False)
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module, precision=self._ref_model.precision,
                                                    use_remove_padding=self._ref_model.role_plan.use_remove_padding,
@@ -324,11 +342,17 @@ class ActorRolloutRefWorker(Worker):
         metrics["perf/predicted_peak_gb"] = self.plan.predicted_peak_gb
         return metrics
 
-    def _meta_with_notes(self, meta: dict, *models: _PlannedModel) -> dict:
-        notes = [m.note for m in models if m is not None and m.note]
-        if notes:
-            meta["compat_notes"] = notes
-        return meta
+    def _guard(self, planned: _PlannedModel, module, data: DataProto) -> None:
+        """Run `planned`'s numerics guard if pending; when it fails, re-issue the plan and apply it."""
+        reason = planned.check_numerics(module, _model_inputs(data))
+        if reason is not None:
+            self.plan = _reissue(self.plan, planned.name, reason, self._plan_updates)
+            if self._actor_model is not None:
+                self._actor_model.apply(self.plan.actor)
+            if self._ref_model is not None:
+                self._ref_model.apply(self.plan.ref or self.plan.actor)
+            if self.rollout is not None:
+                self.rollout.dtype = torch_dtype(self.plan.rollout.dtype)
 
     # ------------------------------------------------------------------ methods
 
@@ -340,10 +364,7 @@ class ActorRolloutRefWorker(Worker):
         prompts = prompts.to(self.device)
         prompts.meta_info.setdefault("eos_token_id", self.tokenizer.eos_token_id)
         prompts.meta_info.setdefault("pad_token_id", self.tokenizer.pad_token_id)
-        self._actor_model.check_numerics(self.actor_module, _model_inputs(prompts))
-        if self._actor_model.note is not None and self.rollout.dtype == torch.float16:
-            # The guard fell back (only it sets a note): float16 overflows this model in rollout too.
-            self.rollout.dtype = torch.float32
+        self._guard(self._actor_model, self.actor_module, prompts)
         # No autocast here: the engine alone runs in the plan's rollout dtype (it also sets eval mode).
         with torch.no_grad(), fsdp_utils.full_params(self.actor_module):
             output = self.rollout.generate_sequences(prompts)
@@ -351,7 +372,7 @@ class ActorRolloutRefWorker(Worker):
         metrics = output.meta_info.get("metrics") or {}
         metrics.update(self._perf_metrics())
         output.meta_info["metrics"] = metrics
-        self._meta_with_notes(output.meta_info, self._actor_model)
+        _with_plan_updates(output.meta_info, self._plan_updates)
         return output
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -365,10 +386,10 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info["max_token_len"] = rollout_cfg.log_prob_max_token_len_per_gpu
         data.meta_info["use_dynamic_bsz"] = bool(rollout_cfg.get("log_prob_use_dynamic_bsz", False))
         data.meta_info["temperature"] = float(rollout_cfg.get("temperature", 1.0))
-        self._actor_model.check_numerics(self.actor_module, _model_inputs(data))
+        self._guard(self._actor_model, self.actor_module, data)
         log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
         meta = {"temperature": data.meta_info["temperature"], "metrics": self._perf_metrics()}
-        return _output(self._meta_with_notes(meta, self._actor_model),
+        return _output(_with_plan_updates(meta, self._plan_updates),
                        old_log_probs=log_probs.cpu(), entropys=entropys.cpu())
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -382,9 +403,9 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info["max_token_len"] = ref_cfg.log_prob_max_token_len_per_gpu
         data.meta_info["use_dynamic_bsz"] = bool(ref_cfg.get("log_prob_use_dynamic_bsz", False))
         data.meta_info["temperature"] = float(self.config.rollout.get("temperature", 1.0))
-        self._ref_model.check_numerics(self.ref_module, _model_inputs(data))
+        self._guard(self._ref_model, self.ref_module, data)
         log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
-        meta = self._meta_with_notes({"metrics": self._perf_metrics()}, self._ref_model)
+        meta = _with_plan_updates({"metrics": self._perf_metrics()}, self._plan_updates)
         return _output(meta, ref_log_prob=log_probs.cpu())
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -394,13 +415,13 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError(f"role {self.role!r} is not an actor")
         data = data.to(self.device)
         data.meta_info.setdefault("temperature", float(self.config.rollout.get("temperature", 1.0)))
-        self._actor_model.check_numerics(self.actor_module, _model_inputs(data))
+        self._guard(self._actor_model, self.actor_module, data)
         with fsdp_utils.optimizer_state_on(self.actor_optimizer, self.device, self._actor_model.optimizer_offload):
             metrics = self.actor.update_policy(data)
         metrics["actor/lr"] = self.actor_lr_scheduler.get_last_lr()[0]
         self.actor_lr_scheduler.step()
         metrics.update(self._perf_metrics())
-        return _output(self._meta_with_notes({"metrics": metrics}, self._actor_model))
+        return _output(_with_plan_updates({"metrics": metrics}, self._plan_updates))
 
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -426,7 +447,7 @@ class ActorRolloutRefWorker(Worker):
 class CriticWorker(Worker):
     """The value function (a one-label token classifier); `config` is the `critic` config."""
 
-    def __init__(self, config, plan=None, numerics_guard: bool = True):
+    def __init__(self, config, plan=None):
         super().__init__()
         if plan is None:
             raise ValueError("CriticWorker needs the compat plan: pass plan=verl.compat.build_plan(config)")
@@ -436,7 +457,7 @@ class CriticWorker(Worker):
 
         self.device = apply_in_process(plan, self.device_index)
         self.plan = plan
-        self._numerics_guard = numerics_guard
+        self._plan_updates: list[dict] = []
         _, self.dp_size = fsdp_utils.init_distributed(plan.dist_backend)
         self.config = _copy_config(config)
         c, p, dp = self.config, plan.critic, self.dp_size
@@ -452,7 +473,7 @@ class CriticWorker(Worker):
         model_cfg = self.config.model
         trust = bool(model_cfg.get("trust_remote_code", False))
         self.tokenizer = load_tokenizer(model_cfg.get("tokenizer_path") or model_cfg.path, trust)
-        self._critic_model = _PlannedModel("critic", self.plan.critic, self.plan.device_type, self._numerics_guard)
+        self._critic_model = _PlannedModel("critic", self.plan.critic, self.plan.device_type)
         module = build_model(model_cfg.path, self.plan.critic, value_head=True, trust_remote_code=trust,
                              override_config=model_cfg.get("override_config") or {}, train=True)
         self.critic_module = self._critic_model.shard(module)
@@ -467,24 +488,27 @@ class CriticWorker(Worker):
     def _meta(self, metrics: dict) -> dict:
         metrics.update(fsdp_utils.memory_metrics(self.plan.device_type))
         metrics["perf/predicted_peak_gb"] = self.plan.predicted_peak_gb
-        meta = {"metrics": metrics}
-        if self._critic_model.note:
-            meta["compat_notes"] = [self._critic_model.note]
-        return meta
+        return _with_plan_updates({"metrics": metrics}, self._plan_updates)
+
+    def _guard(self, data: DataProto) -> None:
+        reason = self._critic_model.check_numerics(self.critic_module, _model_inputs(data))
+        if reason is not None:
+            self.plan = _reissue(self.plan, "critic", reason, self._plan_updates)
+            self._critic_model.apply(self.plan.critic)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
         data = data.to(self.device)
         data.meta_info["micro_batch_size"] = self.config.forward_micro_batch_size_per_gpu
         data.meta_info["max_token_len"] = self.config.forward_max_token_len_per_gpu
-        self._critic_model.check_numerics(self.critic_module, _model_inputs(data))
+        self._guard(data)
         values = self.critic.compute_values(data)
         return _output(self._meta({}), values=values.cpu())
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         data = data.to(self.device)
-        self._critic_model.check_numerics(self.critic_module, _model_inputs(data))
+        self._guard(data)
         with fsdp_utils.optimizer_state_on(self.critic_optimizer, self.device, self._critic_model.optimizer_offload):
             metrics = self.critic.update_critic(data)
         metrics["critic/lr"] = self.critic_lr_scheduler.get_last_lr()[0]

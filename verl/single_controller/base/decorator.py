@@ -9,22 +9,19 @@ custom pair. `Execute` says whether every worker or only rank 0 runs the method.
 from __future__ import annotations
 
 import functools
-import os
 from enum import Enum
 from types import FunctionType
 
-from verl.protocol import DataProto, DataProtoFuture, _padding_size_key, pad_dataproto_to_divisor
+from verl.protocol import (  # noqa: F401  (the timeout is re-exported: the worker groups read it here)
+    DataProto,
+    DataProtoFuture,
+    _padding_size_key,
+    pad_dataproto_to_divisor,
+    ray_get_timeout,
+)
 
 # attribute `register` sets on the function; the worker group looks for it
 MAGIC_ATTR = "_verl_register_attrs"
-
-DEFAULT_RAY_GET_TIMEOUT_S = 3600.0
-
-
-def ray_get_timeout() -> float:
-    """Seconds the driver waits for a worker-group call (env VERL_RAY_GET_TIMEOUT, default one hour)."""
-    return float(os.environ.get("VERL_RAY_GET_TIMEOUT", DEFAULT_RAY_GET_TIMEOUT_S))
-
 
 class Dispatch(Enum):
     """How a call's arguments reach the workers and how their outputs come back."""

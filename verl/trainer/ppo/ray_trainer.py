@@ -46,10 +46,15 @@ from verl.utils.checkpoint.checkpoint_manager import (
     step_of,
     write_tracker,
 )
+from verl.utils.checkpoint.plain_state import host_rng_state, load_plain, set_host_rng_state
 from verl.utils.dataset.resumable_sampler import ResumableSampler
 from verl.utils.timer import marked_timer
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking
+
+
+# Validation rows per worker and generate call when no engine chunk is planned (vLLM schedules its own).
+VALIDATION_ROWS_PER_WORKER = 256
 
 
 class TrainingDivergedError(RuntimeError):
@@ -129,18 +134,10 @@ def balanced_partitions(lengths: list[int], k: int) -> list[list[int]]:
     return [sorted(p) for p in parts]
 
 
-_printed_notes: set[str] = set()
-
-
 def _pop_metrics(output: DataProto) -> dict[str, float]:
-    """Take the workers' metrics (and compat notes, printed once) out of an output's meta_info, so
-    merging it into the batch sees no conflicting keys."""
-    notes = output.meta_info.pop("compat_notes", None) or []
-    for note in (notes if isinstance(notes, (list, tuple)) else [notes]):
-        for line in (note if isinstance(note, (list, tuple)) else [note]):
-            if line not in _printed_notes:
-                _printed_notes.add(line)
-                print(f"verl.compat (worker): {line}", flush=True)
+    """Take the workers' metrics out of an output's meta_info, so merging it into the batch sees no
+    conflicting keys (plan updates are taken by `RayPPOTrainer._pop_metrics` first)."""
+    output.meta_info.pop("compat_notes", None)
     return reduce_metrics(output.meta_info.pop("metrics", {}) or {})
 
 
@@ -179,6 +176,7 @@ class RayPPOTrainer:
         self.resource_pool_manager = resource_pool_manager
         self.ray_worker_group_cls = ray_worker_group_cls
         self.plan = plan
+        self._plan_lines: set[str] = set()
         self.device_name = device_name or (plan.device_type if plan is not None else config.trainer.get("device"))
 
         if not config.actor_rollout_ref.hybrid_engine:
@@ -239,12 +237,20 @@ class RayPPOTrainer:
         if len(self.val_dataloader) == 0:
             raise ValueError("The validation set (data.val_files) is empty.")
 
-        total_steps = len(self.train_dataloader) * self.config.trainer.total_epochs
-        if self.config.trainer.get("total_training_steps") is not None:
-            total_steps = self.config.trainer.total_training_steps
+        per_epoch, epochs = len(self.train_dataloader), self.config.trainer.total_epochs
+        total_steps = per_epoch * epochs
+        requested = self.config.trainer.get("total_training_steps")
+        if requested is not None and requested > total_steps:
+            # the loop ends with the data: the last step (save, validation) is the last batch of the last epoch
+            print(f"WARNING: trainer.total_training_steps={requested} is more than the data holds: "
+                  f"{epochs} epoch(s) x {per_epoch} batches = {total_steps} steps, so training runs {total_steps} "
+                  f"steps and saves/validates at step {total_steps}. Raise trainer.total_epochs to train longer.",
+                  flush=True)
+        elif requested is not None:
+            total_steps = requested
         self.total_training_steps = total_steps
-        print(f"Train dataloader: {len(self.train_dataloader)} batches/epoch, "
-              f"val dataloader: {len(self.val_dataloader)}; total training steps: {total_steps}", flush=True)
+        print(f"Train dataloader: {per_epoch} batches/epoch, val dataloader: {len(self.val_dataloader)}; "
+              f"training will run {total_steps} steps", flush=True)
 
         # LR schedules (warmup ratio, cosine decay) are sized by the real number of steps, as upstream.
         with open_dict(self.config):
@@ -290,9 +296,26 @@ class RayPPOTrainer:
         pool = self.resource_pool_manager.get_resource_pool(group)
         if self.plan is not None:
             init_kwargs["plan"] = self.plan
-        # compat.numerics_guard=false lets workers skip the fp16 weight-range check (verl.compat.numerics).
-        init_kwargs["numerics_guard"] = bool(OmegaConf.select(self.config, "compat.numerics_guard", default=True))
         pool_to_classes[pool][str(group)] = RayClassWithInitArgs(cls=self.role_worker_mapping[group], **init_kwargs)
+
+    def _pop_metrics(self, output: DataProto) -> dict[str, float]:
+        """The workers' metrics; first, the plan is re-issued for each numerics-guard fallback they
+        report, so the plan this trainer holds (and logs) is the one the workers run."""
+        for update in output.meta_info.pop("compat_plan_updates", None) or []:
+            self._reissue_plan(update)
+        return _pop_metrics(output)
+
+    def _reissue_plan(self, update: dict) -> None:
+        if self.plan is None:
+            if update["line"] not in self._plan_lines:
+                self._plan_lines.add(update["line"])
+                print(f"verl.compat (worker): {update['line']}", flush=True)
+            return
+        from verl.compat.precision import describe, guard_fallback
+
+        self.plan, changes = guard_fallback(self.plan, update["role"], update["reason"])
+        if changes:   # empty when this update was applied already
+            print(f"verl.compat: {describe(changes, update['reason'])}", flush=True)
 
     # ------------------------------------------------------------------ the loop
 
@@ -306,11 +329,13 @@ class RayPPOTrainer:
         )
         self.global_steps = 0
         start_epoch, batches_done = self._load_checkpoint()
+        logger.continue_from(self.global_steps)  # the steps after the checkpoint are logged again
         if self.global_steps >= self.total_training_steps:
             print(f"The checkpoint is at step {self.global_steps} of {self.total_training_steps}: nothing left to "
                   "train (raise trainer.total_training_steps or total_epochs to continue).", flush=True)
             logger.finish()
             return
+        progress_bar = None
         try:
             if config.trainer.get("val_before_train", True):
                 val_metrics = self._validate()
@@ -348,11 +373,11 @@ class RayPPOTrainer:
                     progress_bar.update(1)
                     self.global_steps += 1
                     if is_last_step:
-                        progress_bar.close()
                         return
                 first_batch = 1
-            progress_bar.close()  # total_training_steps was more than the epochs hold
         finally:
+            if progress_bar is not None:  # also on Ctrl-C: the bar's last line comes before the exit message
+                progress_bar.close()
             logger.finish()
 
     # ------------------------------------------------------------------ checkpoints
@@ -380,7 +405,9 @@ class RayPPOTrainer:
             self.critic_wg.save_checkpoint(os.path.join(folder, str(Role.Critic)), None, self.global_steps,
                                            max_ckpt_to_keep=keep["critic"])
         data_path = os.path.join(folder, "data.pt")
-        torch.save(self.train_sampler.state_dict(epoch, batches_done), data_path + ".partial")
+        # the driver's own generators too (e.g. a shuffled validation loader draws from them)
+        data_state = {**self.train_sampler.state_dict(epoch, batches_done), "driver_rng": host_rng_state()}
+        torch.save(data_state, data_path + ".partial")
         os.replace(data_path + ".partial", data_path)
         write_tracker(root, self.global_steps)
         for component, count in keep.items():  # the previous tracked step is no longer protected
@@ -394,8 +421,9 @@ class RayPPOTrainer:
         mode = trainer.get("resume_mode", "auto")
         if mode == "disable":
             return 0, 0
+        parts = [("actor", self.actor_rollout_wg)] + ([(str(Role.Critic), self.critic_wg)] if self.use_critic else [])
         if mode == "auto":
-            folder = find_latest_ckpt_path(self._checkpoint_root())
+            folder = find_latest_ckpt_path(self._checkpoint_root(), components=[name for name, _ in parts])
             if folder is None:
                 print(f"No checkpoint under {self._checkpoint_root()}: training from scratch", flush=True)
                 return 0, 0
@@ -406,24 +434,25 @@ class RayPPOTrainer:
         else:
             raise ValueError(f"trainer.resume_mode must be auto, disable or resume_path, got {mode!r}")
         step = step_of(folder)
-        parts = [("actor", self.actor_rollout_wg)] + ([(str(Role.Critic), self.critic_wg)] if self.use_critic else [])
         for name, _ in parts:
             if not os.path.isdir(os.path.join(folder, name)):
                 raise FileNotFoundError(f"{folder} has no complete {name}/ checkpoint; point "
                                         "trainer.resume_from_path at another global_step_<N> folder")
-        print(f"Resuming from {folder} (step {step})", flush=True)
-        for name, group in parts:
-            group.load_checkpoint(os.path.join(folder, name),
-                                  del_local_after_load=bool(trainer.get("del_local_ckpt_after_load", False)))
-        self.global_steps = step
         data_path = os.path.join(folder, "data.pt")
         if os.path.exists(data_path):
-            state = torch.load(data_path, weights_only=False)
+            state = load_plain(data_path)  # first: a refused file stops the resume before any weights load
         else:
             per_epoch = len(self.train_dataloader)
             state = {"epoch": step // per_epoch, "batches_done": step % per_epoch}
             print(f"{data_path} is missing: continuing at epoch {state['epoch']}, batch {state['batches_done'] + 1}, "
                   "without the sampler's random state", flush=True)
+        print(f"Resuming from {folder} (step {step})", flush=True)
+        for name, group in parts:
+            group.load_checkpoint(os.path.join(folder, name),
+                                  del_local_after_load=bool(trainer.get("del_local_ckpt_after_load", False)))
+        self.global_steps = step
+        if state.get("driver_rng") is not None:
+            set_host_rng_state(state["driver_rng"])
         self.train_sampler.load_state_dict(state)
         return int(state["epoch"]), int(state["batches_done"])
 
@@ -443,7 +472,7 @@ class RayPPOTrainer:
         # 1. generate
         with marked_timer("gen", timing_raw):
             gen_output = self.actor_rollout_wg.generate_sequences(gen_batch)
-            metrics.update(_pop_metrics(gen_output))
+            metrics.update(self._pop_metrics(gen_output))
             gen_output.meta_info.pop("timing", None)
         batch = batch.repeat(repeat_times=rollout_n, interleave=True).union(gen_output)
         if "response_mask" not in batch.batch:
@@ -459,7 +488,7 @@ class RayPPOTrainer:
         # 3. log-probs of the sampling policy (the PPO ratio's denominator)
         with marked_timer("old_log_prob", timing_raw):
             old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)
-            metrics.update(_pop_metrics(old_log_prob))
+            metrics.update(self._pop_metrics(old_log_prob))
             if "entropys" in old_log_prob.batch:
                 entropys = old_log_prob.batch.pop("entropys")
                 metrics["actor/entropy"] = agg_loss(
@@ -472,14 +501,14 @@ class RayPPOTrainer:
         if self.use_reference_policy:
             with marked_timer("ref", timing_raw):
                 ref_log_prob = self.ref_policy_wg.compute_ref_log_prob(batch)
-                metrics.update(_pop_metrics(ref_log_prob))
+                metrics.update(self._pop_metrics(ref_log_prob))
                 batch = batch.union(ref_log_prob)
 
         # 5. values
         if self.use_critic:
             with marked_timer("values", timing_raw):
                 values = self.critic_wg.compute_values(batch)
-                metrics.update(_pop_metrics(values))
+                metrics.update(self._pop_metrics(values))
                 batch = batch.union(values)
 
         # 6. advantages (on the driver)
@@ -505,12 +534,12 @@ class RayPPOTrainer:
         # 7. critic update
         if self.use_critic:
             with marked_timer("update_critic", timing_raw):
-                metrics.update(_pop_metrics(self.critic_wg.update_critic(batch)))
+                metrics.update(self._pop_metrics(self.critic_wg.update_critic(batch)))
 
         # 8. actor update, once the critic has warmed up
         if config.trainer.critic_warmup <= self.global_steps:
             with marked_timer("update_actor", timing_raw):
-                metrics.update(_pop_metrics(self.actor_rollout_wg.update_actor(batch)))
+                metrics.update(self._pop_metrics(self.actor_rollout_wg.update_actor(batch)))
         return batch
 
     # ------------------------------------------------------------------ pieces of a step
@@ -553,6 +582,7 @@ class RayPPOTrainer:
         reward_fn = self.val_reward_fn or self.reward_fn
         data_sources, uids, scores = [], [], []
         extra_infos: dict[str, list] = {}
+        progress = tqdm(total=len(self.val_dataset) * val_n, desc="Validation", unit="seq")
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict)
             batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
@@ -560,11 +590,15 @@ class RayPPOTrainer:
             gen_batch = self._pop_gen_batch(batch)
             gen_batch.meta_info.update(self._generation_meta(validate=True))
 
-            padded, pad_size = pad_dataproto_to_divisor(gen_batch, self.actor_rollout_wg.world_size)
-            output = self.actor_rollout_wg.generate_sequences(padded)
-            output.meta_info.pop("metrics", None)
-            output.meta_info.pop("timing", None)
-            batch = batch.union(unpad_dataproto(output, pad_size=pad_size))
+            outputs = []
+            for piece in gen_batch.split(self._validation_piece_rows()):
+                padded, pad_size = pad_dataproto_to_divisor(piece, self.actor_rollout_wg.world_size)
+                output = self.actor_rollout_wg.generate_sequences(padded)
+                self._pop_metrics(output)   # validation metrics are computed below; this applies plan updates
+                output.meta_info.pop("timing", None)
+                outputs.append(unpad_dataproto(output, pad_size=pad_size))
+                progress.update(len(piece))
+            batch = batch.union(outputs[0] if len(outputs) == 1 else DataProto.concat(outputs))
 
             reward_tensor, reward_extra_info = compute_reward(batch, reward_fn)
             scores.extend(reward_tensor.sum(-1).tolist())
@@ -573,6 +607,7 @@ class RayPPOTrainer:
             uids.extend(batch.non_tensor_batch["uid"].tolist())
             data_sources.extend(batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch))).tolist())
 
+        progress.close()
         infos = {"reward": scores}
         infos.update({k: v for k, v in extra_infos.items() if len(v) == len(scores) and k != "reward"})
         results = process_validation_metrics(data_sources, uids, infos)
@@ -589,10 +624,24 @@ class RayPPOTrainer:
                     metrics[f"{'val-core' if is_core else 'val-aux'}/{source}/{var}/{name}"] = value
         return metrics
 
+    def _validation_piece_rows(self) -> int:
+        """Rows per generate call in validation: one engine chunk per worker, so the progress bar moves
+        as each chunk finishes (a whole validation set in one call showed nothing for minutes)."""
+        micro = self.plan.rollout.micro_batch_size if self.plan is not None else \
+            self.config.actor_rollout_ref.rollout.get("micro_batch_size")
+        per_worker = micro if isinstance(micro, int) and micro > 0 else VALIDATION_ROWS_PER_WORKER
+        return per_worker * self.actor_rollout_wg.world_size
+
     def _check_finite(self, metrics: dict) -> None:
         bad = {k: metrics[k] for k in _MUST_BE_FINITE if k in metrics and not math.isfinite(metrics[k])}
         if not bad:
             return
+        if "critic/score/mean" in bad:
+            raise TrainingDivergedError(
+                f"Training stopped at step {self.global_steps}: the reward function returned a non-finite score "
+                f"({bad}). Fix the reward function (custom_reward_function / reward_model.reward_manager); this "
+                "is not a training instability."
+            )
         actor = self.config.actor_rollout_ref.actor
         raise TrainingDivergedError(
             f"Training stopped at step {self.global_steps}: {bad} is not finite. This step's metrics were "

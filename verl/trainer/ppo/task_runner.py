@@ -34,18 +34,60 @@ def run_ppo(config) -> None:
     compat.resolve_config(config, plan)
     OmegaConf.resolve(config)
 
+    # Data, tokenizer and rewards are built (and checked) here in the driver, before Ray starts.
+    trainer = build_trainer(config, plan)
     started_ray = False
     if not ray.is_initialized():
         _init_ray(config, plan)
         started_ray = True
+        stop_on_sigterm()  # ray.init installs a SIGTERM handler of its own in the driver
     try:
-        trainer = build_trainer(config, plan)
         trainer.init_workers()
         print(trainer.actor_rollout_wg.describe_placement(), flush=True)
         trainer.fit()
     finally:
         if started_ray:
             ray.shutdown()
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, turned into the same unwinding as Ctrl-C (so `finally` blocks close loggers and Ray)."""
+
+    signum = signal.SIGTERM
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM unwind like Ctrl-C in the main thread (elsewhere signals cannot be handled)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def raise_interrupted(signum, frame):
+        raise Interrupted()
+
+    signal.signal(signal.SIGTERM, raise_interrupted)
+
+
+def interruption_line(config, signum: int = signal.SIGINT) -> str:
+    """One line: what stopped the run, the last complete checkpoint (or none), how to resume."""
+    from verl.utils.checkpoint.checkpoint_manager import CheckpointTrackerError, find_latest_ckpt_path
+
+    trainer = config.trainer
+    cause = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    folder = None
+    if trainer.get("default_local_dir"):
+        try:
+            folder = find_latest_ckpt_path(os.path.abspath(trainer.default_local_dir))
+        except CheckpointTrackerError:
+            folder = None
+    if folder is None:
+        hint = ("set trainer.save_freq=N to save every N steps" if (trainer.get("save_freq") or -1) <= 0
+                else "the same command starts from scratch")
+        return f"stopped by {cause}; no complete checkpoint was saved ({hint})."
+    if trainer.get("resume_mode", "auto") == "auto":
+        how = "run the same command again to resume from it (trainer.resume_mode=auto)"
+    else:
+        how = f"resume with trainer.resume_mode=resume_path trainer.resume_from_path={folder}"
+    return f"stopped by {cause}; last complete checkpoint: {folder}; {how}."
 
 
 def _init_ray(config, plan) -> None:
@@ -115,11 +157,7 @@ def build_trainer(config, plan):
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.reward import load_reward_manager
     from verl.trainer.ppo.utils import Role, need_critic, need_reference_policy
-    from verl.utils.dataset.rl_dataset import (
-        collate_fn,
-        create_rl_dataset,
-        create_rl_sampler,
-    )
+    from verl.utils.dataset.rl_dataset import collate_fn, create_rl_sampler
     from verl.utils.model_loading import load_tokenizer
     from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
@@ -145,24 +183,52 @@ def build_trainer(config, plan):
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **reward_kwargs)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, **reward_kwargs)
 
+    train_dataset, val_dataset = _checked_datasets(config, tokenizer)
+    train_sampler = create_rl_sampler(config.data, train_dataset)
+
+    from verl.trainer.preflight import InputError
+
+    try:
+        return RayPPOTrainer(
+            config=config,
+            tokenizer=tokenizer,
+            role_worker_mapping=role_worker_mapping,
+            resource_pool_manager=resource_pool_manager,
+            reward_fn=reward_fn,
+            val_reward_fn=val_reward_fn,
+            train_dataset=train_dataset,
+            val_dataset=val_dataset,
+            collate_fn=collate_fn,
+            train_sampler=train_sampler,
+            plan=plan,
+        )
+    except ValueError as err:  # batch size vs data set size, and the like: still before Ray starts
+        raise InputError([str(err)]) from err
+
+
+def _checked_datasets(config, tokenizer):
+    """The train and validation sets; every problem with them (and with the logger) in one InputError."""
+    from verl.trainer.preflight import InputError, input_problems
+    from verl.utils.dataset.rl_dataset import create_rl_dataset
+
     data = config.data
-    train_dataset = create_rl_dataset(data.train_files, data, tokenizer, None, is_train=True,
-                                      max_samples=data.get("train_max_samples", -1))
-    val_dataset = create_rl_dataset(data.val_files, data, tokenizer, None, is_train=False,
-                                    max_samples=data.get("val_max_samples", -1))
-    train_sampler = create_rl_sampler(data, train_dataset)
-
-    return RayPPOTrainer(
-        config=config,
-        tokenizer=tokenizer,
-        role_worker_mapping=role_worker_mapping,
-        resource_pool_manager=resource_pool_manager,
-        reward_fn=reward_fn,
-        val_reward_fn=val_reward_fn,
-        train_dataset=train_dataset,
-        val_dataset=val_dataset,
-        collate_fn=collate_fn,
-        train_sampler=train_sampler,
-        plan=plan,
-    )
-
+    problems = input_problems(config)
+    datasets = {}
+    if not any(p.startswith("data.") for p in problems):
+        for key, is_train in (("train_files", True), ("val_files", False)):
+            limit = data.get("train_max_samples" if is_train else "val_max_samples", -1)
+            try:
+                dataset = create_rl_dataset(data[key], data, tokenizer, None, is_train=is_train, max_samples=limit)
+                if hasattr(dataset, "check_prompt_lengths"):  # a custom data.custom_cls need not have it
+                    dataset.check_prompt_lengths()
+            except (ValueError, KeyError, TypeError, OSError) as err:
+                problems.append(f"data.{key}: {err.args[0] if err.args else err}")
+                continue
+            if len(dataset) == 0:
+                problems.append(f"data.{key}: the data set is empty ({data[key]}"
+                                + (", after dropping prompts over data.max_prompt_length)"
+                                   if data.get("filter_overlong_prompts", True) else ")"))
+            datasets[key] = dataset
+    if problems:
+        raise InputError(problems)
+    return datasets["train_files"], datasets["val_files"]

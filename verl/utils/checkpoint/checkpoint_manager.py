@@ -34,13 +34,34 @@ def step_of(folder: str) -> int:
     return int(match.group(1))
 
 
-def find_latest_ckpt_path(root_path: str | None) -> str | None:
-    """The folder the tracker names, or None when there is no tracker or the folder is gone."""
+def find_latest_ckpt_path(root_path: str | None, components=("actor",)) -> str | None:
+    """The folder the tracker names; if that folder is gone, the newest complete one (with a warning);
+    None when there is no tracker. A complete folder holds every one of `components` and `data.pt`
+    (written after them). An empty or garbled tracker raises `CheckpointTrackerError`."""
     step = None if root_path is None else tracked_step(root_path)
     if step is None:
         return None
     folder = step_folder(root_path, step)
-    return folder if os.path.isdir(folder) else None
+    if os.path.isdir(folder):
+        return folder
+    complete = complete_steps(root_path, components)
+    tracker = get_checkpoint_tracker_filename(root_path)
+    if not complete:
+        print(f"WARNING: {tracker} names step {step}, but {folder} does not exist and no other complete "
+              "checkpoint is there: training from scratch", flush=True)
+        return None
+    fallback = step_folder(root_path, complete[-1])
+    print(f"WARNING: {tracker} names step {step}, but {folder} does not exist; resuming from the newest complete "
+          f"checkpoint instead, {fallback}", flush=True)
+    return fallback
+
+
+def complete_steps(root_path: str, components=("actor",)) -> list[int]:
+    """Steps whose folder holds every one of `components` and `data.pt`, oldest first."""
+    steps = set(saved_steps(root_path, components[0])) if components else set()
+    for component in components[1:]:
+        steps &= set(saved_steps(root_path, component))
+    return sorted(s for s in steps if os.path.isfile(os.path.join(step_folder(root_path, s), "data.pt")))
 
 
 def write_tracker(root_path: str, step: int) -> None:
@@ -79,12 +100,25 @@ def saved_steps(root_path: str, component: str) -> list[int]:
     return sorted(steps)
 
 
+class CheckpointTrackerError(ValueError):
+    """The tracker file exists but does not hold a step number."""
+
+
 def tracked_step(root_path: str) -> int | None:
+    """The step the tracker names; None without a tracker file."""
     tracker = get_checkpoint_tracker_filename(root_path)
     if not os.path.exists(tracker):
         return None
-    with open(tracker) as f:
-        return int(f.read().strip())
+    with open(tracker, errors="replace") as f:
+        text = f.read().strip()
+    if not text.isdigit():
+        raise CheckpointTrackerError(
+            f"{tracker} should hold the step number of the newest complete checkpoint, but it holds "
+            f"{text[:40]!r}{' (empty)' if not text else ''}. Write the N of a complete global_step_<N> folder "
+            "into it (one with actor/ and data.pt), or resume from one with trainer.resume_mode=resume_path "
+            "trainer.resume_from_path=<dir>/global_step_<N>, or start fresh with trainer.resume_mode=disable."
+        )
+    return int(text)
 
 
 def prune(root_path: str, component: str, keep: int | None) -> list[int]:

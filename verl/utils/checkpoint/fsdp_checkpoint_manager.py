@@ -2,7 +2,7 @@
 
     model_world_size_<W>_rank_<R>.pt        this rank's local shard of every parameter and buffer
     optim_world_size_<W>_rank_<R>.pt        the optimizer's state_dict, DTensors as local shards
-    extra_state_world_size_<W>_rank_<R>.pt  LR scheduler, grad scaler and RNG states
+    extra_state_world_size_<W>_rank_<R>.pt  LR scheduler, grad scaler, RNG states (rollout sampling too)
     huggingface/                             config + tokenizer (and the full weights with `hf_model`)
 
 Shards are stored as plain local tensors, not DTensors, so a file depends on nothing but the world
@@ -13,15 +13,14 @@ to `<path>` once every rank has finished, so `<path>` only ever holds a complete
 from __future__ import annotations
 
 import os
-import random
 import shutil
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from verl.utils.checkpoint.checkpoint_manager import partial_path, prune, publish, step_of
+from verl.utils.checkpoint.plain_state import load_plain, rng_state, set_rng_state
 
 CONTENTS = ("model", "optimizer", "extra", "hf_model")
 
@@ -58,28 +57,14 @@ def _local(value):
     return value
 
 
-def rng_state(device_type: str) -> dict:
-    """Host generators under "cpu" (as upstream), the accelerator's (if any) under its device type."""
-    state = {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}
-    if device_type != "cpu":
-        state[device_type] = torch.get_device_module(device_type).get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict, device_type: str) -> None:
-    torch.set_rng_state(state["cpu"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["random"])
-    if device_type != "cpu" and device_type in state:
-        torch.get_device_module(device_type).set_rng_state(state[device_type])
-
-
 class FSDPCheckpointManager:
     """Checkpoints of one sharded model with its optimizer, LR scheduler and (fp16) grad scaler.
 
     `checkpoint_config` is the role's `checkpoint` config (save_contents / load_contents).
     `optimizer_offload` says the optimizer state lives in host memory between updates, so a load
-    puts it back there.
+    puts it back there. `sampling_streams` maps a name to an object that owns a random stream of its
+    own (the rollout engine's sampling generator) through `get_rng_state()` / `set_rng_state(state)`;
+    the worker registers it once the engine exists, and those states travel in the extra state too.
     """
 
     def __init__(self, model, optimizer=None, lr_scheduler=None, tokenizer=None, checkpoint_config=None,
@@ -91,6 +76,7 @@ class FSDPCheckpointManager:
         self.scaler = scaler
         self.device_type = device_type
         self.optimizer_offload = optimizer_offload
+        self.sampling_streams: dict = {}
         config = checkpoint_config or {}
         self.save_contents = _check_contents(config.get("save_contents", ["model", "optimizer", "extra"]),
                                              "save_contents")
@@ -124,6 +110,7 @@ class FSDPCheckpointManager:
                 "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
                 "rng": rng_state(self.device_type),
+                "sampling_rng": {name: owner.get_rng_state() for name, owner in self.sampling_streams.items()},
                 "global_step": global_step,
             }
             torch.save(extra, self._file(tmp, "extra_state"))
@@ -163,17 +150,20 @@ class FSDPCheckpointManager:
         if not os.path.isdir(local_path):
             raise FileNotFoundError(f"no checkpoint at {local_path}")
         if "model" in self.load_contents:
-            self._load_model(torch.load(self._existing(local_path, "model"), weights_only=False))
+            self._load_model(load_plain(self._existing(local_path, "model")))
         if "optimizer" in self.load_contents and self.optimizer is not None:
-            self._load_optimizer(torch.load(self._existing(local_path, "optim"), weights_only=False))
+            self._load_optimizer(load_plain(self._existing(local_path, "optim")))
         if "extra" in self.load_contents:
-            extra = torch.load(self._existing(local_path, "extra_state"), weights_only=False)
+            extra = load_plain(self._existing(local_path, "extra_state"))
             if self.lr_scheduler is not None and extra.get("lr_scheduler") is not None:
                 self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
             if self.scaler is not None and extra.get("scaler"):
                 self.scaler.load_state_dict(extra["scaler"])
             if "rng" in extra:
                 set_rng_state(extra["rng"], self.device_type)
+            saved_streams = extra.get("sampling_rng") or {}
+            for name, owner in self.sampling_streams.items():
+                owner.set_rng_state(saved_streams.get(name))
         _barrier()
         if del_local_after_load and _rank_world()[0] == 0:
             shutil.rmtree(local_path, ignore_errors=True)

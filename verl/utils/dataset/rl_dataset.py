@@ -132,6 +132,24 @@ class RLHFDataset(Dataset):
             + (f" (prompts over {self.max_prompt_length} tokens dropped)" if self.filter_overlong_prompts else "")
         )
 
+    def check_prompt_lengths(self) -> None:
+        """Raise if a prompt is over data.max_prompt_length while neither filtering nor truncation is on.
+
+        Such a prompt would stop training at the batch that holds it (and again after a resume); the
+        driver calls this before Ray starts, so they are all found at once instead.
+        """
+        if self.filter_overlong_prompts or self.truncation != "error":
+            return
+        lengths = self._prompt_lengths()
+        over = np.flatnonzero(lengths > self.max_prompt_length)
+        if len(over):
+            where = "; ".join(f"{self._where(i)} ({lengths[i]} tokens)" for i in over[:3])
+            raise ValueError(
+                f"{len(over)} prompt(s) are over data.max_prompt_length={self.max_prompt_length}: {where}"
+                f"{' ...' if len(over) > 3 else ''}. Set data.filter_overlong_prompts=True to drop them, "
+                "data.truncation=left/right/middle to cut them, or raise data.max_prompt_length."
+            )
+
     def _select(self, indices: np.ndarray) -> None:
         self.table = self.table.take(pa.array(indices, type=pa.int64()))
         self._origin = self._origin[indices]

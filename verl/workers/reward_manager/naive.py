@@ -2,12 +2,49 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+import math
+import numbers
 from collections import defaultdict
 from typing import Any, Callable
 
 import torch
 
 from verl.utils.reward_score import default_compute_score
+
+
+def describe_function(fn) -> str:
+    """`name (file)` of a scoring function, looking through the partial that adds reward_kwargs."""
+    while isinstance(fn, functools.partial):
+        wrapped = fn.args[0] if fn.args and callable(fn.args[0]) else None
+        fn = wrapped if wrapped is not None and getattr(fn.func, "__name__", "") == "_call_with_kwargs" else fn.func
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    try:
+        return f"{name} ({inspect.getsourcefile(fn)})"
+    except TypeError:
+        return name
+
+
+def checked_reward(value, fn, index: int, data_source, extra_info: dict) -> float:
+    """The reward as a finite float, or an error naming the scoring function, the sample and its data source."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    where = f"sample {index} of the batch (data_source={data_source!r}"
+    where += f", extra_info.index={extra_info['index']!r})" if "index" in extra_info else ")"
+    if not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"the reward function {describe_function(fn)} returned {value!r} ({type(value).__name__}) for {where}; "
+            "it must return a number, or a dict whose 'score' is a number"
+        )
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(
+            f"the reward function {describe_function(fn)} returned {value} for {where}; rewards must be finite "
+            "numbers. This is the reward function's output, not a training instability: fix the function "
+            "(e.g. a division by zero or float('nan') for an unparsable answer; return 0.0 instead)."
+        )
+    return value
 
 
 class NaiveRewardManager:
@@ -74,6 +111,7 @@ class NaiveRewardManager:
                     reward_extra_info[key].append(value)
             else:
                 reward = result
+            reward = checked_reward(reward, self.compute_score, i, data_source, extra_info)
             reward_tensor[i, max(n_response - 1, 0)] = reward
 
             if shown[data_source] < self.num_examine:

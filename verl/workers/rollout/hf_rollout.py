@@ -125,8 +125,8 @@ class HFRollout(BaseRollout):
     response_length, seed, ignore_eos, val_kwargs, and the optional micro_batch_size).
     `plan` is the compat plan: generation runs in its `rollout.dtype`, by autocast when the weights
     are in another dtype, on every device. The engine alone decides this (callers add no autocast of
-    their own); `dtype` holds the decision and the actor worker lowers it to float32 when the fp16
-    numerics guard rejects the model.
+    their own); `dtype` holds the decision, which the actor worker resets from the re-issued plan when
+    the fp16 numerics guard rejects the model (verl.compat.precision).
     Every call is generated `micro_batch_size` rows at a time (the plan's `rollout.micro_batch_size`,
     sized by the memory model; else the config's; else the whole batch), so a batch of any size, a
     whole validation set included, peaks at one chunk's memory.
@@ -187,6 +187,17 @@ class HFRollout(BaseRollout):
             top_k=int(meta_info.get("top_k", _cfg(source, "top_k", 0))),
             top_p=float(meta_info.get("top_p", _cfg(source, "top_p", 1.0))),
         )
+
+    def get_rng_state(self) -> torch.Tensor | None:
+        """The kept sampling stream's state (None before its first use), for checkpoints."""
+        return None if self._generator is None else self._generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor | None) -> None:
+        """Continue the kept sampling stream from `get_rng_state()`'s value (None: seed it afresh)."""
+        self._generator = None
+        if state is not None:
+            self._generator = torch.Generator(device=self._device())
+            self._generator.set_state(state)
 
     # ------------------------------------------------------------------ internals
 

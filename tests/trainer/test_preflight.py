@@ -1,0 +1,84 @@
+"""Input checks in the driver, before Ray: every problem with the data files, the data sets and the logger
+packages is found and reported in one InputError (unit level; tests/e2e/test_input_errors.py runs main_ppo)."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+from transformers import AutoTokenizer
+
+from verl.trainer.ppo.task_runner import _checked_datasets
+from verl.trainer.preflight import InputError, file_problem, input_problems
+
+TOKENIZER = Path(__file__).resolve().parents[3] / "shared" / "data" / "qwen-tokenizer"
+
+
+def _row(question):
+    return {"data_source": "d", "prompt": [{"role": "user", "content": question}],
+            "reward_model": {"ground_truth": "1"}, "extra_info": {"index": 0}}
+
+
+def _config(train, val, **data):
+    return OmegaConf.create({
+        "data": {"train_files": train, "val_files": val, "prompt_key": "prompt", "max_prompt_length": 32,
+                 "truncation": "error", "filter_overlong_prompts": False, "shuffle": False, **data},
+        "trainer": {"logger": ["console"]},
+    })
+
+
+def test_each_kind_of_bad_file_is_explained(tmp_path):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "train.parquet").touch()
+    csv = tmp_path / "data.csv"
+    csv.write_text("prompt\nhi\n")
+    raw = tmp_path / "train.jsonl"
+    raw.write_text(json.dumps({"question": "2+2?", "answer": "#### 4"}) + "\n")
+    assert "is a folder, not a file" in file_problem("train_files", str(tmp_path / "folder"))
+    assert "train.parquet" in file_problem("train_files", str(tmp_path / "folder"))
+    assert "does not exist" in file_problem("val_files", str(tmp_path / "nope.parquet"))
+    assert "CSV" in file_problem("train_files", str(csv))
+    assert "examples/data_preprocess/gsm8k.py" in file_problem("train_files", str(raw))
+    good = tmp_path / "ok.jsonl"
+    good.write_text(json.dumps(_row("hi")) + "\n")
+    assert file_problem("train_files", str(good)) is None
+
+
+def test_all_problems_come_in_one_error(tmp_path, monkeypatch):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real_find_spec(name, *a))
+    (tmp_path / "folder").mkdir()
+    config = _config(str(tmp_path / "folder"), str(tmp_path / "missing.parquet"))
+    config.trainer.logger = ["console", "wandb"]
+    problems = input_problems(config)
+    assert len(problems) == 3
+    assert any("folder" in p for p in problems) and any("missing.parquet" in p for p in problems)
+    assert any("pip install wandb" in p for p in problems)
+    with pytest.raises(InputError) as err:
+        _checked_datasets(config, tokenizer=None)        # stops before any data set is read
+    assert str(err.value).count("\n- ") == 2
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    if not TOKENIZER.is_dir():
+        pytest.skip(f"tokenizer not found at {TOKENIZER}")
+    return AutoTokenizer.from_pretrained(TOKENIZER)
+
+
+def test_overlong_prompts_and_an_empty_set_are_found_before_training(tokenizer, tmp_path):
+    train = tmp_path / "train.parquet"
+    pd.DataFrame([_row("short?"), _row(" ".join(f"w{i}" for i in range(60))), _row("x " * 50)]).to_parquet(train)
+    empty = tmp_path / "test.parquet"
+    pd.DataFrame([_row("a")]).iloc[:0].to_parquet(empty)
+    with pytest.raises(InputError) as err:
+        _checked_datasets(_config(str(train), str(empty)), tokenizer)
+    message = str(err.value)
+    assert "2 prompt(s) are over data.max_prompt_length=32" in message and "row 1 of" in message
+    assert "filter_overlong_prompts=True" in message
+    assert "data.val_files: the data set is empty" in message
+    # the same files pass once over-long prompts are filtered and the validation set has rows
+    pd.DataFrame([_row("a")]).to_parquet(empty)
+    train_set, val_set = _checked_datasets(_config(str(train), str(empty), filter_overlong_prompts=True), tokenizer)
+    assert len(train_set) == 1 and len(val_set) == 1

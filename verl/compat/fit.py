@@ -1,0 +1,353 @@
+"""The memory fit: the smallest change to the decided plan that makes its predicted peak fit.
+
+A ladder walked in order: nothing offloaded -> optimizer offload -> params + optimizer offload,
+each with and without gradient checkpointing (where the user left it to compat), then the
+micro-batches (or token budgets) halved down to 1, then `PlanError` with the shortfall and the
+largest batch or response length that would fit. The built-in engine's generation chunk and a
+vLLM engine's memory share are sized in the same search. Pure, like the planner.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from verl.compat.decider import Decider, PlanError
+from verl.compat.memory import BYTES, GiB, Workload, estimate_memory, generation_bytes_per_sequence
+from verl.compat.model_spec import ModelSpec
+from verl.compat.plan import Plan, RolePlan, RolloutPlan
+from verl.compat.settings import AUTO, first, get
+
+MAX_ROLLOUT_MICRO_BATCH = 1024   # past this, bigger built-in generate passes gain little and hold the device longer
+
+
+@dataclass
+class _Batch:
+    """Micro-batch knobs of the four forward/backward consumers (None: token budget instead)."""
+
+    actor: int | None
+    actor_forward: int | None
+    critic: int | None
+    critic_forward: int | None
+    ref: int | None
+    explicit: dict
+
+
+def micro_batches(config: Any, workload: Workload, n: int) -> _Batch:
+    arr = "actor_rollout_ref"
+    mini = int(get(config, f"{arr}.actor.ppo_mini_batch_size", 256)) * n
+    per_gpu = max(mini // workload.world_size, 1)
+    auto_train = min(per_gpu, 8)
+
+    def pick(*paths, default):
+        v = first(config, *paths)
+        return (int(v), True) if v is not AUTO else (default, False)
+
+    actor, ea = pick(f"{arr}.actor.ppo_micro_batch_size_per_gpu", default=auto_train)
+    actor_fwd, eaf = pick(f"{arr}.rollout.log_prob_micro_batch_size_per_gpu", default=2 * actor)
+    critic, ec = pick("critic.ppo_micro_batch_size_per_gpu", default=actor)
+    critic_fwd, ecf = pick("critic.forward_micro_batch_size_per_gpu", default=critic)
+    ref, er = pick(f"{arr}.ref.log_prob_micro_batch_size_per_gpu", default=actor_fwd)
+    return _Batch(actor, actor_fwd, critic, critic_fwd, ref,
+                  {"actor": ea, "actor_forward": eaf, "critic": ec, "critic_forward": ecf, "ref": er})
+
+
+def apply_batches(roles: dict[str, RolePlan], b: _Batch, dynamic: bool, budgets: dict) -> dict[str, RolePlan]:
+    out = dict(roles)
+    if dynamic:
+        out["actor"] = replace(out["actor"], micro_batch_size_per_gpu=None, max_token_len_per_gpu=budgets["actor"],
+                               forward_max_token_len_per_gpu=budgets["actor_forward"])
+        if "critic" in out:
+            out["critic"] = replace(out["critic"], micro_batch_size_per_gpu=None,
+                                    max_token_len_per_gpu=budgets["critic"],
+                                    forward_max_token_len_per_gpu=budgets["critic_forward"])
+        if "ref" in out:
+            out["ref"] = replace(out["ref"], micro_batch_size_per_gpu=None, max_token_len_per_gpu=budgets["ref"],
+                                 forward_max_token_len_per_gpu=budgets["ref"])
+        return out
+    out["actor"] = replace(out["actor"], micro_batch_size_per_gpu=b.actor, forward_micro_batch_size_per_gpu=b.actor_forward)
+    if "critic" in out:
+        out["critic"] = replace(out["critic"], micro_batch_size_per_gpu=b.critic,
+                                forward_micro_batch_size_per_gpu=b.critic_forward)
+    if "ref" in out:
+        out["ref"] = replace(out["ref"], micro_batch_size_per_gpu=b.ref, forward_micro_batch_size_per_gpu=b.ref)
+    return out
+
+
+def vllm_need_gb(model: ModelSpec, workload: Workload, dtype: str) -> float:
+    """The least vLLM needs: its weights, KV for min(batch, 16) full sequences, 0.5 GiB of scratch."""
+    seqs = min(workload.rollout_batch_per_gpu, 16)
+    kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * seqs * workload.seq_len * BYTES[dtype]
+    return (model.num_params * BYTES[dtype] + kv) / GiB + 0.5
+
+
+
+
+def ladder(asked_off: dict, roles: dict):
+    """Offload rungs in order; a role whose user set offload explicitly keeps that setting."""
+    def offload(level: int) -> dict[str, tuple[bool, bool]]:
+        out = {}
+        for name in roles:
+            po, oo = asked_off[name]
+            trainable = name != "ref"
+            want_o = level >= 1 and trainable
+            want_p = level >= 2
+            out[name] = (po if po is not AUTO else want_p, (oo if oo is not AUTO else want_o) and trainable)
+        return out
+    return [("nothing offloaded", offload(0)), ("optimizer offload", offload(1)),
+            ("params + optimizer offload", offload(2))]
+
+
+def chunk_size(fits: int, batch: int, asked: Any, whole: bool) -> int | None:
+    """Sequences per built-in generate pass, given how many fit at once (None: too few fit).
+
+    The user's size when it fits; else the largest power of two that fits (at most
+    MAX_ROLLOUT_MICRO_BATCH), raised to the training batch when that fits whole so a training
+    rollout runs in one pass. `whole` asks for the training batch (or the user's size) to fit
+    in one pass, which the fit tries before settling for chunked training rollouts.
+    """
+    fits = min(fits, MAX_ROLLOUT_MICRO_BATCH)
+    target = min(batch, MAX_ROLLOUT_MICRO_BATCH) if asked is AUTO else min(batch, asked)
+    if fits < (target if whole else 1):
+        return None
+    if asked is not AUTO and asked <= fits:
+        return asked
+    return max(1 << (fits.bit_length() - 1), min(batch, fits))
+
+
+@dataclass
+class FitInputs:
+    """What the memory fit weighs: the model and workload, the decided role plans and rollout, and
+    the user's memory-related settings (AUTO where the fit may choose)."""
+
+    model: ModelSpec
+    workload: Workload
+    roles: dict
+    rollout: RolloutPlan
+    rollout_asked: dict
+    batches: _Batch
+    dynamic: bool
+    budgets: dict
+    asked_ckpt: dict
+    asked_off: dict
+    margin: float
+
+
+class _Search:
+    """The fit's search: offload rungs x checkpointing x micro-batch halvings, smallest change first."""
+
+    def __init__(self, d: Decider, inp: FitInputs):
+        self.d, self.inp = d, inp
+        self.limit = d.profile.memory_gb
+        self.util_asked = inp.rollout_asked["gpu_memory_utilization"]
+        self.micro_asked = inp.rollout_asked["micro_batch_size"]
+        self.per_seq = generation_bytes_per_sequence(inp.model, inp.roles["actor"], inp.rollout,
+                                                     inp.workload.prompt_length, inp.workload.response_length) / GiB
+        asked, roles = inp.asked_ckpt, inp.roles
+        self.ckpt_options = [{n: (asked[n] if asked[n] is not AUTO else False) for n in roles}]
+        if any(asked[n] is AUTO for n in roles):
+            self.ckpt_options.append({n: (asked[n] if asked[n] is not AUTO else True) for n in roles})
+
+    def build(self, offload, ckpt_on, b, budgets_now, util, chunk=None):
+        inp = self.inp
+        rs = apply_batches(inp.roles, b, inp.dynamic, budgets_now)
+        for name in rs:
+            rs[name] = replace(rs[name], gradient_checkpointing=ckpt_on[name], param_offload=offload[name][0],
+                               optimizer_offload=offload[name][1])
+        ro = replace(inp.rollout, gpu_memory_utilization=util, micro_batch_size=chunk)
+        est = estimate_memory(inp.model, inp.workload, rs["actor"], ro, rs.get("critic"), rs.get("ref"),
+                              device_memory_gb=self.limit, backend=self.d.profile.backend, fragmentation=inp.margin)
+        return rs, ro, est
+
+    def hf_chunk(self, offload, ckpt_on, b, budgets_now, whole: bool) -> int | None:
+        """The built-in engine's chunk: as many sequences as the memory free while generating holds."""
+        est = self.build(offload, ckpt_on, b, budgets_now, 0.0, chunk=1)[2]
+        free = est.room_gb(self.limit) - est.rollout_resident_gb()
+        return chunk_size(max(int(free // self.per_seq), 0), self.inp.workload.rollout_batch_per_gpu,
+                          self.micro_asked, whole)
+
+    def vllm_util(self, offload, ckpt_on, b, budgets_now) -> tuple[float | None, str]:
+        """The vLLM share: user's if it fits, else what the other phases leave (None: too little)."""
+        est = self.build(offload, ckpt_on, b, budgets_now, 0.0)[2]
+        free = est.room_gb(self.limit) - est.rollout_resident_gb()
+        left = math.floor(100 * free / self.limit) / 100
+        need = vllm_need_gb(self.inp.model, self.inp.workload, self.inp.rollout.dtype) / self.limit
+        if self.util_asked is not AUTO:
+            u = float(self.util_asked)
+            if u <= left:
+                return u, "set by the user; fits next to the resident training state"
+            if left >= need:
+                return self.d.adapt("rollout.gpu_memory_utilization",
+                                    "actor_rollout_ref.rollout.gpu_memory_utilization", u, min(left, 0.9),
+                                    "that share does not fit next to the training state"), ""
+            return None, ""
+        if left < need:
+            return None, ""
+        return min(left, 0.9), "share of device memory left after the resident training state (memory model)"
+
+    def attempt(self, b: _Batch, budgets_now: dict, whole: bool):
+        vllm = self.inp.rollout.name == "vllm"
+        for rung, offload in ladder(self.inp.asked_off, self.inp.roles):
+            for ckpt_on in self.ckpt_options:
+                util, why, chunk = 0.0, "", None
+                if vllm:
+                    util, why = self.vllm_util(offload, ckpt_on, b, budgets_now)
+                    if util is None:
+                        continue
+                else:
+                    chunk = self.hf_chunk(offload, ckpt_on, b, budgets_now, whole)
+                    if chunk is None:
+                        continue
+                rs, ro, est = self.build(offload, ckpt_on, b, budgets_now, util, chunk)
+                if not vllm:
+                    engine = sum(v for k, v in est.phases["rollout"].terms.items() if k.startswith("rollout."))
+                    util = round(min(engine / self.limit, 1.0), 3)
+                    why = "built-in engine allocates on demand; predicted share of its weights, KV cache and logits"
+                    ro = replace(ro, gpu_memory_utilization=util)
+                if est.required_gb <= self.limit:
+                    return rung, ckpt_on, rs, ro, est, why
+        return None
+
+    def search(self, whole: bool):
+        """Walk the ladder, halving micro-batches until a rung fits; None at the floor."""
+        inp = self.inp
+        b, bud, halvings = inp.batches, dict(inp.budgets), 0
+        while (found := self.attempt(b, bud, whole)) is None:
+            smaller = halve(b, bud, inp.dynamic, inp.workload.seq_len)
+            if smaller is None:
+                return None, b, bud, halvings
+            b, bud = smaller
+            halvings += 1
+        return found, b, bud, halvings
+
+
+def fit(d: Decider, inp: FitInputs, plan_kwargs: dict) -> Plan:
+    """The plan whose predicted peak fits the device, found by the smallest change that fits."""
+    search = _Search(d, inp)
+    # First keep each training rollout in one pass (offloading for it, as before chunking existed);
+    # the built-in engine may then settle for chunked training rollouts.
+    found, b, bud, halvings = search.search(whole=True)
+    if found is None and inp.rollout.name == "hf":
+        found, b, bud, halvings = search.search(whole=False)
+    if found is None:
+        raise_shortfall(d, inp, b, bud, search.limit)
+    return _fitted_plan(d, inp, search, found, b, halvings, plan_kwargs)
+
+
+def _note_roles(d: Decider, inp: FitInputs, rs: dict, rung: str, halvings: int) -> None:
+    for name, rp in rs.items():
+        ck = inp.asked_ckpt[name]
+        d.note(f"{name}.gradient_checkpointing", rp.gradient_checkpointing,
+               "set by the user" if ck is not AUTO else
+               ("activations do not fit without it" if rp.gradient_checkpointing else "activations fit without it"))
+        po, oo = inp.asked_off[name]
+        if d.profile.backend != "cpu":   # on CPU the planner gave the offload reasons (host memory already)
+            d.note(f"{name}.param_offload", rp.param_offload,
+                   "set by the user" if po is not AUTO else f"memory plan: {rung}")
+            d.note(f"{name}.optimizer_offload", rp.optimizer_offload,
+                   "set by the user" if oo is not AUTO else
+                   (f"memory plan: {rung}" if name != "ref" else "a frozen model has no optimizer"))
+        key = "max_token_len_per_gpu" if inp.dynamic else "micro_batch_size_per_gpu"
+        d.note(f"{name}.{key}", getattr(rp, key),
+               f"halved {halvings}x to fit (mini-batch unchanged, so the update's math is unchanged)"
+               if halvings else "as configured")
+
+
+def _fitted_plan(d: Decider, inp: FitInputs, search: _Search, found, b: _Batch, halvings: int,
+                 plan_kwargs: dict) -> Plan:
+    rung, _, rs, ro, est, util_why = found
+    limit = search.limit
+    _note_roles(d, inp, rs, rung, halvings)
+    if halvings:
+        for name, explicit in b.explicit.items():
+            if explicit:
+                d.warnings.append(f"{name} micro-batch reduced to fit {d.profile.name} ({halvings} halvings); "
+                                  f"gradient accumulation keeps the mini-batch and the math unchanged.")
+                break
+    d.note("rollout.gpu_memory_utilization", ro.gpu_memory_utilization, util_why)
+    if ro.name == "hf":
+        note_chunk(d, ro.micro_batch_size, search.micro_asked, est, limit, search.per_seq, inp.workload)
+    for name, rp in rs.items():
+        phases = [p for k, p in est.phases.items() if k.startswith(name) or (name == "critic" and k == "values")]
+        rs[name] = replace(rp, predicted_peak_gb=round(max(p.total_gb for p in phases), 3))
+    ro = replace(ro, predicted_peak_gb=round(max(est.phases[k].total_gb for k in ("rollout", "validation")), 3))
+    d.note("memory", round(est.predicted_peak_gb, 3),
+           f"peak {est.predicted_peak_gb:.2f} GiB in {est.peak_phase}; with context and {inp.margin:.0%} margin "
+           f"{est.required_gb:.2f} of {limit:.1f} GiB ({rung})")
+    memory = est.to_dict()
+    memory["phases_total"] = {k: {"total_gb": round(p.total_gb, 3)} for k, p in est.phases.items()}
+    plan_kwargs.update(actor=rs["actor"], critic=rs.get("critic"), ref=rs.get("ref"), rollout=ro,
+                       predicted_peak_gb=round(est.predicted_peak_gb, 3))
+    return Plan(reasons=d.reasons, warnings=d.warnings, memory=memory, **plan_kwargs)
+
+
+def note_chunk(d: Decider, chunk: int, asked: Any, est, limit: float, per_seq: float, wl: Workload) -> None:
+    """Reason (or adaptation warning) for the built-in engine's chunk size."""
+    free = est.room_gb(limit) - est.rollout_resident_gb()
+    full = est.rollout_resident_gb() + chunk * per_seq
+    sizing = (f"{free:.2f} GiB free while generating / {per_seq * 1024:.1f} MiB per sequence of {wl.seq_len} "
+              f"tokens (KV cache, prefill transients, sampling); a full pass peaks at {full:.2f} GiB")
+    if asked is AUTO:
+        d.note("rollout.micro_batch_size", chunk, f"{chunk} sequences per pass: {sizing}")
+    elif asked == chunk:
+        d.note("rollout.micro_batch_size", chunk, f"set by the user; {sizing}")
+    else:
+        d.adapt("rollout.micro_batch_size", "actor_rollout_ref.rollout.micro_batch_size", asked, chunk,
+                f"{asked} sequences need {asked * per_seq:.2f} GiB while generating, {free:.2f} GiB are free")
+
+
+def halve(b: _Batch, budgets: dict, dynamic: bool, seq_len: int):
+    """Next rung of the micro-batch ladder, or None when everything is already at its floor."""
+    if dynamic:
+        if all(v <= seq_len for v in budgets.values()):
+            return None
+        return b, {k: max(v // 2, seq_len) for k, v in budgets.items()}
+    sizes = [b.actor, b.actor_forward, b.critic, b.critic_forward, b.ref]
+    if all(s <= 1 for s in sizes):
+        return None
+    h = [max(s // 2, 1) for s in sizes]
+    return _Batch(*h, explicit=b.explicit), budgets
+
+
+def raise_shortfall(d: Decider, inp: FitInputs, b: _Batch, bud: dict, limit: float) -> None:
+    """Nothing fits: say by how much, and the largest batch / length that would."""
+    model, workload, roles, rollout = inp.model, inp.workload, inp.roles, inp.rollout
+    dynamic, margin = inp.dynamic, inp.margin
+    offload = ladder(inp.asked_off, roles)[-1][1]
+    ck = {n: True for n in roles}
+
+    def required(wl: Workload) -> float:
+        rs = apply_batches(roles, b, dynamic, bud)
+        for name in rs:
+            rs[name] = replace(rs[name], gradient_checkpointing=ck[name], param_offload=offload[name][0],
+                               optimizer_offload=offload[name][1])
+        ro = replace(rollout, gpu_memory_utilization=0.0, micro_batch_size=1)   # the engine can chunk to 1
+        if rollout.name == "vllm":
+            ro = replace(ro, gpu_memory_utilization=vllm_need_gb(model, wl, rollout.dtype) / limit)
+        return estimate_memory(model, wl, rs["actor"], ro, rs.get("critic"), rs.get("ref"),
+                               device_memory_gb=limit, backend=d.profile.backend, fragmentation=margin)
+
+    est = required(workload)
+    need = est.required_gb
+    hint = ""
+    batch = workload.rollout_batch_per_gpu
+    while batch > 1:
+        batch //= 2
+        if required(replace(workload, rollout_batch_per_gpu=batch)).required_gb <= limit:
+            hint = f" The largest setting that fits: data.train_batch_size <= {batch * workload.world_size} per step."
+            break
+    if not hint:
+        resp = workload.response_length
+        while resp > 16:
+            resp //= 2
+            wl = replace(workload, rollout_batch_per_gpu=1, response_length=resp)
+            if required(wl).required_gb <= limit:
+                hint = (f" The largest setting that fits: data.train_batch_size=1 with "
+                        f"data.max_response_length <= {resp}.")
+                break
+    if not hint:
+        hint = f" Use a device with at least {math.ceil(need)} GiB, or a smaller model."
+    raise PlanError(
+        f"The run does not fit on {d.profile.name} ({limit:.1f} GiB): even with params and optimizer offloaded, "
+        f"gradient checkpointing and micro-batch 1 it needs {need:.2f} GiB (peak in {est.peak_phase}), "
+        f"{need - limit:.2f} GiB more than the device has.{hint}")
