@@ -7,7 +7,7 @@ cluster as "the current one" in `<tmp>/ray/ray_current_cluster`, where any plain
 machine (another test, the single-node run we compare against) would otherwise attach to it.
 
 The keeper prints one JSON line with the address and node ids, then obeys `kill <node_id>` (the node's
-raylet and workers die at once, no graceful stop) and `quit` on stdin. If the test process dies, the
+raylet and workers die at once, no graceful stop), `wait_dead <node_id>` and `quit` on stdin. If the test process dies, the
 keeper's stdin closes and it shuts the cluster down; Ray's reaper kills what is left.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 START_TIMEOUT_S = 120
@@ -76,6 +77,12 @@ class LocalRayCluster:
         self.proc.stdin.flush()
         self._expect(f"killed {node_id}", COMMAND_TIMEOUT_S)
 
+    def wait_dead(self, node_id: str) -> None:
+        """Return once the cluster's control store lists the killed node as dead (its health checks ran)."""
+        self.proc.stdin.write(f"wait_dead {node_id}\n")
+        self.proc.stdin.flush()
+        self._expect(f"dead {node_id}", COMMAND_TIMEOUT_S)
+
     def __exit__(self, *exc) -> None:
         try:
             if self.proc.poll() is None:
@@ -92,7 +99,10 @@ def _keep(cpus_per_node: list[int]) -> None:
     from ray.cluster_utils import Cluster
 
     node_args = {"include_dashboard": False, "object_store_memory": 150 * 1024**2}
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus_per_node[0], **node_args})
+    # health checks every 1 s, 3 misses: a killed node is listed dead after ~4 s instead of ~17 s (test time)
+    health = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": cpus_per_node[0], "_system_config": health, **node_args})
     try:
         nodes = {cluster.head_node.node_id: cluster.head_node}
         for cpus in cpus_per_node[1:]:
@@ -106,6 +116,14 @@ def _keep(cpus_per_node: list[int]) -> None:
             if command == "kill":
                 cluster.remove_node(nodes.pop(arg), allow_graceful=False)
                 print(f"killed {arg}", flush=True)
+            elif command == "wait_dead":
+                deadline = time.monotonic() + COMMAND_TIMEOUT_S
+                while any(n["NodeID"] == arg and n["Alive"] for n in cluster.global_state.node_table()):
+                    if time.monotonic() > deadline:
+                        break  # the test side times out waiting for the answer
+                    time.sleep(0.2)
+                else:
+                    print(f"dead {arg}", flush=True)
             elif command == "quit":
                 break
     finally:

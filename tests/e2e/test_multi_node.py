@@ -25,7 +25,7 @@ from ray_cluster import LocalRayCluster
 
 COMPARED = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/vf_loss", "critic/grad_norm",
             "critic/values/mean", "critic/advantages/max", "critic/score/mean")
-REFERENCE_STEPS = 3
+REFERENCE_STEPS = 6        # the killed run may finish a few more steps while its node's workers notice
 DEATH_EXIT_TIMEOUT_S = 120    # from the node kill to the driver's exit
 _PLACEMENT = re.compile(r"^\s+node ([0-9a-f]+) \(.*\): ranks \[([0-9, ]+)\]$", re.M)
 
@@ -105,7 +105,8 @@ def test_node_death_exits_and_resumes_on_the_survivors(cluster, one_node, copy_t
                             cwd=REPO_ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     output: list[str] = []
-    threading.Thread(target=_stream, args=(proc, output), daemon=True).start()
+    reader = threading.Thread(target=_stream, args=(proc, output), daemon=True)
+    reader.start()
     try:
         deadline = time.monotonic() + 360
         while not (tracker.exists() and int(tracker.read_text() or 0) >= 1):  # a step saved: kill mid-run
@@ -121,6 +122,7 @@ def test_node_death_exits_and_resumes_on_the_survivors(cluster, one_node, copy_t
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
+    reader.join(timeout=30)
     text = "".join(output)
     assert returncode != 0, text[-4000:]
     dead_rank = next(rank for rank, node in ranks.items() if node == victim)
@@ -128,8 +130,10 @@ def test_node_death_exits_and_resumes_on_the_survivors(cluster, one_node, copy_t
     assert re.search(rf"worker rank {dead_rank} \(\S+ on node {victim}(, now dead)?\) died", text), text[-4000:]
 
     # the last checkpoint resumes on what is left: the head and the other worker node
+    cluster.wait_dead(victim)
     saved = int(tracker.read_text())
-    assert saved in (1, 2)
+    assert 1 <= saved < REFERENCE_STEPS, f"the killed run got to step {saved} before stopping"
+    print(f"resuming from step {saved} on the surviving nodes")
     proc, resumed = run_main_ppo(command(copy_task, 2, 1, saved + 1, checkpoints, save_freq=1),
                                  log_path=tmp_path / "b.jsonl", ray_address=cluster.address)
     assert proc.returncode == 0
