@@ -54,7 +54,9 @@ EXTRAS_REQUIRE = {
     "xformers": ["xformers>=0.0.32"],
     "tensorboard": ["tensorboard"],
     "wandb": ["wandb"],
-    "test": ["pytest>=7", "pytest-timeout>=2"],
+    # The geo3k reward grades with mathruler (as upstream), which imports pylatexenc without declaring it.
+    "reward": ["mathruler>=0.1", "pylatexenc>=2.10"],
+    "test": ["pytest>=7", "pytest-timeout>=2", "mathruler>=0.1", "pylatexenc>=2.10"],
 }
 
 setup(

@@ -5,5 +5,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
-if [ "$#" -eq 0 ]; then set -- tests; fi
+if [ "$#" -eq 0 ]; then
+    # The whole suite: the main environment, then the vLLM engine's tests in their own (.venv-vllm).
+    "${VERL_VENV:-$ROOT/.venv}/bin/python" -m pytest -q tests
+    exec bash "$ROOT/scripts/run_vllm_tests.sh"
+fi
 exec "${VERL_VENV:-$ROOT/.venv}/bin/python" -m pytest -q "$@"

@@ -476,6 +476,42 @@ class DataProto:
                 raise TypeError(f"'{key}' is a {type(value).__name__}; from_single_dict takes tensors or numpy arrays")
         return cls.from_dict(tensors, non_tensors, meta_info=meta_info, auto_padding=auto_padding)
 
+    @classmethod
+    def from_tensordict(cls, tensor_dict, meta_info=None, num_batch_dims: int = 1) -> "DataProto":
+        """From a `tensordict.TensorDict` (needs tensordict, which is not a dependency): tensors become
+        `batch`, per-sample `NonTensorStack` entries `non_tensor_batch`, single `NonTensorData` entries
+        `meta_info` (upstream's mapping)."""
+        from tensordict import NonTensorData, NonTensorStack
+
+        meta_info = dict(meta_info or {})
+        tensors, non_tensors = {}, {}
+        for key, value in tensor_dict.items():
+            if isinstance(value, torch.Tensor):
+                tensors[key] = value
+            elif isinstance(value, NonTensorStack):
+                non_tensors[key] = np.array([item.data for item in value], dtype=object)
+            elif isinstance(value, NonTensorData):
+                meta_info[key] = value.data
+        if non_tensors and num_batch_dims != 1:
+            raise ValueError("non-tensor entries need num_batch_dims=1")
+        return cls.from_dict(tensors, non_tensors, meta_info=meta_info, num_batch_dims=num_batch_dims)
+
+    def to_tensordict(self):
+        """As a `tensordict.TensorDict` (needs tensordict): tensors as they are, each non-tensor column as
+        a NonTensorStack, each meta_info entry as NonTensorData."""
+        from tensordict import NonTensorData, NonTensorStack, TensorDict
+
+        tensors = dict(self.batch.items()) if self.batch is not None else {}
+        clash = set(tensors) & (set(self.non_tensor_batch) | set(self.meta_info))
+        if clash:
+            raise ValueError(f"keys {sorted(clash)} are both tensors and non-tensor data")
+        out = TensorDict(tensors, batch_size=[len(self)])
+        for key, column in self.non_tensor_batch.items():
+            out[key] = NonTensorStack.from_list([NonTensorData(item) for item in column])
+        for key, value in self.meta_info.items():
+            out[key] = NonTensorData(value)
+        return out
+
     def check_consistency(self):
         """Raise if the batch and the non-tensor arrays disagree on the number of samples."""
         if self.batch is not None and not isinstance(self.batch, TensorBatch):

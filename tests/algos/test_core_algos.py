@@ -326,9 +326,9 @@ def test_vanilla_registered_loss_reads_config_and_global_info():
                                                    config=cfg)
     per, ref_clip, ref_kl, ref_lower = _ppo_ref(old, new, adv, mask, 0.15, 0.3, 2.5)
     assert loss.item() == pytest.approx(_agg_ref(_t(per), mask, "seq-mean-token-mean"), rel=1e-7)
-    assert metrics["actor/pg_clipfrac"] == pytest.approx(ref_clip, rel=1e-7)
-    assert metrics["actor/ppo_kl"] == pytest.approx(ref_kl, rel=1e-7)
-    assert metrics["actor/pg_clipfrac_lower"] == pytest.approx(ref_lower, rel=1e-7)
+    assert float(metrics["actor/pg_clipfrac"]) == pytest.approx(ref_clip, rel=1e-7)
+    assert float(metrics["actor/ppo_kl"]) == pytest.approx(ref_kl, rel=1e-7)
+    assert float(metrics["actor/pg_clipfrac_lower"]) == pytest.approx(ref_lower, rel=1e-7)
 
     # null low/high fall back to clip_ratio; global_batch_info feeds agg_loss; IS weights scale per token
     cfg2 = {"clip_ratio": 0.2, "clip_ratio_low": None, "clip_ratio_high": None,

@@ -141,6 +141,55 @@ def test_entropy_from_logits(dtype, tol):
     torch.testing.assert_close(chunked, out)
 
 
+def test_entropy_gradient_and_chunking_match_float64(monkeypatch):
+    """The chunked entropy (forward and its hand-written backward) against float64 autograd, with
+    several chunks forced; half-precision input gets a float32 entropy and a gradient in its own dtype."""
+    monkeypatch.setattr(F, "_ROWS_PER_CHUNK", 4)
+    base = _rand(3, 5, 11, seed=10) * 3
+    weights = _rand(3, 5, seed=11)
+    x64 = base.double().clone().requires_grad_(True)
+    ref = F.entropy_from_logits(x64)   # float64: plain softmax path, the reference
+    (ref * weights.double()).sum().backward()
+    x32 = base.float().requires_grad_(True)
+    out = F.entropy_from_logits(x32)
+    (out * weights.float()).sum().backward()
+    assert out.dtype == torch.float32 and out.shape == (3, 5)
+    torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x32.grad.double(), x64.grad, rtol=1e-5, atol=1e-6)
+    x16 = base.half().requires_grad_(True)
+    out16 = F.entropy_from_logits(x16)
+    out16.sum().backward()
+    assert out16.dtype == torch.float32 and x16.grad.dtype == torch.float16
+    compiled_like = F.entropy_from_logits(base.float(), kernel=F.entropy_chunk_stats)
+    torch.testing.assert_close(compiled_like, out.detach())
+
+
+def test_logprobs_and_entropy_in_one_pass_match_float64(monkeypatch):
+    """Log-probs and entropies from one chunked pass, and the gradient of a mix of both, against
+    float64 autograd through log_softmax (several chunks forced)."""
+    monkeypatch.setattr(F, "_ROWS_PER_CHUNK", 4)
+    base = _rand(3, 5, 11, seed=12) * 4
+    labels = torch.randint(0, 11, (3, 5), generator=torch.Generator().manual_seed(13))
+    w_lp, w_ent = _rand(3, 5, seed=14), _rand(3, 5, seed=15)
+    x64 = base.double().clone().requires_grad_(True)
+    logp64 = torch.log_softmax(x64, dim=-1)
+    ref_lp = logp64.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    ref_ent = -(logp64.exp() * logp64).sum(-1)
+    ((ref_lp * w_lp).sum() + (ref_ent * w_ent).sum()).backward()
+    x32 = base.float().requires_grad_(True)
+    lp, ent = F.logprobs_and_entropy(x32, labels)
+    ((lp * w_lp.float()).sum() + (ent * w_ent.float()).sum()).backward()
+    assert lp.dtype == ent.dtype == torch.float32 and lp.shape == ent.shape == (3, 5)
+    torch.testing.assert_close(lp.double(), ref_lp.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent.double(), ref_ent.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x32.grad.double(), x64.grad, rtol=1e-5, atol=1e-5)
+    # the same numbers as the separate functions, and the float64 path is the reference itself
+    torch.testing.assert_close(lp.detach(), F.logprobs_from_logits(base.float(), labels), rtol=0, atol=1e-6)
+    lp64, ent64 = F.logprobs_and_entropy(base.double(), labels)
+    torch.testing.assert_close(lp64, ref_lp.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ent64, ref_ent.detach(), rtol=1e-12, atol=1e-12)
+
+
 # ---------------------------------------------------------------- masks and padding
 
 

@@ -197,7 +197,9 @@ FORWARD_KEYS = {"actor": ("actor_rollout_ref.rollout.log_prob_micro_batch_size_p
                 "ref": ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
                         "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"),
                 "critic": ("critic.forward_micro_batch_size_per_gpu", "critic.forward_max_token_len_per_gpu")}
-GAE_KL = QUICKSTART + ["algorithm.use_kl_in_reward=true", "critic.forward_micro_batch_size_per_gpu=auto"]
+# Fixed micro-batches (the plan would use token budgets on these GPUs under use_dynamic_bsz=auto).
+GAE_KL = QUICKSTART + ["algorithm.use_kl_in_reward=true", "critic.forward_micro_batch_size_per_gpu=auto",
+                       "actor_rollout_ref.actor.use_dynamic_bsz=false"]
 
 
 @pytest.mark.parametrize("device", ["t4", "a100-80gb"])
@@ -288,7 +290,14 @@ def test_resolved_quickstart_config_has_no_auto_left(device):
     assert config.actor_rollout_ref.rollout.name == plan.rollout.name
     assert config.actor_rollout_ref.rollout.micro_batch_size == plan.rollout.micro_batch_size
     assert config.trainer.device == plan.device_type
-    assert isinstance(config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, int)
+    actor = config.actor_rollout_ref.actor
+    assert actor.use_dynamic_bsz is plan.actor.use_dynamic_bsz is (device != "cpu")
+    if actor.use_dynamic_bsz:   # token budgets, planned, never below the asked micro-batch x sequence length
+        seq_len = config.data.max_prompt_length + config.data.max_response_length
+        assert actor.ppo_max_token_len_per_gpu == plan.actor.max_token_len_per_gpu >= seq_len
+        assert config.critic.use_dynamic_bsz is True
+    else:
+        assert isinstance(actor.ppo_micro_batch_size_per_gpu, int)
 
 
 # ----------------------------------------------------------------------------- xformers attention

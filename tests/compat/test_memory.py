@@ -73,7 +73,8 @@ def test_kv_cache_formula_and_rollout_peak():
     long_answer = estimate(role(), workload=Workload(16, 1024, 64)).phases["rollout"].terms
     assert long_answer["rollout.kv_cache"] == pytest.approx(per_token * 1040 * 64)    # end of decoding
     long_prompt = estimate(role(), workload=Workload(1024, 16, 64)).phases["rollout"].terms
-    assert long_prompt["rollout.kv_cache"] == pytest.approx(per_token * 1024 * 64)    # prefill
+    # prefill peak: the static decoder's cache is allocated whole (prompt + response) before prefill
+    assert long_prompt["rollout.kv_cache"] == pytest.approx(per_token * 1040 * 64)
     assert long_prompt["rollout.prefill"] > long_prompt["rollout.kv_cache"]
 
 
@@ -187,10 +188,11 @@ def test_rollout_phase_is_one_chunk_of_linear_per_sequence_cost():
     assert engine(64) == pytest.approx(64 * per_seq / GiB)
     assert engine(None) == pytest.approx(1319 * per_seq / GiB)          # no chunking: the whole batch
     assert engine(4096) == engine(None)                                 # a chunk never exceeds the batch
-    # prefill dominates at 256+256 in float32: prompt KV + 4H*4 + 3I*4 bytes per prompt token
+    # prefill dominates at 256+256 in float32: the whole KV cache (allocated before prefill) plus
+    # 4H*4 + 3I*4 bytes per prompt token
     m = QWEN05
     kv = 2 * m.num_layers * m.num_kv_heads * m.head_dim * 4
-    assert per_seq == 256 * (kv + 4 * m.hidden_size * 4 + 3 * m.intermediate_size * 4)
+    assert per_seq == 512 * kv + 256 * (4 * m.hidden_size * 4 + 3 * m.intermediate_size * 4)
 
 
 def test_room_and_resident_during_rollout():

@@ -23,12 +23,13 @@ _CONSOLE_LINE = re.compile(r"^step:(\d+) - (.*)$")
 
 
 def run_main_ppo(overrides: list[str], log_path: Path | None = None, timeout: int = RUN_TIMEOUT_S,
-                 ray_address: str | None = None):
-    """Run main_ppo with Hydra overrides; return (completed process, {step: metrics} from the file logger).
+                 env: dict[str, str] | None = None, ray_address: str | None = None):
+    """Run main_ppo with Hydra overrides (in `env`, else this process's environment); return
+    (completed process, {step: metrics} from the file logger).
 
     Without `ray_address` the run starts its own Ray instance; with it, it attaches to that cluster.
     """
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k != "RAY_ADDRESS"}
     env["PYTHONUNBUFFERED"] = "1"
     if ray_address is not None:
         env["RAY_ADDRESS"] = ray_address

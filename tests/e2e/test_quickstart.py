@@ -13,12 +13,17 @@ Upstream's docs/start/quickstart.rst runs (Qwen2.5-0.5B-Instruct on GSM8K, one G
       trainer.val_before_train=False trainer.n_gpus_per_node=1 trainer.nnodes=1 trainer.save_freq=10
       trainer.test_freq=10 trainer.total_epochs=15
 
-Here the paths point at a tiny locally built Qwen2 and at the parquet files examples/data_preprocess/gsm8k.py
+Here the model is the README's `Qwen/Qwen2.5-0.5B-Instruct` in the PPO test, resolved offline from a
+temporary Hugging Face cache holding a tiny locally built Qwen2 under that id (the GRPO test points at
+the local folder instead); the data are the parquet files examples/data_preprocess/gsm8k.py
 writes from ../shared/data/gsm8k; batches and lengths are CPU-sized, the data sets are subsampled
 (data.train_max_samples / val_max_samples), and trainer.total_training_steps=2. Checkpoints (saved at the
 last step, as upstream does with save_freq > 0) go to a temporary trainer.default_local_dir.
 """
 from conftest import console_metrics, run_main_ppo
+from hub_cache import add_to_hub_cache, offline_env
+
+README_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 
 
 def quickstart_command(data, model, checkpoints) -> list[str]:
@@ -83,11 +88,15 @@ def check_run(proc, expect_critic: bool):
 
 
 def test_ppo_quickstart_command(gsm8k_data, gsm8k_model, tmp_path):
-    proc, _ = run_main_ppo(quickstart_command(gsm8k_data, gsm8k_model, tmp_path))
+    """The README's command with its hub model id, from a populated cache, offline."""
+    add_to_hub_cache(gsm8k_model, tmp_path / "hf_home", README_MODEL)
+    checkpoints = tmp_path / "checkpoints"
+    proc, _ = run_main_ppo(quickstart_command(gsm8k_data, README_MODEL, checkpoints),
+                           env=offline_env(tmp_path / "hf_home"))
     steps = check_run(proc, expect_critic=True)
-    assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert (checkpoints / "latest_checkpointed_iteration.txt").read_text() == "2"
     for role in ("actor", "critic"):
-        assert (tmp_path / "global_step_2" / role / "model_world_size_1_rank_0.pt").is_file()
+        assert (checkpoints / "global_step_2" / role / "model_world_size_1_rank_0.pt").is_file()
     assert "actor/kl_loss" not in steps[1] and "timing_s/ref" not in steps[1]  # no reference model needed
     assert "each holding roles: actor_rollout, critic\n" in proc.stdout
 

@@ -83,15 +83,14 @@ def test_dispatcher_scores_gsm8k_as_float():
     assert default_compute_score("openai/gsm8k", "#### 4", "5", extra_info={"split": "test"}) == 0.0
 
 
-def test_dispatcher_passes_dict_results_through(monkeypatch):
-    monkeypatch.setitem(reward_score._SCORERS, "my/task", lambda s, gt: {"score": 0.5, "acc": True})
-    assert default_compute_score("my/task", "x", "y") == {"score": 0.5, "acc": True}
+def test_dispatcher_passes_dict_results_through():
+    assert default_compute_score("math_dapo", "Answer: 4", "4") == {"score": 1.0, "acc": True, "pred": "4"}
 
 
 def test_unknown_data_source_says_what_to_set():
     with pytest.raises(NotImplementedError) as err:
-        default_compute_score("lighteval/MATH", "x", "y")
-    assert "lighteval/MATH" in str(err.value)
+        default_compute_score("my/own_task", "x", "y")
+    assert "my/own_task" in str(err.value)
     assert "custom_reward_function.path" in str(err.value)
 
 

@@ -189,13 +189,15 @@ def test_eos_stops_rows_and_sets_response_mask(model):
     assert torch.equal(out.batch["attention_mask"][:, 8:], rmask)
 
 
-def test_stops_early_when_all_rows_finish(model, monkeypatch):
+def test_stops_early_when_all_rows_finish(model):
     free = _greedy(model, PROMPTS[:1], response_length=6).batch["responses"]
-    calls = []
+    calls = []  # every pass over the model (prefill or decode step) embeds its input tokens once
     rollout = HFRollout(model, _config(do_sample=False, response_length=6))
-    real = rollout._forward
-    monkeypatch.setattr(rollout, "_forward", lambda *a: calls.append(1) or real(*a))
-    out = rollout.generate_sequences(_batch(PROMPTS[:1], 8, eos_token_id=int(free[0, 1])))
+    hook = model.model.embed_tokens.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        out = rollout.generate_sequences(_batch(PROMPTS[:1], 8, eos_token_id=int(free[0, 1])))
+    finally:
+        hook.remove()
     assert len(calls) == 2  # prefill + one decode step, then every row had produced EOS
     assert out.batch["responses"].shape == (1, 6)
 
@@ -247,7 +249,7 @@ def test_plan_micro_batch_bounds_every_forward(model):
     prompts = PROMPTS + [[12, 7], [44, 45, 46, 47, 48, 49], [3]]
     plan = SimpleNamespace(rollout=SimpleNamespace(dtype="float32", micro_batch_size=3))
     rows = []
-    hook = model.register_forward_pre_hook(lambda _m, _a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    hook = model.model.embed_tokens.register_forward_pre_hook(lambda _m, args: rows.append(args[0].shape[0]))
     try:
         # the plan's size wins over the config's
         out = HFRollout(model, _config(do_sample=False, micro_batch_size=100), plan=plan).generate_sequences(
@@ -418,7 +420,7 @@ def _dtypes_seen(model, plan_dtype):
     from types import SimpleNamespace
 
     seen = []
-    hook = model.register_forward_pre_hook(
+    hook = model.model.embed_tokens.register_forward_pre_hook(
         lambda *_: seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))))
     try:
         plan = None if plan_dtype is None else SimpleNamespace(

@@ -333,3 +333,43 @@ def test_cpu_resource_pool_manager_counts_cpus(ray_session):
         assert pool.actor_resources() == {"num_cpus": 1.0}
     finally:
         pool.release()
+
+
+class AsyncToy(Worker):
+    """A worker whose registered method is a coroutine (upstream's agent-loop / server workers)."""
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    async def halve(self, data: DataProto):
+        import asyncio
+
+        await asyncio.sleep(0.01)   # a real await: the method only finishes if Ray runs it on an event loop
+        return DataProto.from_dict({"y": data.batch["x"] / 2, "rank": torch.full((len(data),), self.rank)})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def ping(self):
+        return "pong"
+
+
+def test_async_method_registered_non_blocking_is_awaited(ray_session):
+    pool, group = _cpu_group(AsyncToy)
+    try:
+        data = DataProto.from_dict({"x": torch.arange(4.0)})
+        future = group.halve(data)            # blocking=False: a future, not the result
+        assert not isinstance(future, DataProto)
+        out = future.get()
+        assert out.batch["y"].tolist() == [0.0, 0.5, 1.0, 1.5] and out.batch["rank"].tolist() == [0, 0, 1, 1]
+        assert group.ping() == ["pong", "pong"]   # plain methods still work on the async actor
+    finally:
+        group.shutdown()
+        pool.release()
+
+    class_dict = {"rollout": RayClassWithInitArgs(AsyncToy), "critic": RayClassWithInitArgs(CriticToy)}
+    pool = RayResourcePool(process_on_nodes=[2], use_gpu=False, max_colocate_count=1)
+    group = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls(class_dict))
+    try:
+        rollout = group.spawn(prefix_set=class_dict.keys())["rollout"]
+        assert rollout.halve(DataProto.from_dict({"x": torch.arange(4.0)})).get().batch["y"].tolist() == \
+            [0.0, 0.5, 1.0, 1.5]
+    finally:
+        group.shutdown()
+        pool.release()

@@ -8,6 +8,7 @@ from test_config import (  # tests/trainer is on sys.path (pytest rootdir-less i
 
 from verl.trainer.config_check import (
     ADV_ESTIMATORS,
+    POLICY_LOSS_MODES,
     KL_ESTIMATORS,
     LOSS_AGG_MODES,
     ConfigError,
@@ -162,12 +163,26 @@ def test_unknown_adv_estimator(ppo):
 
 
 def test_upstream_only_adv_estimator_says_not_implemented(ppo):
-    assert "does not implement" in errors_of(changed(ppo, "algorithm.adv_estimator=remax"))
+    assert "does not implement" in errors_of(changed(ppo, "algorithm.adv_estimator=gdpo"))
 
 
 def test_adv_estimator_list_matches_core_algos():
     core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
     assert set(ADV_ESTIMATORS) == set(core_algos.ADV_ESTIMATOR_REGISTRY)
+
+
+def test_policy_loss_modes_match_core_algos_and_unknown_ones_are_refused(ppo):
+    core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
+    assert set(POLICY_LOSS_MODES) == set(core_algos.POLICY_LOSS_REGISTRY)
+    assert validate(changed(ppo, "actor_rollout_ref.actor.policy_loss.loss_mode=gspo")) == []
+    assert "does not implement" in errors_of(changed(ppo, "actor_rollout_ref.actor.policy_loss.loss_mode=dro"))
+    assert "Did you mean cispo?" in errors_of(changed(ppo, "actor_rollout_ref.actor.policy_loss.loss_mode=cisp"))
+
+
+def test_grpo_passk_needs_two_responses_per_prompt(grpo):
+    msg = errors_of(changed(grpo, "algorithm.adv_estimator=grpo_passk", "actor_rollout_ref.rollout.n=1",
+                            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"))
+    assert "needs actor_rollout_ref.rollout.n >= 2" in msg
 
 
 def test_kl_estimators(ppo):

@@ -304,3 +304,33 @@ def test_validation_generates_in_pieces_and_shows_progress(tmp_path, monkeypatch
     assert "Validation" in err and "5/5" in err
     # the fake's reward: 1 for an even response token, which restarts at 0 in every call -> rows 0,1 | 0,1 | 0
     assert read_log(tmp_path / "log.jsonl")[0]["data"]["val-core/toy/reward/mean@1"] == pytest.approx(3 / 5)
+@pytest.mark.parametrize("estimator", ["opo", "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized", "remax"])
+def test_every_upstream_estimator_runs_through_the_step(tmp_path, monkeypatch, estimator):
+    """The estimators the config check accepts run in fit(); remax first asks for one greedy response per
+    prompt and its reward becomes the baseline of that prompt's rollout.n samples."""
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "log.jsonl"))
+    cfg = make_config(tmp_path, **{"algorithm.adv_estimator": estimator, "trainer.val_before_train": False,
+                                   "trainer.test_freq": -1, "trainer.total_training_steps": 1,
+                                   "trainer.balance_batch": False})
+    calls = []
+    trainer, wg = make_trainer(cfg, calls, use_critic=False)
+    metas = []
+    generate = wg.generate_sequences
+    wg.generate_sequences = lambda batch: (metas.append((len(batch), dict(batch.meta_info))), generate(batch))[1]
+    trainer.fit()
+    batch = wg.seen["actor_batch"]
+    adv = batch.batch["advantages"]
+    assert torch.isfinite(adv).all() and adv.abs().sum() > 0
+    if estimator != "remax":
+        assert calls == ["gen", "old_log_prob", "update_actor"] and len(metas) == 1
+        return
+    assert calls == ["gen", "gen", "old_log_prob", "update_actor"]
+    (greedy_len, greedy_meta), (sampled_len, sampled_meta) = metas
+    assert greedy_len == 4 and greedy_meta["do_sample"] is False and sampled_len == 8
+    assert sampled_meta.get("do_sample", True) is not False
+    # the fake engine's greedy response for prompt p starts with token p: reward 1 for even p
+    baselines = batch.batch["reward_baselines"]
+    assert baselines.tolist() == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+    scores = batch.batch["token_level_scores"].sum(-1)
+    torch.testing.assert_close(adv[:, 0], (scores - baselines) * batch.batch["response_mask"][:, 0])
+    assert "timing_s/gen_max" in json.loads(open(tmp_path / "log.jsonl").readline())["data"]

@@ -87,7 +87,7 @@ def perturb_and_restore(model_dir: str, ckpt_dir: str) -> dict:
 def test_actor_round_trip_restores_weights_optimizer_lr_and_rng(model_dir, tmp_path):
     result = perturb_and_restore(model_dir, str(tmp_path))
     assert result["changed_by_training"] and result["restored"]
-    assert result["files"] == ["extra_state_world_size_1_rank_0.pt", "huggingface",
+    assert result["files"] == ["extra_state_world_size_1_rank_0.pt", "fsdp_config.json", "huggingface",
                                "model_world_size_1_rank_0.pt", "optim_world_size_1_rank_0.pt"]
     hf = os.listdir(tmp_path / "global_step_1" / "actor" / "huggingface")
     assert "config.json" in hf and "tokenizer_config.json" in hf and not any(f.endswith(".safetensors") for f in hf)

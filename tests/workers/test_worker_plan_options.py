@@ -51,14 +51,15 @@ def _prompts():
 
 
 def _generation_dtypes(worker) -> set:
-    """(autocast dtype or None, weight dtype) at every forward of one generate_sequences call."""
+    """(autocast dtype or None, weight dtype) at every pass of one generate_sequences call (each pass,
+    the static decoder's or the HF forward's, embeds its tokens once)."""
     seen = []
 
     def record(module, *_):
         autocast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
         seen.append((autocast, next(module.parameters()).dtype))
 
-    hook = worker.actor_module.register_forward_pre_hook(record)
+    hook = worker.actor_module.model.embed_tokens.register_forward_pre_hook(record)
     try:
         worker.generate_sequences(_prompts())
     finally:

@@ -75,8 +75,18 @@ def _roles(plan: Plan) -> list[RolePlan]:
     return [r for r in (plan.actor, plan.critic, plan.ref) if r is not None]
 
 
+_APPLIED: Plan | None = None   # the plan apply_in_process put in force in this process
+
+
+def applied_plan() -> Plan | None:
+    """The plan this process runs under (None before apply_in_process): what verl.utils.device reports."""
+    return _APPLIED
+
+
 def apply_in_process(plan: Plan, local_rank: int = 0) -> torch.device:
     """Select this process's device and put the plan's process-wide settings in force."""
+    global _APPLIED
+    _APPLIED = plan
     if plan.device_type == "cpu":
         device = torch.device("cpu")
     else:
@@ -176,7 +186,7 @@ _BATCH_KEYS = {
 _HARDWARE_LEAVES = {"attn_implementation", "use_remove_padding", "use_torch_compile", "param_offload",
                     "optimizer_offload", "model_dtype", "dtype", "param_dtype", "reduce_dtype",
                     "buffer_dtype", "name", "gpu_memory_utilization", "enforce_eager", "device", "micro_batch_size",
-                    "enable_gradient_checkpointing", "dataloader_num_workers"}
+                    "enable_gradient_checkpointing", "dataloader_num_workers", "use_dynamic_bsz"}
 
 
 def _exists(config: DictConfig, path: str) -> bool:
@@ -250,6 +260,8 @@ def _resolve_role(config: DictConfig, name: str, role: RolePlan, plan: Plan, wri
         _set(config, f"{model}.attn_implementation", role.attn_implementation, written)
         _set(config, f"{model}.use_remove_padding", role.use_remove_padding, written)
         _set(config, f"{model}.enable_gradient_checkpointing", role.gradient_checkpointing, written)
+    if name == "actor":   # critic, ref and log-prob passes follow the actor's key (upstream's interpolations)
+        _set(config, f"{block}.use_dynamic_bsz", role.use_dynamic_bsz, written)
     for section, per_gpu, global_key, tokens, which in _BATCH_KEYS[name]:
         micro, budget = role.micro_batch_size_per_gpu, role.max_token_len_per_gpu
         if which == "forward":

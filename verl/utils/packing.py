@@ -54,3 +54,28 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
 def unpack(values: torch.Tensor, packed: PackedBatch) -> torch.Tensor:
     """(k,) per-prediction values -> (batch, response_length), zero where no real token is predicted."""
     return values.new_zeros(packed.target.shape).masked_scatter(packed.target, values)
+
+
+
+def padding_windows(attention_masks: list[torch.Tensor], response_length: int) -> list[tuple[int, int]]:
+    """For each padded (batch, seq) micro-batch, the columns [start, end) that hold any real token.
+
+    Prompts are left-padded and responses right-padded, so the columns before the longest prompt and
+    after the longest response are padding in every row; dropping them changes no output (the mask
+    hid them, and attention is causal), whatever the attention kernel. The last prompt column (it
+    predicts the first response token) and the first response column are always kept. One host read
+    covers all micro-batches, so the loop over them needs no further device sync for shapes.
+    """
+    if not attention_masks:
+        return []
+    seq_len = attention_masks[0].shape[1]
+    prompt_length = seq_len - response_length
+    column = torch.arange(seq_len, device=attention_masks[0].device)
+    ends = []
+    for mask in attention_masks:
+        real = mask.bool().any(dim=0)
+        first = torch.where(real[:prompt_length], column[:prompt_length], prompt_length - 1).min()
+        last = torch.where(real[prompt_length:], column[prompt_length:], prompt_length).max()
+        ends.append(torch.stack([first, last]))
+    return [(min(first, prompt_length - 1), max(last + 1, prompt_length + 1))
+            for first, last in torch.stack(ends).tolist()]

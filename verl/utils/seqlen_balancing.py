@@ -42,11 +42,25 @@ def balanced_partitions(lengths: Sequence[int], k_partitions: int) -> list[list[
     return sorted(bins, key=lambda members: members[0])
 
 
-def _agree(value: int, op, dp_group) -> int:
-    """The group-wide MAX/MIN of an int (identity without a process group)."""
+def group_to_agree(dp_group=None):
+    """The group whose ranks must agree on micro-batch counts: `dp_group`, else the default group when
+    it has more than one rank (every FSDP forward is a collective over it), else None."""
+    if dp_group is not None:
+        return dp_group
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.group.WORLD
+    return None
+
+
+def _agree(value: int, op, dp_group, device=None) -> int:
+    """The group-wide MAX/MIN of an int (identity without a process group).
+
+    The value travels on `device` (the batch's device), which is where the group's backend expects
+    tensors (a GPU backend takes no host tensors).
+    """
     if dp_group is None or not dist.is_initialized():
         return value
-    t = torch.tensor([value], dtype=torch.long)
+    t = torch.tensor([value], dtype=torch.long, device=device)
     dist.all_reduce(t, op=op, group=dp_group)
     return int(t.item())
 
@@ -78,8 +92,8 @@ def rearrange_micro_batches(
         k = max(k, min_num_micro_batch)
     sync = same_micro_num_in_dp and dp_group is not None
     if sync:
-        k = _agree(k, dist.ReduceOp.MAX, dp_group)
-        n_min = _agree(n, dist.ReduceOp.MIN, dp_group)
+        k = _agree(k, dist.ReduceOp.MAX, dp_group, attention_mask.device)
+        n_min = _agree(n, dist.ReduceOp.MIN, dp_group, attention_mask.device)
     else:
         n_min = n
     while True:
@@ -91,12 +105,67 @@ def rearrange_micro_batches(
         partitions = balanced_partitions(lengths, k)
         fits = int(all(sum(lengths[i] for i in part) <= max_token_len for part in partitions))
         if sync:
-            fits = _agree(fits, dist.ReduceOp.MIN, dp_group)
+            fits = _agree(fits, dist.ReduceOp.MIN, dp_group, attention_mask.device)
         if fits:
             break
         k += 1
     micro_batches = [index_select(batch, part) for part in partitions]
     return micro_batches, partitions
+
+
+def padded_micro_batches(
+    batch: Mapping[str, torch.Tensor],
+    max_token_len: int,
+    response_length: int,
+    dp_group=None,
+) -> tuple[list[dict[str, torch.Tensor]], list[list[int]]]:
+    """Token-budgeted micro-batches for padded (not packed) forwards.
+
+    A padded micro-batch costs rows x width, where width is the longest prompt plus the longest
+    response in it (the columns `verl.utils.packing.padding_windows` keeps), so that is what the
+    budget bounds; its response rows are also kept within those of budget // seq_len full rows. Rows are taken longest first and a micro-batch grows while its padded size fits,
+    which groups similar lengths and puts many short sequences in one pass. With `dp_group`, every
+    rank splits its largest micro-batches until all ranks have the same count.
+    """
+    mask = batch["attention_mask"]
+    prompt = mask[:, : mask.shape[1] - response_length].sum(dim=-1)
+    response = mask[:, mask.shape[1] - response_length :].sum(dim=-1)
+    prompt_len, response_len = torch.stack([prompt, response]).tolist()
+    # A row needs at least its last prompt column and one response column (the window keeps them).
+    widths = [(max(p, 1), max(r, 1)) for p, r in zip(prompt_len, response_len)]
+    widest = max(p + r for p, r in widths)
+    if widest > max_token_len:
+        raise ValueError(
+            f"a single sequence spans {widest} padded columns, more than the token budget max_token_len="
+            f"{max_token_len}; raise ppo_max_token_len_per_gpu / log_prob_max_token_len_per_gpu (at least "
+            "prompt + response length)."
+        )
+    # Response rows go through the LM head and the vocabulary-wide log-prob pass; they stay within what
+    # budget // seq_len full sequences would bring (the memory model's assumption), however short the prompts.
+    response_budget = max(max_token_len // mask.shape[1], 1) * response_length
+    order = sorted(range(len(widths)), key=lambda i: (-(widths[i][0] + widths[i][1]), i))
+    groups: list[list[int]] = []
+    top_p = top_r = 0
+    for i in order:
+        p, r = widths[i]
+        rows = len(groups[-1]) + 1 if groups else 0
+        if groups and rows * (max(top_p, p) + max(top_r, r)) <= max_token_len \
+                and rows * max(top_r, r) <= response_budget:
+            groups[-1].append(i)
+            top_p, top_r = max(top_p, p), max(top_r, r)
+        else:
+            groups.append([i])
+            top_p, top_r = p, r
+    if dp_group is not None:
+        k = _agree(len(groups), dist.ReduceOp.MAX, dp_group, mask.device)
+        if k > _agree(len(widths), dist.ReduceOp.MIN, dp_group, mask.device):
+            raise ValueError(f"cannot form {k} non-empty micro-batches on every rank; "
+                             "raise the token budget or the per-rank batch size.")
+        while len(groups) < k:   # splitting a micro-batch only lowers its padded size
+            largest = max(range(len(groups)), key=lambda g: len(groups[g]))
+            half = len(groups[largest]) // 2
+            groups[largest:largest + 1] = [groups[largest][:half], groups[largest][half:]]
+    return [index_select(batch, g) for g in groups], groups
 
 
 def index_select(batch: Mapping[str, torch.Tensor], indices: Sequence[int]) -> dict[str, torch.Tensor]:
@@ -128,15 +197,64 @@ def make_micro_batches(
     micro_batch_size: int | None = None,
     max_token_len: int | None = None,
     dp_group=None,
+    padded_response_length: int | None = None,
 ) -> tuple[list[dict[str, torch.Tensor]], list[list[int]]]:
     """Fixed-size micro-batches (`micro_batch_size`) or token-budgeted ones (`max_token_len`).
 
+    Token budgets count real tokens for packed forwards, and padded size (`padded_micro_batches`)
+    when `padded_response_length` says the forward runs on padded rows with that response width.
     Both return the row indices of each micro-batch, so callers restore order the same way.
     """
     if max_token_len is not None:
+        if padded_response_length is not None:
+            return padded_micro_batches(batch, max_token_len, padded_response_length, dp_group=dp_group)
         return rearrange_micro_batches(batch, max_token_len, dp_group=dp_group)
     if not micro_batch_size or micro_batch_size <= 0:
         raise ValueError("set a *_micro_batch_size_per_gpu or use_dynamic_bsz=True with a token budget")
     n = len(batch["attention_mask"])
     partitions = [list(range(s, min(s + micro_batch_size, n))) for s in range(0, n, micro_batch_size)]
     return [{k: v[p[0] : p[-1] + 1] for k, v in batch.items()} for p in partitions], partitions
+
+
+def get_seqlen_balanced_partitions(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool) -> list[list[int]]:
+    """Upstream's name: `k_partitions` non-empty lists of indices (each sorted) with similar length sums.
+    With `equal_size`, every list holds len(seqlen_list) / k_partitions indices (which must divide).
+    (Upstream uses Karmarkar-Karp; this is the greedy longest-first rule: the same contract, and sums
+    differ by at most the longest sequence.)"""
+    if not equal_size:
+        return balanced_partitions(seqlen_list, k_partitions)
+    n = len(seqlen_list)
+    if k_partitions < 1 or n < k_partitions or n % k_partitions:
+        raise ValueError(f"equal_size needs the {n} sequences to split evenly into {k_partitions} partitions")
+    size = n // k_partitions
+    parts: list[list[int]] = [[] for _ in range(k_partitions)]
+    totals = [0] * k_partitions
+    for i in sorted(range(n), key=lambda i: (-int(seqlen_list[i]), i)):
+        target = min((p for p in range(k_partitions) if len(parts[p]) < size), key=lambda p: (totals[p], p))
+        parts[target].append(i)
+        totals[target] += int(seqlen_list[i])
+    return [sorted(part) for part in parts]
+
+
+def prepare_dynamic_batch(data, max_token_len: int, dp_group=None, num_batches_divided_by: int | None = None,
+                          same_micro_num_in_dp: bool = True, min_num_micro_batch: int | None = None,
+                          use_dynamic_bsz_balance: bool = True):
+    """A DataProto split into token-budgeted micro-batch DataProtos (non-tensor columns and meta_info
+    follow their rows), plus each one's original row indices for `restore_dynamic_batch`.
+    `num_batches_divided_by` makes the micro-batch count a multiple of it (e.g. pipeline stages).
+    `use_dynamic_bsz_balance` is accepted for upstream's signature; micro-batches are always balanced."""
+    import copy
+
+    from verl.protocol import DataProto
+
+    tensors = dict(data.batch.items())
+    while True:
+        micro, parts = rearrange_micro_batches(tensors, max_token_len, dp_group=dp_group,
+                                               same_micro_num_in_dp=same_micro_num_in_dp,
+                                               min_num_micro_batch=min_num_micro_batch)
+        if not num_batches_divided_by or len(micro) % num_batches_divided_by == 0:
+            break
+        min_num_micro_batch = ceildiv(len(micro), num_batches_divided_by) * num_batches_divided_by
+    batches = [DataProto.from_dict(tensors=m, non_tensors={k: v[idx] for k, v in data.non_tensor_batch.items()},
+                                   meta_info=copy.deepcopy(data.meta_info)) for m, idx in zip(micro, parts)]
+    return batches, parts

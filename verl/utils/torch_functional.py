@@ -89,8 +89,8 @@ class _TokenLogProb(torch.autograd.Function):
         grad = torch.empty_like(logits)
         for start in range(0, logits.shape[0], _ROWS_PER_CHUNK):
             rows = slice(start, start + _ROWS_PER_CHUNK)
-            probs = torch.exp(logits[rows].float() - lse[rows].unsqueeze(-1))
-            g = -probs * grad_out[rows].unsqueeze(-1)
+            g = torch.exp(logits[rows].float() - lse[rows].unsqueeze(-1))   # softmax, then in place to -p * grad
+            g.mul_(-grad_out[rows].unsqueeze(-1))
             g.scatter_add_(-1, labels[rows].unsqueeze(-1), grad_out[rows].unsqueeze(-1).float())
             grad[rows] = g.to(logits.dtype)
         return grad, None
@@ -116,11 +116,84 @@ def log_probs_from_logits_response(input_ids: torch.Tensor, logits: torch.Tensor
     return logprobs_from_logits(response_logits, input_ids[:, -response_length:])
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) over the last dimension, in float32: lse(x) - sum(p * x)."""
-    x = logits if logits.dtype == torch.float64 else logits.float()
-    probs = torch.softmax(x, dim=-1)
-    return torch.logsumexp(x, dim=-1) - (probs * x).sum(dim=-1)
+def entropy_chunk_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-sum-exp, E_p[x]) per row of float32 logits `x`, from one exponential of the chunk.
+
+    Entropy is their difference. The one elementwise-heavy kernel of the entropy; the actor may hand
+    a compiled copy of it to `entropy_from_logits` / `logprobs_and_entropy`.
+    """
+    top = x.amax(dim=-1, keepdim=True)
+    weights = torch.exp(x - top)
+    total = weights.sum(dim=-1)
+    lse = top.squeeze(-1) + torch.log(total)
+    return lse, (weights * x).sum(dim=-1) / total
+
+
+class _TokenLogProbEntropy(torch.autograd.Function):
+    """log softmax(logits)[label] and the entropy of softmax(logits), per row, in float32 chunks.
+
+    One pass over each chunk gives both (the entropy's log-sum-exp is the log-prob's). Saved for
+    backward: the input logits plus three floats per row; backward recomputes the softmax p per chunk:
+    d logp/dx_j = 1[j=label] - p_j and dH/dx_j = -p_j (x_j - E_p[x]).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, kernel):
+        lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        mean = torch.empty_like(lse)
+        picked = torch.empty_like(lse)
+        for start in range(0, logits.shape[0], _ROWS_PER_CHUNK):
+            rows = slice(start, start + _ROWS_PER_CHUNK)
+            chunk = logits[rows].float()
+            lse[rows], mean[rows] = kernel(chunk)
+            picked[rows] = chunk.gather(-1, labels[rows].unsqueeze(-1)).squeeze(-1)
+        ctx.save_for_backward(logits, labels, lse, mean)
+        return picked - lse, lse - mean
+
+    @staticmethod
+    def backward(ctx, grad_logp: torch.Tensor, grad_entropy: torch.Tensor):
+        logits, labels, lse, mean = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], _ROWS_PER_CHUNK):
+            rows = slice(start, start + _ROWS_PER_CHUNK)
+            x = logits[rows].float()
+            g_lp, g_ent = grad_logp[rows].unsqueeze(-1), grad_entropy[rows].unsqueeze(-1)
+            # -p * (g_lp + g_ent * (x - mean)), built in place in one fresh (rows, vocab) buffer
+            g = x - mean[rows].unsqueeze(-1)
+            g.mul_(-g_ent).sub_(g_lp)
+            g.mul_(torch.exp(x - lse[rows].unsqueeze(-1)))
+            g.scatter_add_(-1, labels[rows].unsqueeze(-1), g_lp.float())
+            grad[rows] = g.to(logits.dtype)
+        return grad, None, None
+
+
+def logprobs_and_entropy(logits: torch.Tensor, labels: torch.Tensor, kernel=None):
+    """(log-prob of each label, entropy) under softmax(logits), both float32, from one chunked pass.
+
+    Cheaper than `logprobs_from_logits` plus `entropy_from_logits` (one log-sum-exp, one exponential
+    per chunk). `kernel` replaces `entropy_chunk_stats` (e.g. a compiled copy). Float64 input is
+    computed directly in float64 (the reference path).
+    """
+    if logits.dtype == torch.float64:
+        logp = torch.log_softmax(logits, dim=-1)
+        return logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1), -(logp.exp() * logp).sum(dim=-1)
+    lead = logits.shape[:-1]
+    logp, entropy = _TokenLogProbEntropy.apply(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).long(),
+                                               kernel or entropy_chunk_stats)
+    return logp.view(lead), entropy.view(lead)
+
+
+def entropy_from_logits(logits: torch.Tensor, kernel=None) -> torch.Tensor:
+    """Entropy of softmax(logits) over the last dimension, in float32: lse(x) - sum(p * x).
+
+    Computed `_ROWS_PER_CHUNK` rows at a time (forward and backward), so no float32 copy of the whole
+    (tokens, vocab) tensor is ever held. Float64 input is computed directly in float64.
+    """
+    if logits.dtype == torch.float64:
+        probs = torch.softmax(logits, dim=-1)
+        return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+    labels = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
+    return logprobs_and_entropy(logits, labels, kernel)[1]
 
 
 def entropy_from_logits_with_chunking(logits: torch.Tensor, chunk_size: int = 2048) -> torch.Tensor:

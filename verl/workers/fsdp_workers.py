@@ -9,17 +9,20 @@ counts prompts, is multiplied by `rollout.n` and divided by the data-parallel si
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from verl.compat import torch_dtype
+from verl.compat.throughput import peak_flops
 from verl.protocol import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.base.worker import Worker
 from verl.utils import fsdp_utils
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+from verl.utils.flops import training_flops
 from verl.utils.model_loading import build_model, load_tokenizer
 from verl.utils.torch_functional import (
     get_constant_schedule_with_warmup,
@@ -78,11 +81,13 @@ def _normalize_mini_batch(cfg, rollout_n: int, dp_size: int, where: str) -> None
             )
 
 
-def _build_optimizer(module: torch.nn.Module, optim_cfg):
-    """AdamW plus upstream's warm-up / constant|cosine schedule (stepped once per update call)."""
+def _build_optimizer(module: torch.nn.Module, optim_cfg, fused: bool = False):
+    """AdamW (the plan's fused kernel or torch's default) plus upstream's warm-up / constant|cosine
+    schedule (stepped once per update call)."""
     betas = tuple(optim_cfg.get("betas", (0.9, 0.999)))
     optimizer = torch.optim.AdamW(
-        module.parameters(), lr=float(optim_cfg.lr), betas=betas, weight_decay=float(optim_cfg.get("weight_decay", 0.01))
+        module.parameters(), lr=float(optim_cfg.lr), betas=betas, weight_decay=float(optim_cfg.get("weight_decay", 0.01)),
+        fused=True if fused else None,
     )
     total_steps = int(optim_cfg.get("total_training_steps", -1) or -1)
     warmup = optim_cfg.get("lr_warmup_steps", -1)
@@ -223,6 +228,19 @@ def _checkpoint_manager(planned: _PlannedModel, module, optimizer, scheduler, to
                                  optimizer_offload=planned.optimizer_offload)
 
 
+def _mfu(role: str, module, plan, compute_dtype: torch.dtype, data: DataProto, epochs: int, seconds: float,
+         lm_head: bool) -> dict:
+    """Upstream's perf/mfu/<role>: this rank's model FLOPs of the update over its time and the plan's
+    device peak (the trainer averages ranks). Left out where the profile gives no peak rate (CPU)."""
+    peak = peak_flops(plan.device, str(compute_dtype).removeprefix("torch."))
+    config = getattr(module, "config", None)
+    if peak <= 0 or seconds <= 0 or config is None:
+        return {}
+    seq_lens = data.batch["attention_mask"].sum(dim=-1).tolist()
+    flops = epochs * training_flops(config, seq_lens, lm_head=lm_head)
+    return {f"perf/mfu/{role}": flops / seconds / peak}
+
+
 def _model_inputs(data: DataProto) -> dict:
     return {k: data.batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
 
@@ -267,16 +285,19 @@ class ActorRolloutRefWorker(Worker):
         ref_plan = self.plan.ref or self.plan.actor
         if self._is_actor:
             a, p = cfg.actor, self.plan.actor
+            _fill(a, "use_dynamic_bsz", p.use_dynamic_bsz)
             _per_rank(a, "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu", dp, p.micro_batch_size_per_gpu)
             _fill(a, "ppo_max_token_len_per_gpu", p.max_token_len_per_gpu)
             _normalize_mini_batch(a, n, dp, "actor_rollout_ref.actor")
         if self._is_actor or self._is_rollout:
             r, p = cfg.rollout, self.plan.actor
+            _fill(r, "log_prob_use_dynamic_bsz", p.use_dynamic_bsz)
             _per_rank(r, "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", dp,
                       p.forward_micro_batch_size_per_gpu or p.micro_batch_size_per_gpu)
             _fill(r, "log_prob_max_token_len_per_gpu", p.forward_max_token_len_per_gpu or p.max_token_len_per_gpu)
         if self._is_ref:
             r = cfg.ref
+            _fill(r, "log_prob_use_dynamic_bsz", ref_plan.use_dynamic_bsz)
             _per_rank(r, "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", dp,
                       ref_plan.forward_micro_batch_size_per_gpu or ref_plan.micro_batch_size_per_gpu)
             _fill(r, "log_prob_max_token_len_per_gpu",
@@ -306,7 +327,8 @@ class ActorRolloutRefWorker(Worker):
             self._actor_model = _PlannedModel("actor", self.plan.actor, self.plan.device_type)
             self.actor_module = self._load(self._actor_model, train=self._is_actor)
             if self._is_actor:
-                self.actor_optimizer, self.actor_lr_scheduler = _build_optimizer(self.actor_module, self.config.actor.optim)
+                self.actor_optimizer, self.actor_lr_scheduler = _build_optimizer(
+                    self.actor_module, self.config.actor.optim, self.plan.actor.fused_optimizer)
             actor_cfg = self.config.actor if self._is_actor else self.config.rollout
             self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.actor_optimizer,
                                               precision=self._actor_model.precision,
@@ -416,8 +438,11 @@ class ActorRolloutRefWorker(Worker):
         data = data.to(self.device)
         data.meta_info.setdefault("temperature", float(self.config.rollout.get("temperature", 1.0)))
         self._guard(self._actor_model, self.actor_module, data)
+        start = time.perf_counter()
         with fsdp_utils.optimizer_state_on(self.actor_optimizer, self.device, self._actor_model.optimizer_offload):
             metrics = self.actor.update_policy(data)
+        metrics.update(_mfu("actor", self.actor_module, self.plan, self._actor_model.compute_dtype, data,
+                            int(self.config.actor.get("ppo_epochs", 1)), time.perf_counter() - start, lm_head=True))
         metrics["actor/lr"] = self.actor_lr_scheduler.get_last_lr()[0]
         self.actor_lr_scheduler.step()
         metrics.update(self._perf_metrics())
@@ -461,6 +486,7 @@ class CriticWorker(Worker):
         _, self.dp_size = fsdp_utils.init_distributed(plan.dist_backend)
         self.config = _copy_config(config)
         c, p, dp = self.config, plan.critic, self.dp_size
+        _fill(c, "use_dynamic_bsz", p.use_dynamic_bsz)
         _per_rank(c, "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu", dp, p.micro_batch_size_per_gpu)
         _per_rank(c, "forward_micro_batch_size", "forward_micro_batch_size_per_gpu", dp,
                   p.forward_micro_batch_size_per_gpu or c.get("ppo_micro_batch_size_per_gpu"))
@@ -477,7 +503,8 @@ class CriticWorker(Worker):
         module = build_model(model_cfg.path, self.plan.critic, value_head=True, trust_remote_code=trust,
                              override_config=model_cfg.get("override_config") or {}, train=True)
         self.critic_module = self._critic_model.shard(module)
-        self.critic_optimizer, self.critic_lr_scheduler = _build_optimizer(self.critic_module, self.config.optim)
+        self.critic_optimizer, self.critic_lr_scheduler = _build_optimizer(
+            self.critic_module, self.config.optim, self.plan.critic.fused_optimizer)
         self.critic = DataParallelPPOCritic(self.config, self.critic_module, self.critic_optimizer,
                                             precision=self._critic_model.precision,
                                             use_remove_padding=self.plan.critic.use_remove_padding)
@@ -509,8 +536,11 @@ class CriticWorker(Worker):
     def update_critic(self, data: DataProto) -> DataProto:
         data = data.to(self.device)
         self._guard(data)
+        start = time.perf_counter()
         with fsdp_utils.optimizer_state_on(self.critic_optimizer, self.device, self._critic_model.optimizer_offload):
             metrics = self.critic.update_critic(data)
+        metrics.update(_mfu("critic", self.critic_module, self.plan, self._critic_model.compute_dtype, data,
+                            int(self.config.get("ppo_epochs", 1)), time.perf_counter() - start, lm_head=False))
         metrics["critic/lr"] = self.critic_lr_scheduler.get_last_lr()[0]
         self.critic_lr_scheduler.step()
         return _output(self._meta(metrics))

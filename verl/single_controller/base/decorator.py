@@ -9,6 +9,7 @@ custom pair. `Execute` says whether every worker or only rank 0 runs the method.
 from __future__ import annotations
 
 import functools
+import inspect
 from enum import Enum
 from types import FunctionType
 
@@ -173,11 +174,20 @@ def register(dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.ALL, blocki
         execute_mode = Execute.RANK_ZERO
 
     def decorator(func):
-        @functools.wraps(func)
-        def inner(*args, **kwargs):
-            if materialize_futures:
-                args, kwargs = _materialize_futures(args, kwargs)
-            return func(*args, **kwargs)
+        if inspect.iscoroutinefunction(func):
+            # An async method stays async, so Ray runs the actor's event loop and awaits it (a plain
+            # wrapper would hand Ray an un-awaited coroutine, which it then fails to pickle).
+            @functools.wraps(func)
+            async def inner(*args, **kwargs):
+                if materialize_futures:
+                    args, kwargs = _materialize_futures(args, kwargs)
+                return await func(*args, **kwargs)
+        else:
+            @functools.wraps(func)
+            def inner(*args, **kwargs):
+                if materialize_futures:
+                    args, kwargs = _materialize_futures(args, kwargs)
+                return func(*args, **kwargs)
 
         setattr(inner, MAGIC_ATTR, {"dispatch_mode": dispatch_mode, "execute_mode": execute_mode, "blocking": blocking})
         return inner

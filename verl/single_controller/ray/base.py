@@ -7,6 +7,7 @@ a failure names the worker rank and the method.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import re
@@ -634,16 +635,20 @@ def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> 
     WorkerDict.role_classes = role_classes
     for role, cls in role_classes.items():
         for name, attrs in registered_methods(cls).items():
-            forward = _role_forwarder(role, name)
+            forward = _role_forwarder(role, name, inspect.iscoroutinefunction(getattr(cls, name)))
             setattr(forward, MAGIC_ATTR, attrs)  # the colocated group also gets `<role>_<name>` methods
             setattr(WorkerDict, f"{role}_{name}", forward)
     WorkerDict.__name__ = WorkerDict.__qualname__ = "WorkerDict_" + "_".join(role_classes)
     return RayClassWithInitArgs(WorkerDict)
 
 
-def _role_forwarder(role: str, name: str):
-    def forward(self, *args, **kwargs):
-        return getattr(self.worker_dict[role], name)(*args, **kwargs)
+def _role_forwarder(role: str, name: str, is_async: bool = False):
+    if is_async:
+        async def forward(self, *args, **kwargs):
+            return await getattr(self.worker_dict[role], name)(*args, **kwargs)
+    else:
+        def forward(self, *args, **kwargs):
+            return getattr(self.worker_dict[role], name)(*args, **kwargs)
 
     forward.__name__ = f"{role}_{name}"
     return forward

@@ -21,13 +21,27 @@ __all__ = [
     "FixedKLController",
     "agg_loss",
     "compute_gae_advantage_return",
+    "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
+    "compute_grpo_passk_outcome_advantage",
+    "compute_grpo_vectorized_outcome_advantage",
+    "compute_opo_outcome_advantage",
     "compute_policy_loss",
+    "compute_policy_loss_cispo",
+    "compute_policy_loss_clip_cov",
+    "compute_policy_loss_geo_mean",
+    "compute_policy_loss_gpg",
+    "compute_policy_loss_gspo",
+    "compute_policy_loss_kl_cov",
+    "compute_policy_loss_reinforce",
+    "compute_policy_loss_sapo",
     "compute_policy_loss_vanilla",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_rewards",
+    "compute_remax_outcome_advantage",
     "compute_rloo_outcome_advantage",
+    "compute_rloo_vectorized_outcome_advantage",
     "compute_value_loss",
     "compute_entropy_loss",
     "get_adv_estimator_fn",
@@ -62,7 +76,13 @@ class AdvantageEstimator(str, Enum):
     GRPO = "grpo"
     REINFORCE_PLUS_PLUS = "reinforce_plus_plus"
     REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"
+    REMAX = "remax"
     RLOO = "rloo"
+    OPO = "opo"
+    GRPO_PASSK = "grpo_passk"
+    GPG = "gpg"
+    RLOO_VECTORIZED = "rloo_vectorized"
+    GRPO_VECTORIZED = "grpo_vectorized"
 
 
 ADV_ESTIMATOR_REGISTRY: dict[str, Callable] = {}
@@ -422,7 +442,8 @@ def compute_policy_loss_vanilla(
     Reads clip_ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c and, if present, the dict
     `global_batch_info` (dp_size, batch_num_tokens, global_batch_size, loss_scale_factor) that the
     actor fills in for globally normalised aggregation. Returns (pg_loss, metrics) with upstream's
-    metric names.
+    metric names; the metric values are detached 0-d tensors, so the actor's micro-batch loop does not
+    wait for the device (it reads them once per mini-batch).
     """
     if config is None:
         raise ValueError("compute_policy_loss_vanilla needs config (the actor config, for the clip ratios)")
@@ -438,9 +459,9 @@ def compute_policy_loss_vanilla(
     batch_info = dict(_cfg(config, "global_batch_info", {}) or {})
     pg_loss = agg_loss(loss_mat=per_token, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
     metrics = {
-        "actor/pg_clipfrac": clipfrac.detach().item(),
-        "actor/ppo_kl": ppo_kl.detach().item(),
-        "actor/pg_clipfrac_lower": clipfrac_lower.detach().item(),
+        "actor/pg_clipfrac": clipfrac.detach(),
+        "actor/ppo_kl": ppo_kl.detach(),
+        "actor/pg_clipfrac_lower": clipfrac_lower.detach(),
     }
     return pg_loss, metrics
 
@@ -521,3 +542,409 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
         return value
     k2 = 0.5 * (logprob - ref_logprob).square()
     return k2 - k2.detach() + value.detach()
+
+
+# --------------------------------------------------------------------------- more estimators (upstream names)
+
+
+def _scores_and_groups(token_level_rewards, index):
+    """Sequence scores in float64 and each row's group number (0..G-1)."""
+    gid, n_groups = _group_ids(index)
+    return token_level_rewards.sum(dim=-1).double(), gid.to(token_level_rewards.device), n_groups
+
+
+def _broadcast(per_row: torch.Tensor, like: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    return per_row.to(like.dtype).unsqueeze(-1) * response_mask
+
+
+@register_adv_est(AdvantageEstimator.GRPO_VECTORIZED)
+def compute_grpo_vectorized_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config=None,
+):
+    """GRPO computed with scatter sums instead of a per-group loop: the same advantages as `grpo`
+    (a group of one keeps its raw score, std 1)."""
+    return compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon,
+                                          _cfg(config, "norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo))
+
+
+@register_adv_est(AdvantageEstimator.RLOO_VECTORIZED)
+def compute_rloo_vectorized_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    config=None,
+    **kwargs,
+):
+    """RLOO (arXiv:2402.14740) with scatter sums: r_i minus the mean of the group's other responses.
+    Unlike the looped `rloo`, a group of one gets advantage 0 (it has no other response to compare)."""
+    with torch.no_grad():
+        scores, gid, n_groups = _scores_and_groups(token_level_rewards, index)
+        count = torch.zeros(n_groups, dtype=torch.float64, device=scores.device).index_add_(
+            0, gid, torch.ones_like(scores))[gid]
+        total = torch.zeros(n_groups, dtype=torch.float64, device=scores.device).index_add_(0, gid, scores)[gid]
+        adv = (count * scores - total) / (count - 1).clamp(min=1) * (count > 1)
+        adv = _broadcast(adv, token_level_rewards, response_mask)
+    return adv, adv
+
+
+@register_adv_est(AdvantageEstimator.OPO)
+def compute_opo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    config=None,
+    **kwargs,
+):
+    """OPO (arXiv:2505.23585): the baseline is the group's length-weighted mean score,
+    b = sum_j |o_j| r_j / sum_j |o_j|, the variance-optimal baseline for on-policy sampling.
+    A group of one has baseline 0."""
+    with torch.no_grad():
+        scores, gid, n_groups = _scores_and_groups(token_level_rewards, index)
+        lengths = response_mask.sum(dim=-1).double()
+        zeros = torch.zeros(n_groups, dtype=torch.float64, device=scores.device)
+        count = zeros.clone().index_add_(0, gid, torch.ones_like(scores))[gid]
+        weighted = zeros.clone().index_add_(0, gid, lengths * scores)[gid]
+        total_len = zeros.clone().index_add_(0, gid, lengths)[gid]
+        baseline = torch.where(count > 1, weighted / total_len.clamp(min=1), torch.zeros_like(scores))
+        adv = _broadcast(scores - baseline, token_level_rewards, response_mask)
+    return adv, adv
+
+
+@register_adv_est(AdvantageEstimator.GRPO_PASSK)
+def compute_grpo_passk_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config=None,
+    **kwargs,
+):
+    """Pass@k training (arXiv:2503.19595): only each group's best response is credited, with
+    r_max - r_second (divided by the group's unbiased std + epsilon unless
+    `algorithm.norm_adv_by_std_in_grpo=false`); every other response gets 0. Needs rollout.n >= 2."""
+    norm = _cfg(config, "norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo)
+    with torch.no_grad():
+        scores, gid, n_groups = _scores_and_groups(token_level_rewards, index)
+        adv = torch.zeros_like(scores)
+        for g in range(n_groups):
+            rows = torch.nonzero(gid == g).flatten()
+            if rows.numel() < 2:
+                raise ValueError(f"grpo_passk needs at least 2 responses per prompt (set actor_rollout_ref.rollout.n "
+                                 f">= 2); a group has {rows.numel()}")
+            top = torch.topk(scores[rows], 2)
+            value = top.values[0] - top.values[1]
+            if norm:
+                value = value / (scores[rows].std() + epsilon)
+            adv[rows[top.indices[0]]] = value
+        adv = _broadcast(adv, token_level_rewards, response_mask)
+    return adv, adv
+
+
+@register_adv_est(AdvantageEstimator.GPG)
+def compute_gpg_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    f_norm: float = 1.0,
+    alpha: float = 1.0,
+    config=None,
+    **kwargs,
+):
+    """GPG (arXiv:2504.02546): (r_i - group mean) * alpha / f_norm, where alpha = batch size / number
+    of non-zero scores corrects for groups whose responses all scored 0. A group of one has mean 0.
+    (As upstream, the `alpha` argument is replaced by that batch correction.)"""
+    with torch.no_grad():
+        scores, gid, n_groups = _scores_and_groups(token_level_rewards, index)
+        alpha = scores.numel() / max(int(torch.count_nonzero(scores)), 1)
+        zeros = torch.zeros(n_groups, dtype=torch.float64, device=scores.device)
+        count = zeros.clone().index_add_(0, gid, torch.ones_like(scores))[gid]
+        mean = zeros.clone().index_add_(0, gid, scores)[gid] / count
+        mean = torch.where(count > 1, mean, torch.zeros_like(mean))
+        adv = _broadcast(alpha * (scores - mean) / f_norm, token_level_rewards, response_mask)
+    return adv, adv
+
+
+@register_adv_est(AdvantageEstimator.REMAX)
+def compute_remax_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    reward_baselines: torch.Tensor,
+    response_mask: torch.Tensor,
+    config=None,
+    **kwargs,
+):
+    """ReMax (arXiv:2310.10505): returns-to-go minus the reward of the greedy response to the same
+    prompt (`reward_baselines`, one per row, filled by the trainer's greedy baseline rollout)."""
+    with torch.no_grad():
+        returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+        advantages = returns - reward_baselines.to(returns.dtype).unsqueeze(-1) * response_mask
+    return advantages, returns
+
+
+# --------------------------------------------------------------------------- more policy losses (upstream names)
+
+
+def _clip_range(config) -> tuple[float, float]:
+    clip_ratio = _cfg(config, "clip_ratio", 0.2)
+    return _cfg(config, "clip_ratio_low", clip_ratio), _cfg(config, "clip_ratio_high", clip_ratio)
+
+
+def _batch_info(config) -> dict:
+    return dict(_cfg(config, "global_batch_info", {}) or {})
+
+
+def _loss_option(config, key: str, default):
+    return _cfg(_cfg(config, "policy_loss", {}), key, default)
+
+
+def _pg_metrics(**values) -> dict[str, float]:
+    return {f"actor/{k}": float(v.detach().item() if isinstance(v, torch.Tensor) else v) for k, v in values.items()}
+
+
+def _need_config(config, name: str) -> None:
+    if config is None:
+        raise ValueError(f"{name} needs config (the actor config)")
+
+
+@register_policy_loss("gspo")
+def compute_policy_loss_gspo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+):
+    """GSPO (arXiv:2507.18071): PPO clipping on the sequence-level ratio
+    s_i = exp(mean_t log(pi/pi_old)), applied to every token of the sequence. Each token's ratio is
+    written sg[s_i] * pi_t / sg[pi_t], so its value is s_i and its gradient flows through the token's
+    own log-prob (the paper's token-level GSPO-token form). Upstream recommends
+    loss_agg_mode=seq-mean-token-mean."""
+    _need_config(config, "compute_policy_loss_gspo")
+    clip_low, clip_high = _clip_range(config)
+    log_ratio = log_prob - old_log_prob
+    lengths = response_mask.sum(dim=-1).clamp(min=1)
+    seq_log_ratio = (log_ratio * response_mask).sum(dim=-1) / lengths
+    token_log_ratio = torch.clamp(log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1), max=10.0)
+    ratio = torch.exp(token_log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    if rollout_is_weights is not None:
+        per_token = per_token * rollout_is_weights
+    pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
+    return pg_loss, _pg_metrics(pg_clipfrac=verl_F.masked_mean((clipped > unclipped).float(), response_mask),
+                                ppo_kl=verl_F.masked_mean(-log_ratio, response_mask), pg_clipfrac_lower=0.0)
+
+
+@register_policy_loss("sapo")
+def compute_policy_loss_sapo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+):
+    """SAPO (arXiv:2511.20347): a smooth gate instead of a hard clip. Per token,
+    loss = -A * (4/tau) * sigmoid(tau * (r - 1)) with tau = actor.tau_pos where A > 0 and
+    actor.tau_neg elsewhere; at r = 1 the gradient equals PPO's and it fades as r leaves 1.
+    As upstream, the loss is always aggregated seq-mean-token-mean (loss_agg_mode is not used)."""
+    _need_config(config, "compute_policy_loss_sapo")
+    tau_pos, tau_neg = (torch.tensor(float(_cfg(config, key, default)), dtype=advantages.dtype, device=advantages.device)
+                        for key, default in (("tau_pos", 1.0), ("tau_neg", 1.05)))
+    tau = torch.where(advantages > 0, tau_pos, tau_neg)
+    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    gate = torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0)) * (4.0 / tau)
+    per_token = -gate * advantages
+    if rollout_is_weights is not None:
+        per_token = per_token * rollout_is_weights
+    pg_loss = agg_loss(per_token, response_mask, "seq-mean-token-mean", **_batch_info(config))
+    return pg_loss, _pg_metrics(pg_clipfrac=0.0, ppo_kl=verl_F.masked_mean(-log_ratio, response_mask),
+                                pg_clipfrac_lower=0.0)
+
+
+@register_policy_loss("gpg")
+def compute_policy_loss_gpg(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+):
+    """GPG (arXiv:2504.02546): the plain policy gradient -A * log pi, no ratio and no clipping."""
+    _need_config(config, "compute_policy_loss_gpg")
+    per_token = -log_prob * advantages
+    if rollout_is_weights is not None:
+        per_token = per_token * rollout_is_weights
+    return agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config)), {}
+
+
+def _covariance(advantages, log_prob, response_mask):
+    """Per-token centred product (A - mean A)(log pi - mean log pi) over the valid tokens
+    (arXiv:2505.22617), the term whose large values drive entropy collapse."""
+    return ((advantages - verl_F.masked_mean(advantages, response_mask))
+            * (log_prob.detach() - verl_F.masked_mean(log_prob.detach(), response_mask)))
+
+
+@register_policy_loss("clip_cov")
+def compute_policy_loss_clip_cov(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+):
+    """Clip-Cov (arXiv:2505.22617): PPO's clipped loss, with the gradient removed from a random
+    `policy_loss.clip_cov_ratio` share of the valid tokens (at least one) whose covariance lies in
+    (clip_cov_lb, clip_cov_ub) and that PPO's clip has not already cut."""
+    _need_config(config, "compute_policy_loss_clip_cov")
+    ratio_share = float(_loss_option(config, "clip_cov_ratio", 0.0002))
+    lower, upper = float(_loss_option(config, "clip_cov_lb", 1.0)), float(_loss_option(config, "clip_cov_ub", 5.0))
+    if ratio_share <= 0:
+        raise ValueError(f"actor.policy_loss.clip_cov_ratio must be > 0, got {ratio_share}")
+    clip_low, clip_high = _clip_range(config)
+    log_ratio = log_prob - old_log_prob
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    valid = response_mask > 0
+    cov = _covariance(advantages, log_prob, response_mask)
+    candidates = torch.nonzero(valid & ~(clipped > unclipped) & (cov > lower) & (cov < upper))
+    n_cut = max(int(ratio_share * int(valid.sum())), 1)
+    chosen = candidates[torch.randperm(len(candidates), device=candidates.device)[:n_cut]]
+    keep = torch.ones_like(advantages)
+    keep[chosen[:, 0], chosen[:, 1]] = 0
+    per_token = torch.maximum(unclipped, clipped) * keep
+    if rollout_is_weights is not None:
+        per_token = per_token * rollout_is_weights
+    pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
+    return pg_loss, _pg_metrics(pg_clipfrac=verl_F.masked_mean((keep == 0).float(), response_mask),
+                                ppo_kl=verl_F.masked_mean(-log_ratio, response_mask))
+
+
+@register_policy_loss("kl_cov")
+def compute_policy_loss_kl_cov(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+):
+    """KL-Cov (arXiv:2505.22617): the unclipped loss -A * r, plus policy_loss.ppo_kl_coef * |log r| on
+    the `policy_loss.kl_cov_ratio` share of valid tokens (at least one) with the largest covariance."""
+    _need_config(config, "compute_policy_loss_kl_cov")
+    share = float(_loss_option(config, "kl_cov_ratio", 0.0002))
+    coef = float(_loss_option(config, "ppo_kl_coef", 1.0))
+    if share <= 0:
+        raise ValueError(f"actor.policy_loss.kl_cov_ratio must be > 0, got {share}")
+    log_ratio = log_prob - old_log_prob
+    per_token = -advantages * torch.exp(log_ratio)
+    valid = response_mask > 0
+    flat_valid = torch.nonzero(valid.flatten()).flatten()
+    if flat_valid.numel():
+        cov = _covariance(advantages, log_prob, response_mask).flatten()[flat_valid]
+        top = flat_valid[torch.topk(cov, max(1, int(flat_valid.numel() * share))).indices]
+        penalty = torch.zeros(per_token.numel(), dtype=per_token.dtype, device=per_token.device)
+        penalty[top] = 1.0
+        per_token = per_token + coef * log_ratio.abs() * penalty.view_as(per_token)
+    if rollout_is_weights is not None:
+        per_token = per_token * rollout_is_weights
+    pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
+    return pg_loss, _pg_metrics(ppo_kl=verl_F.masked_mean(log_ratio.abs(), response_mask))
+
+
+@register_policy_loss("geo_mean")
+def compute_policy_loss_geo_mean(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+):
+    """GMPO (arXiv:2507.20673): the sequence ratio is the geometric mean of token ratios, each token's
+    log-ratio first clipped to [-clip_ratio_low, clip_ratio_high] on the side the advantage's sign
+    makes pessimistic; loss_i = -mean_t(A) * exp(mean_t(clipped log r)), averaged over sequences
+    (loss_agg_mode is not used, as upstream; with data parallelism the global sequence count divides)."""
+    _need_config(config, "compute_policy_loss_geo_mean")
+    clip_low, clip_high = _clip_range(config)
+    log_ratio = log_prob - old_log_prob
+    sign = torch.sign(advantages)
+    bounded = torch.clamp(log_ratio, -clip_low, clip_high)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * bounded)
+    lengths = response_mask.sum(dim=-1)
+    seq_ratio = torch.exp((pessimistic * response_mask).sum(dim=-1) / (lengths + 1e-8))
+    seq_adv = (advantages * response_mask).sum(dim=-1) / (lengths + 1e-8)
+    per_seq = -seq_adv * seq_ratio
+    if rollout_is_weights is not None:
+        per_seq = per_seq * torch.exp((torch.log(rollout_is_weights + 1e-10) * response_mask).sum(dim=-1)
+                                      / (lengths + 1e-8))
+    info = _batch_info(config)
+    pg_loss = per_seq.sum() / info["global_batch_size"] * info.get("dp_size", 1) \
+        if info.get("global_batch_size") else per_seq.mean()
+    cut = (log_ratio != bounded).float()
+    return pg_loss, _pg_metrics(pg_clipfrac=verl_F.masked_mean(cut * (advantages > 0), response_mask),
+                                ppo_kl=verl_F.masked_mean(-log_ratio, response_mask),
+                                pg_clipfrac_lower=verl_F.masked_mean(cut * (advantages < 0), response_mask))
+
+
+@register_policy_loss("cispo")
+def compute_policy_loss_cispo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+):
+    """CISPO (MiniMax-M1, arXiv:2506.13585): -sg[clip(r, 1-low, 1+high)] * A * log pi. The importance
+    weight is clipped and detached, so no token's gradient is dropped (PPO's clip zeroes it)."""
+    _need_config(config, "compute_policy_loss_cispo")
+    clip_low, clip_high = _clip_range(config)
+    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    ratio = torch.exp(log_ratio)
+    weight = torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    per_token = -weight.detach() * advantages * log_prob
+    if rollout_is_weights is not None:
+        per_token = per_token * rollout_is_weights
+    pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
+    return pg_loss, _pg_metrics(pg_clipfrac=verl_F.masked_mean((ratio != weight).float(), response_mask),
+                                ppo_kl=verl_F.masked_mean(-log_ratio, response_mask), pg_clipfrac_lower=0.0)
+
+
+def compute_policy_loss_reinforce(
+    rollout_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-sum",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+):
+    """REINFORCE: -A * log pi (times the rollout importance weights when given), no ratio, no clip.
+    `actor/ppo_kl` is the mean of log pi_rollout - log pi. Not a registered loss mode, as upstream."""
+    _need_config(config, "compute_policy_loss_reinforce")
+    per_token = -advantages * log_prob
+    if rollout_is_weights is not None:
+        per_token = per_token * rollout_is_weights
+    pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
+    return pg_loss, _pg_metrics(ppo_kl=verl_F.masked_mean(rollout_log_prob - log_prob, response_mask))

@@ -467,6 +467,10 @@ class RayPPOTrainer:
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         gen_batch = self._pop_gen_batch(batch)
         gen_batch.meta_info.update(self._generation_meta(validate=False))
+        reward_baselines = None
+        if config.algorithm.adv_estimator == AdvantageEstimator.REMAX:
+            with marked_timer("gen_max", timing_raw):
+                reward_baselines = self._greedy_baseline_rewards(batch, gen_batch)
         gen_batch = gen_batch.repeat(repeat_times=rollout_n, interleave=True)
 
         # 1. generate
@@ -475,6 +479,8 @@ class RayPPOTrainer:
             metrics.update(self._pop_metrics(gen_output))
             gen_output.meta_info.pop("timing", None)
         batch = batch.repeat(repeat_times=rollout_n, interleave=True).union(gen_output)
+        if reward_baselines is not None:
+            batch.batch["reward_baselines"] = reward_baselines.repeat_interleave(rollout_n)
         if "response_mask" not in batch.batch:
             batch.batch["response_mask"] = compute_response_mask(batch)
         if config.trainer.get("balance_batch", False):
@@ -550,6 +556,19 @@ class RayPPOTrainer:
         non_tensor_keys = [k for k in ("raw_prompt_ids", "raw_prompt", "multi_modal_data", "tools_kwargs",
                                        "interaction_kwargs") if k in batch.non_tensor_batch]
         return batch.pop(batch_keys=tensor_keys, non_tensor_batch_keys=non_tensor_keys)
+
+    def _greedy_baseline_rewards(self, batch: DataProto, gen_batch: DataProto) -> torch.Tensor:
+        """ReMax's baseline: the reward of one greedy response per prompt (sequence sums, one per prompt)."""
+        greedy = DataProto(batch=gen_batch.batch.clone(), non_tensor_batch=dict(gen_batch.non_tensor_batch),
+                           meta_info={**gen_batch.meta_info, "do_sample": False})
+        padded, pad_size = pad_dataproto_to_divisor(greedy, self.actor_rollout_wg.world_size)
+        output = self.actor_rollout_wg.generate_sequences(padded)
+        output.meta_info.pop("metrics", None)
+        output.meta_info.pop("timing", None)
+        scored = DataProto(batch=None, non_tensor_batch=dict(batch.non_tensor_batch),
+                           meta_info=dict(batch.meta_info)).union(unpad_dataproto(output, pad_size=pad_size))
+        reward_tensor, _ = compute_reward(scored, self.reward_fn)
+        return reward_tensor.sum(dim=-1)
 
     def _generation_meta(self, validate: bool) -> dict:
         rollout = self.config.actor_rollout_ref.rollout

@@ -4,6 +4,7 @@
     optim_world_size_<W>_rank_<R>.pt        the optimizer's state_dict, DTensors as local shards
     extra_state_world_size_<W>_rank_<R>.pt  LR scheduler, grad scaler, RNG states (rollout sampling too)
     huggingface/                             config + tokenizer (and the full weights with `hf_model`)
+    fsdp_config.json                         {"FSDP_version": 2, "world_size": W}, read by verl.model_merger
 
 Shards are stored as plain local tensors, not DTensors, so a file depends on nothing but the world
 size; loading copies each shard into the live (already sharded) parameter, which works the same
@@ -12,6 +13,7 @@ to `<path>` once every rank has finished, so `<path>` only ever holds a complete
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -95,7 +97,7 @@ class FSDPCheckpointManager:
         component of older `global_step_<N>` siblings is pruned down to that many."""
         if hdfs_path is not None:
             raise NotImplementedError("copying checkpoints to HDFS is not supported; set trainer.default_hdfs_dir=null")
-        rank, _ = _rank_world()
+        rank, world = _rank_world()
         tmp = partial_path(local_path)
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)  # left by a crash in an earlier save
@@ -115,6 +117,9 @@ class FSDPCheckpointManager:
             }
             torch.save(extra, self._file(tmp, "extra_state"))
         self._save_huggingface(os.path.join(tmp, "huggingface"), rank)
+        if rank == 0:
+            with open(os.path.join(tmp, "fsdp_config.json"), "w") as f:
+                json.dump({"FSDP_version": 2, "world_size": world}, f, indent=4)
         _barrier()
         if rank == 0:
             publish(local_path)

@@ -248,7 +248,17 @@ def _dataset_class(data_config) -> type:
 
 
 def create_rl_sampler(data_config, dataset: Sequence) -> torch.utils.data.Sampler:
-    """Shuffled (seeded by data.seed) when data.shuffle, else in file order."""
+    """The user's sampler from data.sampler.class_path / class_name, else shuffled (seeded by data.seed)
+    when data.shuffle, else in file order."""
+    custom = data_config.get("sampler") or {}
+    if custom.get("class_path"):
+        from verl.trainer.ppo.reward import load_object_from_file
+
+        cls = load_object_from_file(custom["class_path"], custom.get("class_name"), "data.sampler")
+        if not (isinstance(cls, type) and issubclass(cls, torch.utils.data.Sampler)):
+            raise TypeError(f"data.sampler.class_name={custom.get('class_name')!r} is not a torch.utils.data.Sampler "
+                            "subclass")
+        return cls(data_source=dataset, data_config=data_config)
     if not data_config.get("shuffle", True):
         return SequentialSampler(dataset)
     generator = torch.Generator()  # without data.seed: torch's fixed default seed, so runs still repeat

@@ -18,9 +18,9 @@ from omegaconf import OmegaConf
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils.fsdp_utils import global_batch_info, optimizer_step
-from verl.utils.packing import pack, unpack
-from verl.utils.seqlen_balancing import make_micro_batches, restore_dynamic_batch
-from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from verl.utils.packing import pack, padding_windows, unpack
+from verl.utils.seqlen_balancing import group_to_agree, make_micro_batches, restore_dynamic_batch
+from verl.utils.torch_functional import entropy_chunk_stats, logprobs_and_entropy, logprobs_from_logits
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,22 @@ def _accepts_logits_to_keep(module: torch.nn.Module) -> bool:
         return False
 
 
+_SUMMED = ("actor/pg_loss", "actor/kl_loss", "actor/entropy")
+
+
+def _reduce_micro_metrics(micro_metrics: list[dict], summed: tuple[str, ...]) -> dict[str, float]:
+    """One mini-batch's metrics from its micro-batches' values (floats or device tensors), read from
+    the device in one transfer: names in `summed` add up, the others are averaged."""
+    names = list(dict.fromkeys(name for m in micro_metrics for name in m))
+    flat = [(name, m[name]) for m in micro_metrics for name in names if name in m]
+    tensors = [v.detach().float().reshape(()) for _, v in flat if isinstance(v, torch.Tensor)]
+    host = iter(torch.stack(tensors).tolist() if tensors else [])
+    values: dict[str, list[float]] = defaultdict(list)
+    for name, v in flat:
+        values[name].append(next(host) if isinstance(v, torch.Tensor) else float(v))
+    return {name: sum(v) if name in summed else sum(v) / len(v) for name, v in values.items()}
+
+
 class DataParallelPPOActor:
     """Policy log-probs and PPO updates for one rank.
 
@@ -60,9 +76,9 @@ class DataParallelPPOActor:
                  dp_group=None, use_remove_padding: bool = False, use_torch_compile: bool = False):
         self.config = config
         self.use_remove_padding = use_remove_padding
-        # The plan's torch_compile: the entropy over the vocabulary is the one elementwise-heavy
-        # function here that fuses well (softmax, log-sum-exp and a product in one kernel).
-        self._entropy = torch.compile(entropy_from_logits, dynamic=True) if use_torch_compile else entropy_from_logits
+        # The plan's torch_compile: the entropy's per-chunk statistics over the vocabulary are the one
+        # elementwise-heavy function here that fuses well (softmax, log-sum-exp and a product in one kernel).
+        self._entropy_kernel = torch.compile(entropy_chunk_stats, dynamic=True) if use_torch_compile else None
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.precision = precision
@@ -77,26 +93,44 @@ class DataParallelPPOActor:
 
     # ------------------------------------------------------------------ forward
 
-    def _forward_micro_batch(self, micro_batch: dict, temperature: float, calculate_entropy: bool):
-        """(log_probs, entropy or None) of the response tokens, both (batch, response_length) float32."""
+    def _forward_micro_batch(self, micro_batch: dict, temperature: float, calculate_entropy: bool,
+                             window: tuple[int, int] | None = None):
+        """(log_probs, entropy or None) of the response tokens, both (batch, response_length) float32.
+
+        `window` ([start, end) columns from `padding_windows`) drops columns that are padding in every
+        row. Response padding slots come back as 0.
+        """
         if self.use_remove_padding:
             return self._forward_packed(micro_batch, temperature, calculate_entropy)
-        response_length = micro_batch["responses"].shape[-1]
-        kwargs = {"logits_to_keep": response_length + 1} if self._logits_to_keep else {}
+        responses = micro_batch["responses"]
+        response_length = responses.shape[-1]
+        seq_len = micro_batch["input_ids"].shape[1]
+        start, end = window or (0, seq_len)
+        kept = end - (seq_len - response_length)   # response columns inside the window
+        columns = slice(start, end)
+        # The last kept prompt column predicts the first response token: keep kept + 1 outputs.
+        kwargs = {"logits_to_keep": kept + 1} if self._logits_to_keep else {}
         with self.precision.autocast():
             output = self.actor_module(
-                input_ids=micro_batch["input_ids"],
-                attention_mask=micro_batch["attention_mask"],
-                position_ids=micro_batch["position_ids"],
+                input_ids=micro_batch["input_ids"][:, columns],
+                attention_mask=micro_batch["attention_mask"][:, columns],
+                position_ids=micro_batch["position_ids"][:, columns],
                 use_cache=False,
                 **kwargs,
             )
-        # Position t predicts token t+1: the logits for the response sit one step to the left.
-        logits = output.logits[:, -response_length - 1 : -1, :]
+        # Position t predicts token t+1. All kept + 1 rows of logits go in (a contiguous view, no copy of
+        # the (tokens, vocab) tensor); the extra last row gets a dummy label and is dropped after.
+        logits = output.logits[:, -kept - 1 :, :]
         if temperature != 1.0:
             logits = logits / temperature
-        log_probs = logprobs_from_logits(logits, micro_batch["responses"])
-        entropy = self._entropy(logits) if calculate_entropy else None
+        labels = torch.nn.functional.pad(responses[:, :kept], (0, 1))
+        log_probs, entropy = self._log_probs(logits, labels, calculate_entropy)
+        log_probs, entropy = log_probs[:, :kept], entropy[:, :kept] if entropy is not None else None
+        # Padding slots read 0, as in the packed path, whatever window the micro-batch got.
+        real = micro_batch["attention_mask"][:, seq_len - response_length : end].bool()
+        pad = (0, response_length - kept)
+        log_probs = torch.nn.functional.pad(log_probs.masked_fill(~real, 0.0), pad)
+        entropy = torch.nn.functional.pad(entropy.masked_fill(~real, 0.0), pad) if entropy is not None else None
         return log_probs, entropy
 
     def _forward_packed(self, micro_batch: dict, temperature: float, calculate_entropy: bool):
@@ -112,14 +146,27 @@ class DataParallelPPOActor:
         logits = output.logits[0] if kwargs else output.logits[0, packed.predictor_index]
         if temperature != 1.0:
             logits = logits / temperature
-        log_probs = unpack(logprobs_from_logits(logits, responses[packed.target]), packed)
-        entropy = unpack(self._entropy(logits), packed) if calculate_entropy else None
-        return log_probs, entropy
+        log_probs, entropy = self._log_probs(logits, responses[packed.target], calculate_entropy)
+        return unpack(log_probs, packed), unpack(entropy, packed) if entropy is not None else None
+
+    def _log_probs(self, logits: torch.Tensor, labels: torch.Tensor, calculate_entropy: bool):
+        """float32 (log-probs, entropies or None); both from one chunked pass over the vocabulary."""
+        if calculate_entropy:
+            return logprobs_and_entropy(logits, labels, self._entropy_kernel)
+        return logprobs_from_logits(logits, labels), None
 
     def _micro_batches(self, tensors: dict, micro_batch_size, use_dynamic_bsz: bool, max_token_len):
         if use_dynamic_bsz:
-            return make_micro_batches(tensors, max_token_len=max_token_len, dp_group=self.dp_group)
+            padded = None if self.use_remove_padding else tensors["responses"].shape[-1]
+            return make_micro_batches(tensors, max_token_len=max_token_len, dp_group=group_to_agree(self.dp_group),
+                                      padded_response_length=padded)
         return make_micro_batches(tensors, micro_batch_size=micro_batch_size)
+
+    def _windows(self, micro_batches: list[dict]) -> list:
+        """Padding-free column windows of the micro-batches (packed rows have no padding to drop)."""
+        if self.use_remove_padding:
+            return [None] * len(micro_batches)
+        return padding_windows([mb["attention_mask"] for mb in micro_batches], micro_batches[0]["responses"].shape[-1])
 
     @torch.no_grad()
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False):
@@ -134,8 +181,9 @@ class DataParallelPPOActor:
             tensors, meta.get("micro_batch_size"), bool(meta.get("use_dynamic_bsz", False)), meta.get("max_token_len")
         )
         log_probs, entropies = [], []
-        for micro_batch in micro_batches:
-            lp, ent = self._forward_micro_batch(micro_batch, float(meta.get("temperature", 1.0)), calculate_entropy)
+        for micro_batch, window in zip(micro_batches, self._windows(micro_batches)):
+            lp, ent = self._forward_micro_batch(micro_batch, float(meta.get("temperature", 1.0)), calculate_entropy,
+                                                window)
             log_probs.append(lp)
             entropies.append(ent)
         log_probs = restore_dynamic_batch(torch.cat(log_probs), partitions)
@@ -153,12 +201,16 @@ class DataParallelPPOActor:
         size = int(self.config.ppo_mini_batch_size)
         return [{k: v[s : s + size] for k, v in tensors.items()} for s in range(0, n, size)]
 
-    def _micro_loss(self, micro_batch: dict, temperature: float, batch_info: dict):
-        """Total loss of one micro-batch (already globally normalised) and its metrics."""
+    def _micro_loss(self, micro_batch: dict, temperature: float, batch_info: dict, window=None):
+        """Total loss of one micro-batch (already globally normalised) and its metrics.
+
+        Metric values stay on the device (detached tensors) so the micro-batch loop never waits for
+        the device; `update_policy` reads them once per mini-batch.
+        """
         cfg = self.config
         entropy_coeff = float(cfg.get("entropy_coeff", 0.0) or 0.0)
         calculate_entropy = entropy_coeff != 0 or bool(cfg.get("calculate_entropy", False))
-        log_prob, entropy = self._forward_micro_batch(micro_batch, temperature, calculate_entropy)
+        log_prob, entropy = self._forward_micro_batch(micro_batch, temperature, calculate_entropy, window)
         response_mask = micro_batch["response_mask"].to(log_prob.dtype)
         loss_agg_mode = cfg.get("loss_agg_mode", "token-mean")
         agg_kwargs = dict(batch_info, loss_scale_factor=cfg.get("loss_scale_factor", None))
@@ -174,16 +226,16 @@ class DataParallelPPOActor:
             config=self._loss_config,
         )
         metrics = dict(metrics)
-        metrics["actor/pg_loss"] = pg_loss.detach().item()
+        metrics["actor/pg_loss"] = pg_loss.detach()
         loss = pg_loss
         if entropy is not None:
             entropy_loss = agg_loss(entropy, response_mask, loss_agg_mode, **agg_kwargs)
-            metrics["actor/entropy"] = entropy_loss.detach().item()
+            metrics["actor/entropy"] = entropy_loss.detach()
             loss = loss - entropy_coeff * entropy_loss
         if cfg.get("use_kl_loss", False):
             kld = kl_penalty(log_prob, micro_batch["ref_log_prob"], cfg.get("kl_loss_type", "low_var_kl"))
             kl_loss = agg_loss(kld, response_mask, loss_agg_mode, **agg_kwargs)
-            metrics["actor/kl_loss"] = kl_loss.detach().item()
+            metrics["actor/kl_loss"] = kl_loss.detach()
             loss = loss + float(cfg.kl_loss_coef) * kl_loss
         return loss, metrics
 
@@ -218,27 +270,20 @@ class DataParallelPPOActor:
                     mini_batch, cfg.get("ppo_micro_batch_size_per_gpu"), bool(cfg.get("use_dynamic_bsz", False)),
                     cfg.get("ppo_max_token_len_per_gpu"),
                 )
-                sums: dict[str, float] = defaultdict(float)
-                means: dict[str, list[float]] = defaultdict(list)
-                for micro_batch in micro_batches:
-                    loss, micro_metrics = self._micro_loss(micro_batch, temperature, batch_info)
+                micro_metrics: list[dict] = []
+                for micro_batch, window in zip(micro_batches, self._windows(micro_batches)):
+                    loss, values = self._micro_loss(micro_batch, temperature, batch_info, window)
                     scaled = self.precision.scaler.scale(loss) if self.precision.scaler is not None else loss
                     scaled.backward()
-                    for name, value in micro_metrics.items():
-                        # Globally normalised losses add up over micro-batches; ratios are averaged.
-                        if name in ("actor/pg_loss", "actor/kl_loss", "actor/entropy"):
-                            sums[name] += value
-                        else:
-                            means[name].append(value)
+                    micro_metrics.append(values)
                 grad_norm, stepped = optimizer_step(
                     self.actor_optimizer, self.actor_module.parameters(), cfg.get("grad_clip"), self.precision.scaler
                 )
                 if not stepped:
                     logger.warning("actor: non-finite grad norm (%s); optimizer step skipped", grad_norm)
-                for name, value in sums.items():
+                # Globally normalised losses add up over micro-batches; ratios are averaged.
+                for name, value in _reduce_micro_metrics(micro_metrics, _SUMMED).items():
                     metrics[name].append(value)
-                for name, values in means.items():
-                    metrics[name].append(sum(values) / len(values))
                 metrics["actor/grad_norm"].append(grad_norm)
         if cfg.get("use_kl_loss", False):
             metrics["actor/kl_coef"] = [float(cfg.kl_loss_coef)]

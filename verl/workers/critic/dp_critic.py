@@ -14,10 +14,10 @@ import torch
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_value_loss
 from verl.utils.fsdp_utils import global_batch_info, optimizer_step
-from verl.utils.packing import pack, unpack
-from verl.utils.seqlen_balancing import make_micro_batches, restore_dynamic_batch
+from verl.utils.packing import pack, padding_windows, unpack
+from verl.utils.seqlen_balancing import group_to_agree, make_micro_batches, restore_dynamic_batch
 from verl.utils.torch_functional import masked_mean
-from verl.workers.actor.dp_actor import MODEL_INPUTS, Precision
+from verl.workers.actor.dp_actor import MODEL_INPUTS, Precision, _reduce_micro_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +38,12 @@ class DataParallelPPOCritic:
         self.dp_group = dp_group
         self._shuffle_generator = torch.Generator().manual_seed(int(config.get("data_loader_seed", 42) or 42))
 
-    def _forward_micro_batch(self, micro_batch: dict) -> torch.Tensor:
-        """Values of the response positions, (batch, response_length) float32."""
+    def _forward_micro_batch(self, micro_batch: dict, window: tuple[int, int] | None = None) -> torch.Tensor:
+        """Values of the response positions, (batch, response_length) float32.
+
+        `window` ([start, end) from `padding_windows`) drops columns that are padding in every row;
+        response slots past it come back as 0.
+        """
         response_length = micro_batch["responses"].shape[-1]
         if self.use_remove_padding:
             packed = pack(micro_batch["input_ids"], micro_batch["attention_mask"], micro_batch["position_ids"],
@@ -48,19 +52,30 @@ class DataParallelPPOCritic:
                 output = self.critic_module(input_ids=packed.input_ids, attention_mask=None,
                                             position_ids=packed.position_ids, use_cache=False)
             return unpack(output.logits[0, packed.predictor_index, 0].float(), packed)
+        seq_len = micro_batch["input_ids"].shape[1]
+        start, end = window or (0, seq_len)
+        kept = end - (seq_len - response_length)
+        columns = slice(start, end)
         with self.precision.autocast():
             output = self.critic_module(
-                input_ids=micro_batch["input_ids"],
-                attention_mask=micro_batch["attention_mask"],
-                position_ids=micro_batch["position_ids"],
+                input_ids=micro_batch["input_ids"][:, columns],
+                attention_mask=micro_batch["attention_mask"][:, columns],
+                position_ids=micro_batch["position_ids"][:, columns],
                 use_cache=False,
             )
-        values = output.logits.squeeze(-1).float()
-        return values[:, -response_length - 1 : -1]
+        values = output.logits.squeeze(-1).float()[:, -kept - 1 : -1]
+        return torch.nn.functional.pad(values, (0, response_length - kept)) if kept < response_length else values
+
+    def _windows(self, micro_batches: list[dict]) -> list:
+        if self.use_remove_padding:
+            return [None] * len(micro_batches)
+        return padding_windows([mb["attention_mask"] for mb in micro_batches], micro_batches[0]["responses"].shape[-1])
 
     def _micro_batches(self, tensors: dict, micro_batch_size, max_token_len):
         if self.config.get("use_dynamic_bsz", False):
-            return make_micro_batches(tensors, max_token_len=max_token_len, dp_group=self.dp_group)
+            padded = None if self.use_remove_padding else tensors["responses"].shape[-1]
+            return make_micro_batches(tensors, max_token_len=max_token_len, dp_group=group_to_agree(self.dp_group),
+                                      padded_response_length=padded)
         return make_micro_batches(tensors, micro_batch_size=micro_batch_size)
 
     @staticmethod
@@ -77,7 +92,7 @@ class DataParallelPPOCritic:
         micro_batches, partitions = self._micro_batches(
             tensors, data.meta_info.get("micro_batch_size"), data.meta_info.get("max_token_len")
         )
-        values = torch.cat([self._forward_micro_batch(mb) for mb in micro_batches])
+        values = torch.cat([self._forward_micro_batch(mb, w) for mb, w in zip(micro_batches, self._windows(micro_batches))])
         values = restore_dynamic_batch(values, partitions)
         return values * self._response_mask(data).to(values.dtype)
 
@@ -101,10 +116,10 @@ class DataParallelPPOCritic:
                 micro_batches, _ = self._micro_batches(
                     mini_batch, cfg.get("ppo_micro_batch_size_per_gpu"), cfg.get("ppo_max_token_len_per_gpu")
                 )
-                vf_loss_sum, clipfracs, vpred_means = 0.0, [], []
-                for mb in micro_batches:
+                micro_metrics = []
+                for mb, window in zip(micro_batches, self._windows(micro_batches)):
                     mask = mb["response_mask"].float()
-                    vpreds = self._forward_micro_batch(mb)
+                    vpreds = self._forward_micro_batch(mb, window)
                     vf_loss, vf_clipfrac = compute_value_loss(
                         vpreds=vpreds,
                         returns=mb["returns"],
@@ -117,16 +132,15 @@ class DataParallelPPOCritic:
                     )
                     scaled = self.precision.scaler.scale(vf_loss) if self.precision.scaler is not None else vf_loss
                     scaled.backward()
-                    vf_loss_sum += vf_loss.detach().item()
-                    clipfracs.append(float(vf_clipfrac))
-                    vpred_means.append(masked_mean(vpreds.detach(), mask).item())
+                    # Kept on the device: read once per mini-batch, not once per micro-batch.
+                    micro_metrics.append({"critic/vf_loss": vf_loss.detach(), "critic/vf_clipfrac": vf_clipfrac,
+                                          "critic/vpred_mean": masked_mean(vpreds.detach(), mask)})
                 grad_norm, stepped = optimizer_step(
                     self.critic_optimizer, self.critic_module.parameters(), cfg.get("grad_clip"), self.precision.scaler
                 )
                 if not stepped:
                     logger.warning("critic: non-finite grad norm (%s); optimizer step skipped", grad_norm)
-                metrics["critic/vf_loss"].append(vf_loss_sum)
-                metrics["critic/vf_clipfrac"].append(sum(clipfracs) / len(clipfracs))
-                metrics["critic/vpred_mean"].append(sum(vpred_means) / len(vpred_means))
+                for name, value in _reduce_micro_metrics(micro_metrics, ("critic/vf_loss",)).items():
+                    metrics[name].append(value)
                 metrics["critic/grad_norm"].append(grad_norm)
         return dict(metrics)

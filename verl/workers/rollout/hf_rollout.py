@@ -4,6 +4,11 @@ It needs nothing beyond torch and transformers, so it runs wherever training run
 and it reads the actor's weights in place: there is no second copy of the model. The decode loop is
 ours rather than `model.generate`, so sampling is done in float32 by code we test, and the loop
 can stay in lock-step across FSDP ranks.
+
+Two ways to run the model: Llama-family models with unsharded weights (the actor worker unshards
+before generating) go through `StaticDecoder` (a preallocated KV cache, one prefill pass, then a
+fixed-shape step per token, replayed as a CUDA graph when the plan says `rollout.cuda_graphs`);
+anything else (other architectures, weights still sharded) calls the HF forward with its own cache.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ from verl.protocol import DataProto
 from verl.utils.torch_functional import get_response_mask
 
 from .base import BaseRollout
+from .static_decoder import StaticDecoder, static_decoding_unsupported
 
-__all__ = ["HFRollout", "SamplingParams", "filter_logits", "rollout_autocast_dtype", "sample_next_token"]
+__all__ = ["HFRollout", "SamplingParams", "candidate_logits", "filter_logits", "rollout_autocast_dtype",
+           "sample_next_token"]
 
 
 @dataclass(frozen=True)
@@ -62,14 +69,52 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
     return logits
 
 
+# A top-p-only nucleus is first looked for among this many most likely tokens (one partial top-k
+# instead of a sort of the whole vocabulary); rows whose nucleus is wider fall back to the full sort.
+TOP_P_CANDIDATES = 1024
+
+
+def _outside_nucleus(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """For probabilities sorted high to low: True where the mass ranked above already reaches top_p."""
+    return torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= top_p
+
+
+def candidate_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0):
+    """The tokens still in play after top-k and top-p, as `(logits, ids)`.
+
+    `logits` keeps only candidates (-inf for dropped ones), `ids` maps each column to its vocabulary id,
+    or is None when the columns are the whole vocabulary. The kept set is the one `filter_logits`
+    keeps; only the work differs: with top-k, one partial top-k and a sort of k values; with top-p
+    alone, the top TOP_P_CANDIDATES tokens when they hold every row's nucleus (the common case).
+    """
+    logits = logits.float()
+    vocab = logits.shape[-1]
+    if top_p is not None and top_p <= 0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    use_p = top_p is not None and top_p < 1.0
+    if top_k is not None and 0 < top_k < vocab:
+        values, ids = torch.topk(logits, top_k, dim=-1)  # sorted high to low
+        if use_p:
+            values = values.masked_fill(_outside_nucleus(torch.softmax(values, dim=-1), top_p), float("-inf"))
+        return values, ids
+    if not use_p:
+        return logits, None
+    if vocab > TOP_P_CANDIDATES:
+        values, ids = torch.topk(logits, TOP_P_CANDIDATES, dim=-1)
+        probs = torch.exp(values - torch.logsumexp(logits, dim=-1, keepdim=True))  # shares of the whole vocabulary
+        if bool((probs.sum(dim=-1) >= top_p).all()):
+            return values.masked_fill(_outside_nucleus(probs, top_p), float("-inf")), ids
+    return filter_logits(logits, 0, top_p), None
+
+
 def sample_next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None):
-    """One token id per row of (batch, vocab) logits, computed in float32."""
+    """One token id per row of (batch, vocab) logits, computed in float32 on the logits' device."""
     logits = logits.float()
     if params.greedy:
         return logits.argmax(dim=-1)
-    logits = filter_logits(logits / params.temperature, params.top_k, params.top_p)
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    values, ids = candidate_logits(logits / params.temperature, params.top_k, params.top_p)
+    choice = torch.multinomial(torch.softmax(values, dim=-1), num_samples=1, generator=generator)
+    return (choice if ids is None else ids.gather(-1, choice)).squeeze(-1)
 
 
 def rollout_autocast_dtype(rollout_dtype: torch.dtype | None, weight_dtype: torch.dtype) -> torch.dtype | None:
@@ -123,7 +168,8 @@ class HFRollout(BaseRollout):
     that unshards FSDP2 once beforehand (cheaper) lets each rank stop on its own.
     `config` is the `actor_rollout_ref.rollout` section (temperature, top_k, top_p, do_sample,
     response_length, seed, ignore_eos, val_kwargs, and the optional micro_batch_size).
-    `plan` is the compat plan: generation runs in its `rollout.dtype`, by autocast when the weights
+    `plan` is the compat plan: `rollout.cuda_graphs` records the static decode step as a CUDA graph;
+    generation runs in its `rollout.dtype`, by autocast when the weights
     are in another dtype, on every device. The engine alone decides this (callers add no autocast of
     their own); `dtype` holds the decision, which the actor worker resets from the re-issued plan when
     the fp16 numerics guard rejects the model (verl.compat.precision).
@@ -137,6 +183,7 @@ class HFRollout(BaseRollout):
         self.config = config
         self._generator: torch.Generator | None = None
         self.dtype = None
+        self.cuda_graphs = False
         # An unresolved `auto` (no plan ran over this config) means the whole batch at once.
         configured = _cfg(config, "micro_batch_size")
         self.micro_batch_size = None if configured == "auto" else configured
@@ -145,6 +192,7 @@ class HFRollout(BaseRollout):
 
             self.dtype = torch_dtype(plan.rollout.dtype)
             self.micro_batch_size = plan.rollout.micro_batch_size or self.micro_batch_size
+            self.cuda_graphs = bool(getattr(plan.rollout, "cuda_graphs", False))
         forward_params = inspect.signature(_inner_module(module).forward).parameters
         # transformers 5 renamed `past_key_values` to `cache`; follow whichever this model takes.
         self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
@@ -163,16 +211,20 @@ class HFRollout(BaseRollout):
         micro = int(self.micro_batch_size or batch_size)
         parts = [prompts] if micro >= batch_size else prompts.split(micro)
         passes = self._agreed_passes(len(parts))
+        static = self.static_unsupported() is None
+        decoder: list = [None, None]  # (shape key, StaticDecoder): one at a time, reused by equal chunks
         outputs = []
         was_training = self.module.training
         self.module.eval()
         try:
             with torch.no_grad(), self._autocast():
                 for i in range(passes):
+                    holder = decoder if static else None
                     if i < len(parts):
-                        outputs.append(self._generate(parts[i], params, response_length, eos_ids, pad_id, generator))
+                        outputs.append(self._generate(parts[i], params, response_length, eos_ids, pad_id, generator,
+                                                      holder))
                     else:  # this rank ran out of rows: a discarded one-row pass keeps the gathers matched
-                        self._generate(parts[-1][:1], params, response_length, eos_ids, pad_id, generator)
+                        self._generate(parts[-1][:1], params, response_length, eos_ids, pad_id, generator, holder)
         finally:
             self.module.train(was_training)
         return outputs[0] if len(outputs) == 1 else DataProto.concat(outputs)
@@ -198,6 +250,11 @@ class HFRollout(BaseRollout):
         if state is not None:
             self._generator = torch.Generator(device=self._device())
             self._generator.set_state(state)
+    def static_unsupported(self) -> str | None:
+        """Why generation must call the HF forward instead of the static decoder (None: it need not)."""
+        if _is_sharded(self.module):
+            return "the weights are sharded (each forward gathers them)"
+        return static_decoding_unsupported(_inner_module(self.module))
 
     # ------------------------------------------------------------------ internals
 
@@ -231,7 +288,8 @@ class HFRollout(BaseRollout):
         dtype = rollout_autocast_dtype(self.dtype, next(self.module.parameters()).dtype)
         if dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self._device().type, dtype=dtype)
+        # no weight-cast cache: a recorded CUDA graph must recompute its casts on every replay
+        return torch.autocast(device_type=self._device().type, dtype=dtype, cache_enabled=False)
 
     def _forward(self, input_ids, attention_mask, position_ids, cache):
         kwargs = {self._cache_kw: cache, "use_cache": True}
@@ -241,7 +299,39 @@ class HFRollout(BaseRollout):
         new_cache = getattr(out, "cache", None) if self._cache_kw == "cache" else out.past_key_values
         return out.logits[:, -1, :], new_cache
 
-    def _generate(self, prompts: DataProto, params, response_length, eos_ids, pad_id, generator) -> DataProto:
+    def _hf_passes(self, ids, mask, pos):
+        """First logits and a next-step function over the HF forward and its growing cache."""
+        state = {"mask": mask, "cache": None}
+        logits, state["cache"] = self._forward(ids, mask, pos, None)
+
+        def advance(token, step):
+            state["mask"] = torch.cat([state["mask"], torch.ones_like(mask[:, :1])], dim=-1)
+            logits, state["cache"] = self._forward(token.unsqueeze(-1), state["mask"], pos[:, -1:] + step + 1,
+                                                   state["cache"])
+            return logits
+
+        return logits, advance
+
+    def _static_passes(self, holder: list, ids, mask, pos, response_length):
+        """First logits and a next-step function over a StaticDecoder (kept in `holder` for equal chunks)."""
+        batch, prompt_length = ids.shape
+        positions = max(int(pos.max()) + 1, prompt_length) + response_length
+        key = (batch, prompt_length + response_length, positions)
+        if holder[0] != key:
+            holder[:] = [None, None]  # free the previous cache before allocating the next
+            weights = next(self.module.parameters()).dtype
+            dtype = rollout_autocast_dtype(self.dtype, weights) or weights
+            device = ids.device
+            graphs = self.cuda_graphs and device.type == "cuda"
+            decoder = StaticDecoder(_inner_module(self.module), batch, key[1], positions, dtype, device, graphs)
+            holder[:] = [key, decoder]
+        decoder = holder[1]
+        last = pos[:, -1]
+        logits = decoder.prefill(ids, mask, pos)
+        return logits, lambda token, step: decoder.decode(token, last + step + 1, prompt_length + step)
+
+    def _generate(self, prompts: DataProto, params, response_length, eos_ids, pad_id, generator, holder) -> DataProto:
+        """One chunk. `holder` is the static decoder slot, or None to run the HF forward."""
         device = self._device()
         prompt_ids = prompts.batch["input_ids"]
         prompt_mask = prompts.batch["attention_mask"]
@@ -256,19 +346,19 @@ class HFRollout(BaseRollout):
         responses = torch.full((batch_size, response_length), pad_id, dtype=ids.dtype, device=device)
         finished = torch.zeros(batch_size, dtype=torch.bool, device=device)
 
-        step_ids, step_pos, full_mask, cache = ids, pos, mask, None
+        if holder is None:
+            logits, advance = self._hf_passes(ids, mask, pos)
+        else:
+            logits, advance = self._static_passes(holder, ids, mask, pos, response_length)
         for step in range(response_length):
-            logits, cache = self._forward(step_ids, full_mask, step_pos, cache)
             token = sample_next_token(logits, params, generator)
             token = torch.where(finished, torch.full_like(token, pad_id), token)
             responses[:, step] = token
             if not ignore_eos:
                 finished |= torch.isin(token, eos)
-            if step + 1 == response_length or self._all_finished(finished, lockstep):
+            if step + 1 == response_length or (not ignore_eos and self._all_finished(finished, lockstep)):
                 break
-            step_ids = token.unsqueeze(-1)
-            step_pos = pos[:, -1:] + step + 1
-            full_mask = torch.cat([full_mask, torch.ones_like(full_mask[:, :1])], dim=-1)
+            logits = advance(token, step)
 
         if ignore_eos:
             response_mask = torch.ones_like(responses, dtype=mask.dtype)

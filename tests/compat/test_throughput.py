@@ -1,0 +1,49 @@
+"""The plan's throughput rules (verl/compat/throughput.py) through the real planner and config."""
+import pytest
+
+from verl.compat.__main__ import plan_for
+
+# upstream's quick-start shape: batch 256, 512 + 512 tokens, explicit micro-batch 4
+QUICKSTART = ["data.train_batch_size=256", "data.max_prompt_length=512", "data.max_response_length=512",
+              "actor_rollout_ref.actor.ppo_mini_batch_size=64", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+              "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+              "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4",
+              "algorithm.use_kl_in_reward=true", "trainer.n_gpus_per_node=1"]
+
+
+def test_auto_dynamic_bsz_on_a_gpu_uses_budgets_no_smaller_than_the_asked_micro_batches():
+    _, _, plan = plan_for(QUICKSTART, device="h200", model_spec="qwen2.5-0.5b")
+    for name in ("actor", "critic", "ref"):
+        role = getattr(plan, name)
+        assert role.use_dynamic_bsz is True and role.micro_batch_size_per_gpu is None, name
+    assert plan.actor.max_token_len_per_gpu >= 4 * 1024 and plan.actor.forward_max_token_len_per_gpu >= 8 * 1024
+    assert plan.critic.max_token_len_per_gpu >= 4 * 1024
+    assert "token-budgeted" in plan.reasons["actor.use_dynamic_bsz"]
+    assert plan.actor.fused_optimizer and plan.critic.fused_optimizer and not plan.ref.fused_optimizer
+    assert "fused AdamW" in plan.reasons["actor.fused_optimizer"]
+
+
+def test_budgets_still_fit_the_memory_model_on_a_small_gpu():
+    _, _, plan = plan_for(QUICKSTART, device="t4", model_spec="qwen2.5-0.5b")
+    assert plan.actor.use_dynamic_bsz and plan.predicted_peak_gb <= plan.memory_limit_gb
+    assert plan.actor.max_token_len_per_gpu >= 1024   # at least one whole sequence
+
+
+def test_cpu_and_explicit_false_keep_fixed_micro_batches():
+    _, _, cpu = plan_for(QUICKSTART, device="cpu", model_spec="qwen2.5-0.5b")
+    # fixed micro-batches (the host's memory may halve them: on CPU nothing can be offloaded)
+    assert cpu.actor.use_dynamic_bsz is False and cpu.actor.max_token_len_per_gpu is None
+    assert cpu.actor.micro_batch_size_per_gpu in (1, 2, 4)
+    assert not cpu.actor.fused_optimizer and "CPU" in cpu.reasons["actor.fused_optimizer"]
+    config, _, gpu = plan_for(QUICKSTART + ["actor_rollout_ref.actor.use_dynamic_bsz=false"], device="h200",
+                              model_spec="qwen2.5-0.5b")
+    assert gpu.actor.use_dynamic_bsz is False and gpu.actor.micro_batch_size_per_gpu == 4
+    assert gpu.reasons["actor.use_dynamic_bsz"] == "set by the user"
+
+
+@pytest.mark.parametrize("offload", [True, False])
+def test_fused_optimizer_only_where_the_parameters_stay_on_the_device(offload):
+    _, _, plan = plan_for(QUICKSTART + [f"actor_rollout_ref.actor.fsdp_config.param_offload={offload}"],
+                          device="h200", model_spec="qwen2.5-0.5b")
+    assert plan.actor.param_offload is offload
+    assert plan.actor.fused_optimizer is (not offload)

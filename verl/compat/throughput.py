@@ -1,0 +1,70 @@
+"""Throughput rules of the plan: how training passes are batched and which optimizer kernel runs.
+
+Small and self-contained so the planner only calls them. Neither rule changes the math: losses are
+normalised by the global mini-batch (so any micro-batching gives the same gradient), and the fused
+AdamW kernel computes the same update as the per-tensor one.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from verl.compat.profile import DeviceProfile
+
+_KEY = "actor_rollout_ref.actor.use_dynamic_bsz"
+
+
+def _raw(config: Any, path: str) -> Any:
+    """The value at `path` as written (None when missing); "auto" stays "auto"."""
+    node = config
+    for key in path.split("."):
+        if node is None:
+            return None
+        try:
+            node = node.get(key)
+        except (AttributeError, TypeError):
+            node = getattr(node, key, None)
+    return node
+
+
+def decide_dynamic_bsz(note, profile: DeviceProfile, config: Any) -> bool:
+    """use_dynamic_bsz: the user's true/false; `auto` turns token budgets on where a device runs the passes.
+
+    On an accelerator a small fixed micro-batch (the quick-start's 4 x 1024 tokens of a 0.5B model)
+    leaves the device waiting on kernel launches; token-budgeted micro-batches are fewer and fuller,
+    and (padded forwards) count padded size, so the memory model bounds them like fixed ones.
+    `note(key, value, reason)` records the reason.
+    """
+    asked = _raw(config, _KEY)
+    if isinstance(asked, str) and asked.strip().lower() == "auto":
+        if profile.backend == "cpu":
+            return note("actor.use_dynamic_bsz", False, "CPU: fixed micro-batches (no kernel-launch overhead to "
+                                                        "amortise)")
+        return note("actor.use_dynamic_bsz", True,
+                    "token-budgeted micro-batches: fewer, fuller passes than small fixed ones (launch overhead "
+                    "dominates those); budgets are at least the configured micro-batch x sequence length")
+    value = bool(asked) if not isinstance(asked, str) else asked.strip().lower() in ("1", "true", "yes", "on")
+    return note("actor.use_dynamic_bsz", value, "set by the user" if asked is not None else "upstream default")
+
+
+def dynamic_auto(config: Any) -> bool:
+    """Whether the planner (not the user) chose use_dynamic_bsz."""
+    asked = _raw(config, _KEY)
+    return isinstance(asked, str) and asked.strip().lower() == "auto"
+
+
+def decide_fused_optimizer(note, profile: DeviceProfile, name: str, param_offload: bool) -> bool:
+    """AdamW as one fused kernel per step on an accelerator holding the parameters, else torch's default."""
+    if profile.backend == "cpu":
+        return note(f"{name}.fused_optimizer", False, "CPU: torch's default AdamW implementation")
+    if param_offload:
+        return note(f"{name}.fused_optimizer", False, "parameters live in host memory (param offload): torch's "
+                                                      "default AdamW implementation")
+    return note(f"{name}.fused_optimizer", True, "fused AdamW: one kernel launch per step for all parameters "
+                                                 "instead of several per tensor")
+
+
+def peak_flops(profile: DeviceProfile, compute_dtype: str) -> float:
+    """The profile's dense peak for a compute dtype, in FLOP/s (0 when the profile has none, as on CPU);
+    the denominator of upstream's perf/mfu/* metrics."""
+    tflops = {"bfloat16": profile.bf16_tflops, "float16": profile.fp16_tflops}.get(compute_dtype, profile.fp32_tflops)
+    return float(tflops or 0.0) * 1e12

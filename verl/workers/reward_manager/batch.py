@@ -1,0 +1,62 @@
+"""`BatchRewardManager` (registered as "batch"): one call of the scoring function for the whole batch,
+for scorers that are cheaper batched (a remote judge, a vectorised verifier)."""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Callable
+
+import torch
+
+from verl.workers.reward_manager._decode import decode_batch, show
+
+
+class BatchRewardManager:
+    """`compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=, **reward_kwargs)` returns one
+    score (a number, or a dict with "score") per row; each lands on its response's last token."""
+
+    def __init__(self, tokenizer, num_examine: int, compute_score: Callable[..., Any],
+                 reward_fn_key: str = "data_source", **reward_kwargs) -> None:
+        self.tokenizer = tokenizer
+        self.num_examine = num_examine
+        self.compute_score = compute_score
+        self.reward_fn_key = reward_fn_key
+        self.reward_kwargs = reward_kwargs
+
+    def verify(self, data) -> list:
+        """The scoring function's raw results for every row of `data`."""
+        decoded = decode_batch(data, self.tokenizer, self.reward_fn_key)
+        return self._score(decoded)
+
+    def _score(self, decoded) -> list:
+        scores = list(self.compute_score(data_sources=decoded.data_sources, solution_strs=decoded.responses,
+                                         ground_truths=decoded.ground_truths, extra_infos=decoded.extra_infos,
+                                         **self.reward_kwargs))
+        if len(scores) != len(decoded.responses):
+            raise ValueError(f"the batch reward function returned {len(scores)} scores for "
+                             f"{len(decoded.responses)} responses")
+        return scores
+
+    def __call__(self, data, return_dict: bool = False):
+        decoded = decode_batch(data, self.tokenizer, self.reward_fn_key)
+        scores = self._score(decoded)
+        reward_tensor = torch.zeros_like(data.batch["responses"], dtype=torch.float32)
+        extra = defaultdict(list)
+        shown = defaultdict(int)
+        rewards = []
+        for i, result in enumerate(scores):
+            if isinstance(result, dict):
+                for key, value in result.items():
+                    extra[key].append(value)
+                result_score = result["score"]
+            else:
+                result_score = result
+            rewards.append(float(result_score))
+            reward_tensor[i, max(decoded.response_lengths[i] - 1, 0)] = result_score
+            source = decoded.data_sources[i]
+            if shown[source] < self.num_examine:
+                shown[source] += 1
+                show(decoded, i, result)
+        data.batch["acc"] = torch.tensor(rewards, dtype=torch.float32)
+        if return_dict:
+            return {"reward_tensor": reward_tensor, "reward_extra_info": extra}
+        return reward_tensor

@@ -1,0 +1,188 @@
+"""Static-cache decoding for Llama-family HF causal LMs (Llama, Mistral, Qwen2/2.5, Qwen3).
+
+HF's forward rebuilds its attention mask and grows its cache on every call, which for a small model
+costs more than the arithmetic. This decoder allocates the whole KV cache once, runs the prompt in
+one pass (prefill), then runs one fixed-shape step per token; fixed shapes and fixed buffers are what
+lets the engine record that step as a CUDA graph and replay it. It calls the model's own submodules
+(embedding, norms, projections, MLP, head, rotary embedding), so it computes with the actor's weights
+in place; only the attention over the cache is written here.
+
+Layout: every row's prompt fills cache slots [0, P) (left padding included, masked out as keys),
+and the token generated at step s goes to slot P + s, the same slot in every row.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["StaticDecoder", "static_decoding_unsupported"]
+
+_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+# rotary types whose cos/sin for a position do not depend on the length of the call
+_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def _parts(inner: nn.Module):
+    base = getattr(inner, "model", None)
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    return base, head
+
+
+def static_decoding_unsupported(inner: nn.Module) -> str | None:
+    """Why this model cannot use the static decoder, or None when it can."""
+    cfg = getattr(inner, "config", None)
+    family = getattr(cfg, "model_type", None)
+    if family not in _FAMILIES:
+        return f"model type {family!r} is not one of {_FAMILIES}"
+    base, head = _parts(inner)
+    needed = ("embed_tokens", "layers", "norm", "rotary_emb")
+    if base is None or head is None or any(not hasattr(base, n) for n in needed):
+        return "the model does not have the usual embed_tokens/layers/norm/rotary_emb/lm_head layout"
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types is not None:
+        if any(t != "full_attention" for t in layer_types):
+            return "sliding-window attention layers"
+    elif getattr(cfg, "use_sliding_window", True) and getattr(cfg, "sliding_window", None) is not None:
+        return "sliding-window attention"
+    rope = getattr(base.rotary_emb, "rope_type", "default")
+    if rope not in _ROPE_TYPES:
+        return f"rotary type {rope!r} (its angles depend on the sequence length)"
+    return None
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding: pairs (i, i + D/2) rotated by the position's angle."""
+    half = x.shape[-1] // 2
+    turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + turned * sin
+
+
+class StaticDecoder:
+    """A preallocated KV cache for `batch` rows of up to `max_len` tokens, and the two passes over it.
+
+    `dtype` is the dtype activations come out in (the autocast dtype, else the weights'); the cache
+    is kept in it. `positions` bounds the position ids used (prompt positions plus new tokens).
+    With `graphs`, the first decode step is recorded as a CUDA graph and every later step replays it.
+    """
+
+    def __init__(self, inner: nn.Module, batch: int, max_len: int, positions: int, dtype: torch.dtype,
+                 device: torch.device, graphs: bool = False):
+        base, self.head = _parts(inner)
+        self.embed, self.layers, self.norm = base.embed_tokens, list(base.layers), base.norm
+        cfg = inner.config
+        attn = self.layers[0].self_attn
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = attn.head_dim
+        self.scaling = getattr(attn, "scaling", self.head_dim ** -0.5)
+        shape = (batch, self.kv_heads, max_len, self.head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
+        # cos/sin for every position once: the model's own rotary module, so scaled variants match
+        cos, sin = base.rotary_emb(torch.zeros(1, dtype=dtype, device=device),
+                                   torch.arange(positions, device=device)[None])
+        self.cos, self.sin = cos[0].to(dtype), sin[0].to(dtype)
+        self.key_valid = torch.ones(batch, max_len, dtype=torch.bool, device=device)
+        self.slots = torch.arange(max_len, device=device)
+        # the decode step's inputs: written before each step, read by the (recorded) step
+        self.token = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.position = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.slot = torch.zeros(1, dtype=torch.long, device=device)
+        self.graphs = graphs
+        self._graph = None
+        self._graph_logits = None
+
+    # ------------------------------------------------------------------ passes
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Run the (left-padded) prompts, fill cache slots [0, P), return float32 last-position logits."""
+        length = ids.shape[1]
+        self.key_valid[:, :length] = mask.bool()
+        self.key_valid[:, length:] = True  # later slots are gated by the step's slot instead
+        causal = torch.ones(length, length, dtype=torch.bool, device=ids.device).tril()
+        # a padding query attends to itself only, so its (unused) output stays finite
+        allowed = (causal & self.key_valid[:, None, :length]) | torch.eye(length, dtype=torch.bool,
+                                                                          device=ids.device)
+        cos, sin = F.embedding(positions, self.cos), F.embedding(positions, self.sin)
+        return self._run(ids, cos, sin, allowed[:, None], None)
+
+    def decode(self, token: torch.Tensor, position: torch.Tensor, slot: int) -> torch.Tensor:
+        """One token per row at `position`, written to cache `slot`; returns float32 logits (batch, vocab).
+
+        With graphs, the returned tensor is the graph's output buffer: read it before the next step."""
+        self.token.copy_(token.view(-1, 1))
+        self.position.copy_(position.view(-1, 1))
+        self.slot.fill_(slot)
+        if not self.graphs:
+            return self._step()
+        if self._graph is None:
+            self._record()
+        self._graph.replay()
+        return self._graph_logits
+
+    # ------------------------------------------------------------------ internals
+
+    def _step(self) -> torch.Tensor:
+        cos, sin = F.embedding(self.position, self.cos), F.embedding(self.position, self.sin)
+        hidden = ~(self.key_valid & (self.slots <= self.slot))  # padding and not-yet-written slots
+        return self._run(self.token, cos, sin, None, hidden[:, None, None, :])
+
+    def _record(self) -> None:
+        """Capture `_step` as a CUDA graph. Warm-up runs on a side stream first, as capture requires;
+        it computes the current step for real, and the replay that follows rewrites the same slot."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(side):
+                self._step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self._graph_logits = self._step()
+        except RuntimeError as e:
+            raise RuntimeError(f"capturing the rollout decode step as a CUDA graph failed ({e}); set "
+                               "actor_rollout_ref.rollout.enforce_eager=True to decode without graphs") from e
+        self._graph = graph
+
+    def _run(self, ids, cos, sin, prefill_mask, hidden) -> torch.Tensor:
+        x = self.embed(ids)
+        for i, layer in enumerate(self.layers):
+            x = x + self._attention(i, layer.self_attn, layer.input_layernorm(x), cos, sin, prefill_mask, hidden)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.head(self.norm(x[:, -1])).float()
+
+    def _attention(self, i, attn, h, cos, sin, prefill_mask, hidden) -> torch.Tensor:
+        batch, length, _ = h.shape
+        q = attn.q_proj(h).view(batch, length, -1, self.head_dim)
+        k = attn.k_proj(h).view(batch, length, -1, self.head_dim)
+        v = attn.v_proj(h).view(batch, length, -1, self.head_dim)
+        if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before the rotation
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        cos, sin = cos[:, None], sin[:, None]
+        q = _rotate(q.transpose(1, 2), cos, sin)
+        k = _rotate(k.transpose(1, 2), cos, sin).to(self.keys[i].dtype)
+        v = v.transpose(1, 2).to(self.values[i].dtype)
+        if prefill_mask is not None:
+            self.keys[i][:, :, :length] = k
+            self.values[i][:, :, :length] = v
+            groups = self.heads // self.kv_heads
+            out = F.scaled_dot_product_attention(q, k.repeat_interleave(groups, dim=1),
+                                                 v.repeat_interleave(groups, dim=1),
+                                                 attn_mask=prefill_mask, scale=self.scaling)
+        else:
+            self.keys[i].index_copy_(2, self.slot, k)
+            self.values[i].index_copy_(2, self.slot, v)
+            out = self._cached_attention(q, self.keys[i], self.values[i], hidden)
+        return attn.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+
+    def _cached_attention(self, q, keys, values, hidden) -> torch.Tensor:
+        """One query per row against the whole cache, query heads grouped by their shared KV head
+        (head h reads KV head h // groups), so no repeated copy of the cache is made."""
+        batch = q.shape[0]
+        groups = self.heads // self.kv_heads
+        qg = q.reshape(batch, self.kv_heads, groups, self.head_dim)
+        scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * self.scaling
+        scores = scores.masked_fill(hidden, float("-inf"))
+        weights = torch.softmax(scores, dim=-1).to(values.dtype)
+        return torch.matmul(weights, values).reshape(batch, self.heads, 1, self.head_dim)

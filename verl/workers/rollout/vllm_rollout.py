@@ -1,0 +1,229 @@
+"""The vLLM rollout engine, colocated with the FSDP actor in the worker's own process.
+
+vLLM runs in-process (no engine-core subprocess), so the actor's current weights reach it as an
+in-memory iterator of (name, tensor) pairs handed to the model's `load_weights`: no checkpoint is
+written to disk between a PPO update and the next rollout. Everything hardware-dependent comes from
+the compat plan: dtype, the memory share (`gpu_memory_utilization`; vLLM's CPU build reads it as a
+share of host memory), eager mode, and whether vLLM's sleep mode frees its memory while the actor
+trains (`free_cache_engine`: only where vLLM has a sleep mode). The output has exactly the keys and
+padding of the built-in engine, so the trainer cannot tell the engines apart.
+
+Each rank runs its own single-device vLLM on its share of the batch; the trainer already repeats
+every prompt `rollout.n` times, so vLLM is asked for one sample per row.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from verl.protocol import DataProto
+from verl.utils.torch_functional import get_response_mask
+
+from .base import BaseRollout
+
+__all__ = ["VLLMRollout", "vllm_sampling_kwargs"]
+
+logger = logging.getLogger(__name__)
+
+
+def _cfg(config, key, default=None):
+    value = config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
+    return default if value is None else value
+
+
+def vllm_sampling_kwargs(config, meta_info: dict, response_length: int) -> dict:
+    """vLLM `SamplingParams` keywords from upstream's rollout keys.
+
+    Training settings, or `val_kwargs` when meta_info['validate'] is true; explicit meta_info keys
+    (do_sample, temperature, top_k, top_p) override either, as in the built-in engine. Greedy
+    (`do_sample` false or temperature 0) becomes vLLM's temperature 0; a top_k of 0 or below is off.
+    """
+    source = config.val_kwargs if meta_info.get("validate", False) else config
+    do_sample = bool(meta_info.get("do_sample", _cfg(source, "do_sample", True)))
+    temperature = float(meta_info.get("temperature", _cfg(source, "temperature", 1.0)))
+    top_k = int(meta_info.get("top_k", _cfg(source, "top_k", -1)))
+    top_p = float(meta_info.get("top_p", _cfg(source, "top_p", 1.0)))
+    greedy = not do_sample or temperature <= 0
+    return {
+        "n": 1,
+        "max_tokens": int(response_length),
+        "temperature": 0.0 if greedy else temperature,
+        "top_k": -1 if greedy or top_k <= 0 else top_k,
+        "top_p": 1.0 if greedy else top_p,
+        "ignore_eos": bool(_cfg(config, "ignore_eos", False)),
+        "detokenize": False,
+    }
+
+
+def _inner_module(module: nn.Module) -> nn.Module:
+    return getattr(module, "_fsdp_wrapped_module", module)
+
+
+def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A plain tensor of the whole parameter (FSDP2 keeps DTensor shards until unsharded)."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+class VLLMRollout(BaseRollout):
+    """Generate with an in-process vLLM `LLM` that is fed the actor's weights before each call.
+
+    `module` is the actor's HF causal LM (its `config.name_or_path` is the model directory vLLM reads
+    its config from; with upstream's default `load_format: dummy` it reads no weights from disk).
+    `config` is the `actor_rollout_ref.rollout` section: prompt_length, response_length, max_model_len,
+    max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, enable_prefix_caching, load_format,
+    seed, ignore_eos, sampling keys and val_kwargs, and engine_kwargs.vllm (passed to `LLM` as is).
+    `plan` is the compat plan; its `rollout` section sets dtype, gpu_memory_utilization,
+    enforce_eager and free_cache_engine.
+    """
+
+    def __init__(self, module: nn.Module, config, plan):
+        if plan is None:
+            raise ValueError("VLLMRollout needs the compat plan (verl.compat.build_plan(config))")
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            raise NotImplementedError(
+                "the vLLM rollout engine runs on one rank only in this version (the process group has "
+                f"{dist.get_world_size()}); set trainer.n_gpus_per_node=1 or actor_rollout_ref.rollout.name=hf")
+        self.module = module
+        self.config = config
+        self.plan = plan
+        # vLLM's dtype is fixed when it starts, so the worker's fp16-guard fallback (it lowers the built-in
+        # engine's `dtype` to float32) does not reach this engine: None keeps the worker from trying.
+        self.dtype = None
+        self.weight_pushes = 0
+        self._asleep = False
+        self.llm = self._start(plan.rollout)
+
+    # ------------------------------------------------------------------ building
+
+    def _model_path(self) -> str:
+        path = getattr(getattr(_inner_module(self.module), "config", None), "name_or_path", "")
+        if not path or not os.path.isdir(path):
+            raise ValueError(f"the vLLM engine needs the actor's model directory (config.json); the actor's "
+                             f"config.name_or_path is {path!r}. Load the model from a local directory.")
+        return path
+
+    def _start(self, rollout_plan):
+        # The engine core must live in this process: the weight push reaches its model directly.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+
+        cfg = self.config
+        max_model_len = _cfg(cfg, "max_model_len") or int(_cfg(cfg, "prompt_length", 512)) + int(
+            _cfg(cfg, "response_length", 512))
+        engine_kwargs = dict((_cfg(cfg, "engine_kwargs", {}) or {}).get("vllm", {}) or {})
+        kwargs = dict(
+            model=self._model_path(),
+            skip_tokenizer_init=True,  # token ids in, token ids out
+            dtype=rollout_plan.dtype,
+            gpu_memory_utilization=float(rollout_plan.gpu_memory_utilization),
+            enforce_eager=bool(rollout_plan.enforce_eager),
+            enable_sleep_mode=bool(rollout_plan.free_cache_engine),
+            max_model_len=int(max_model_len),
+            max_num_seqs=int(_cfg(cfg, "max_num_seqs", 256)),
+            max_num_batched_tokens=max(int(_cfg(cfg, "max_num_batched_tokens", 8192)), int(max_model_len)),
+            enable_chunked_prefill=bool(_cfg(cfg, "enable_chunked_prefill", True)),
+            enable_prefix_caching=bool(_cfg(cfg, "enable_prefix_caching", True)),
+            load_format=str(_cfg(cfg, "load_format", "dummy")),
+            seed=int(_cfg(cfg, "seed", 0)),
+            disable_log_stats=True,
+            trust_remote_code=False,
+        )
+        if self.plan.device_type == "cpu":
+            # vLLM's CPU build counts this whole process (actor, optimizer) against its share; the plan's
+            # share of host memory is meant for vLLM alone, so it is handed over as an explicit KV budget.
+            kwargs["kv_cache_memory_bytes"] = int(rollout_plan.gpu_memory_utilization * self.plan.memory_limit_gb
+                                                  * 2**30)
+        kwargs.update(engine_kwargs)
+        logger.info("starting vLLM: dtype=%s gpu_memory_utilization=%s enforce_eager=%s sleep_mode=%s",
+                    kwargs["dtype"], kwargs["gpu_memory_utilization"], kwargs["enforce_eager"],
+                    kwargs["enable_sleep_mode"])
+        llm = LLM(**kwargs)
+        if rollout_plan.free_cache_engine:
+            llm.sleep(level=1)
+            self._asleep = True
+        return llm
+
+    # ------------------------------------------------------------------ weights
+
+    def push_weights(self) -> int:
+        """Copy the actor's current weights into vLLM's model, in memory; returns the tensor count."""
+        state = self.module.state_dict()
+        # reload_weights (not model.load_weights): backends that repack weights after loading (the CPU
+        # build does) need the checkpoint-format names restored, loaded, and repacked again.
+        self.llm.collective_rpc("reload_weights", kwargs={
+            "weights_iterator": ((name, _full_tensor(t).detach()) for name, t in state.items()),
+            "is_checkpoint_format": True})
+        self.weight_pushes += 1
+        return len(state)
+
+    # ------------------------------------------------------------------ public API
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        from vllm import SamplingParams
+
+        meta = prompts.meta_info
+        response_length = int(meta.get("response_length", _cfg(self.config, "response_length")))
+        eos_ids, pad_id = self._special_tokens(meta)
+        sampling = vllm_sampling_kwargs(self.config, meta, response_length)
+        sampling["stop_token_ids"] = eos_ids
+
+        ids, mask, pos = (prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
+        requests = [{"prompt_token_ids": row[m.bool()].tolist()} for row, m in zip(ids.cpu(), mask.cpu())]
+        seed = meta.get("seed")
+        params = [SamplingParams(**sampling, seed=None if seed is None else int(seed) + i)
+                  for i in range(len(requests))]
+
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+        start = time.perf_counter()
+        self.push_weights()
+        push_s = time.perf_counter() - start
+        try:
+            outputs = self.llm.generate(requests, params, use_tqdm=False)
+        finally:
+            if self.plan.rollout.free_cache_engine:
+                self.llm.sleep(level=1)
+                self._asleep = True
+
+        responses = torch.full((len(requests), response_length), pad_id, dtype=ids.dtype)
+        for i, out in enumerate(outputs):
+            tokens = list(out.outputs[0].token_ids)[:response_length]
+            if tokens:
+                responses[i, : len(tokens)] = torch.tensor(tokens, dtype=ids.dtype)
+        responses = responses.to(ids.device)
+        if sampling["ignore_eos"]:
+            response_mask = torch.ones_like(responses, dtype=mask.dtype)
+        else:
+            response_mask = get_response_mask(responses, eos_token=eos_ids, dtype=mask.dtype)
+        offsets = torch.arange(1, response_length + 1, device=ids.device, dtype=pos.dtype)
+        tensors = {
+            "prompts": ids,
+            "responses": responses,
+            "response_mask": response_mask,
+            "input_ids": torch.cat([ids, responses], dim=-1),
+            "attention_mask": torch.cat([mask, response_mask], dim=-1),
+            "position_ids": torch.cat([pos, pos[:, -1:] + offsets], dim=-1),
+        }
+        meta = dict(prompts.meta_info)
+        # The trainer logs these: how many in-memory pushes this engine has taken, and the last one's time.
+        meta["metrics"] = {**(meta.get("metrics") or {}), "rollout/weight_pushes": self.weight_pushes,
+                           "perf/weight_push_s": push_s}
+        return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=meta)
+
+    def _special_tokens(self, meta: dict):
+        hf_config = getattr(_inner_module(self.module), "config", None)
+        eos = meta.get("eos_token_id", getattr(hf_config, "eos_token_id", None))
+        pad = meta.get("pad_token_id", getattr(hf_config, "pad_token_id", None))
+        if eos is None:
+            raise ValueError("VLLMRollout needs meta_info['eos_token_id'] (int or list): set it from the tokenizer")
+        eos_ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+        return eos_ids, int(eos_ids[0] if pad is None else pad)
