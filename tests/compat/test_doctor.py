@@ -54,7 +54,7 @@ def test_p40_plans_float32_sdpa_and_the_builtin_engine(capsys):
         assert (out[role]["param_dtype"], out[role]["compute_dtype"]) == ("float32", "float32")
         assert out[role]["attn_implementation"] == "sdpa"
     assert (out["rollout"]["name"], out["rollout"]["dtype"]) == ("hf", "float32")
-    assert out["torch_compile"] is False and out["dist_backend"] == "nccl"
+    assert out["torch_compile"] is False and out["dist_backend"] == "cpu:gloo,cuda:nccl"
     assert out["predicted_peak_gb"] <= out["memory_limit_gb"]
 
 

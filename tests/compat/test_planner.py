@@ -79,7 +79,7 @@ def test_every_device_gets_a_plan(device, setting, cfg):
         assert r.use_remove_padding is False
     assert plan.critic is not None and plan.ref is None   # gae needs a critic; no KL -> no reference
     assert plan.rollout.name == "hf" and plan.rollout.dtype == dtype
-    assert plan.dist_backend == ("gloo" if device == "cpu" else "nccl")
+    assert plan.dist_backend == ("gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
     assert plan.device_type == ("cpu" if device == "cpu" else "cuda")
     assert plan.torch_compile == (device not in ("cpu", "p40", "p100"))
     assert plan.tf32 == profile.tf32
@@ -91,6 +91,22 @@ def test_every_device_gets_a_plan(device, setting, cfg):
     assert plan.warnings == []
     assert 1 <= plan.rollout.micro_batch_size <= 1024 and plan.reasons["rollout.micro_batch_size"]
     plan.to_dict()
+
+
+@pytest.mark.parametrize("device", ["cpu", "t4", "a100-80gb", "mi300x"])
+def test_dist_backend_routes_host_tensors_to_gloo(device):
+    """On an accelerator the loss token counts and checkpoint barriers all-reduce CPU tensors, which plain
+    nccl rejects with 2+ ranks: torch's own parser must read the plan's string as gloo for CPU tensors."""
+    from torch.distributed import Backend
+    from torch.distributed.distributed_c10d import BackendConfig
+
+    plan = make_plan(get_profile(device), QUICKSTART, PLAIN, QWEN05)
+    backends = BackendConfig(Backend(plan.dist_backend)).get_device_backend_map()
+    assert backends["cpu"] == "gloo"
+    if device == "cpu":
+        assert plan.dist_backend == "gloo" and "across nodes" in plan.reasons["dist_backend"]
+    else:
+        assert backends["cuda"] == "nccl" and "CPU tensors" in plan.reasons["dist_backend"]
 
 
 def test_field_report_on_p40_needs_no_hand_patches():
@@ -126,7 +142,7 @@ def test_volta_turing_get_vllm_in_fp16_but_not_flash(device):
 
 def test_rocm_plan():
     plan = make_plan(get_profile("mi300x"), QUICKSTART, PLAIN, QWEN05)
-    assert plan.actor.compute_dtype == "bfloat16" and plan.dist_backend == "nccl" and plan.device_type == "cuda"
+    assert plan.actor.compute_dtype == "bfloat16" and plan.dist_backend == "cpu:gloo,cuda:nccl" and plan.device_type == "cuda"
 
 
 # ----------------------------------------------------------------------------- properties

@@ -23,11 +23,16 @@ _CONSOLE_LINE = re.compile(r"^step:(\d+) - (.*)$")
 
 
 def run_main_ppo(overrides: list[str], log_path: Path | None = None, timeout: int = RUN_TIMEOUT_S,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, ray_address: str | None = None):
     """Run main_ppo with Hydra overrides (in `env`, else this process's environment); return
-    (completed process, {step: metrics} from the file logger)."""
+    (completed process, {step: metrics} from the file logger).
+
+    Without `ray_address` the run starts its own Ray instance; with it, it attaches to that cluster.
+    """
     env = {k: v for k, v in (os.environ if env is None else env).items() if k != "RAY_ADDRESS"}
     env["PYTHONUNBUFFERED"] = "1"
+    if ray_address is not None:
+        env["RAY_ADDRESS"] = ray_address
     if log_path is not None:
         env["VERL_FILE_LOGGER_PATH"] = str(log_path)
     proc = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *overrides], cwd=REPO_ROOT, env=env,
@@ -35,12 +40,17 @@ def run_main_ppo(overrides: list[str], log_path: Path | None = None, timeout: in
     if proc.returncode != 0:
         print(proc.stdout[-6000:])
         print(proc.stderr[-6000:], file=sys.stderr)
+    return proc, file_metrics(log_path)
+
+
+def file_metrics(log_path: Path | None) -> dict[int, dict[str, float]]:
+    """{step: metrics} from the file logger's JSON lines."""
     steps = {}
     if log_path is not None and log_path.exists():
         for line in log_path.read_text().splitlines():
             record = json.loads(line)
             steps.setdefault(record["step"], {}).update(record["data"])
-    return proc, steps
+    return steps
 
 
 def console_metrics(stdout: str) -> dict[int, dict[str, float]]:

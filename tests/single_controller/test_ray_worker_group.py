@@ -88,6 +88,14 @@ class ToyWorker(Worker):
         return self.rank
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def peer_dies(self, bad_rank):
+        """What a collective does when a peer's machine goes away: the survivor errors first."""
+        if self.rank == bad_rank:
+            time.sleep(1.0)
+            os._exit(1)
+        raise ConnectionResetError("Read error: Connection reset by peer")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def all_reduce(self, backend, value):
         import torch.distributed as dist
 
@@ -220,6 +228,22 @@ def test_dead_worker_raises_clear_error(ray_session):
         with pytest.raises(WorkerDiedError, match=r"worker rank 1 .*died during `die_on`") as info:
             group.die_on(1)
         assert info.value.rank == 1
+    finally:
+        group.shutdown()
+        pool.release()
+
+
+def test_survivor_error_after_peer_death_names_the_dead_worker(ray_session):
+    pool, group = _cpu_group(ToyWorker)
+    try:
+        node = ray.get_runtime_context().get_node_id()
+        assert group.node_ids == [node, node]                      # reported by the workers themselves
+        assert f"node {node} (" in group.describe_placement() and "ranks [0, 1]" in group.describe_placement()
+        with pytest.raises(WorkerDiedError) as info:
+            group.peer_dies(1)
+        message = str(info.value)
+        assert info.value.rank == 1 and f"worker rank 1 ({group.worker_names[1]} on node {node}) died" in message
+        assert "rank 0 then failed too: ConnectionResetError: Read error: Connection reset by peer" in message
     finally:
         group.shutdown()
         pool.release()

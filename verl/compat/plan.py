@@ -57,7 +57,7 @@ class Plan:
     device: DeviceProfile
     software: SoftwareInfo
     device_type: str             # torch device type workers place tensors on: "cuda" | "cpu"
-    dist_backend: str            # "nccl" | "gloo"
+    dist_backend: str            # torch.distributed backend string: "gloo" (CPU) | "cpu:gloo,cuda:nccl"
     torch_compile: bool
     tf32: bool
     actor: RolePlan

@@ -339,9 +339,13 @@ def _decide_globals(d: _Decider, config: Any) -> dict:
                               "no accelerator: CPU" if p.backend == "cpu"
                               else ("ROCm devices are torch's 'cuda' device type" if p.backend == "rocm"
                                     else "CUDA device")),
-        "dist_backend": d.note("dist_backend", "gloo" if p.backend == "cpu" else "nccl",
-                               "gloo: the CPU collective backend" if p.backend == "cpu"
-                               else ("nccl (RCCL on ROCm)" if p.backend == "rocm" else "nccl on CUDA")),
+        "dist_backend": d.note("dist_backend", "gloo" if p.backend == "cpu" else "cpu:gloo,cuda:nccl",
+                               "gloo: the CPU collective backend, within a node and across nodes"
+                               if p.backend == "cpu"
+                               else ((
+                                   "nccl (RCCL on ROCm)" if p.backend == "rocm" else "nccl") + " for device tensors, "
+                                   "gloo for the host-side tensors some collectives carry (loss token counts, "
+                                   "checkpoint barriers): plain nccl rejects CPU tensors once there are 2+ ranks")),
         "tf32": d.note("tf32", bool(p.tf32), "TF32 matmuls on sm_80+" if p.tf32 else "the device has no TF32"),
     }
     asked = _flag(_first(config, "actor_rollout_ref.actor.use_torch_compile",

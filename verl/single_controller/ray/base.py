@@ -40,6 +40,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFAULT_PLACEMENT_TIMEOUT_S = 120.0
+PEER_DEATH_GRACE_S = 10.0
 _DEVICE_HINT = "set trainer.n_gpus_per_node / trainer.nnodes to what the cluster has, or use trainer.device=cpu"
 
 
@@ -322,6 +323,7 @@ class RayWorkerGroup(WorkerGroup):
         self.start_timeout_s = float(ray_wait_register_center_timeout)
         self.resource_pool = resource_pool
         self.sub_cls_name = ""
+        self._node_ids: list[str] = []
 
         if resource_pool is None:
             self._workers = list(worker_handles) if worker_handles else [ray.get_actor(n) for n in worker_names]
@@ -352,8 +354,10 @@ class RayWorkerGroup(WorkerGroup):
                 self._workers.append(ray_cls_with_init(pg, local_rank, options))
                 self._worker_names.append(name)
                 rank += 1
-        # surface constructor errors and unschedulable actors now, with the rank named
-        self.wait([w.__ray_ready__.remote() for w in self._workers], "__init__", timeout_s=self.start_timeout_s)
+        # surface constructor errors and unschedulable actors now, with the rank named; each worker
+        # reports the node it really runs on (placement, error messages)
+        self._node_ids = self.wait([w.__ray_call__.remote(_actor_node_id) for w in self._workers], "__init__",
+                                   timeout_s=self.start_timeout_s)
 
     def _worker_env(self, rank, world_size, local_rank, local_world_size) -> dict[str, str]:
         env = {
@@ -401,6 +405,7 @@ class RayWorkerGroup(WorkerGroup):
                 device_name=self.device_name,
             )
             group._master_addr, group._master_port = self._master_addr, self._master_port
+            group._node_ids = self._node_ids
             group.ray_cls_with_init = self.ray_cls_with_init
             group.sub_cls_name = role
             group.method_names = group._bind_worker_method(roles[role], remote_name=_RolePrefix(role))
@@ -468,8 +473,18 @@ class RayWorkerGroup(WorkerGroup):
                 try:
                     results[ref] = ray.get(ref)
                 except ray.exceptions.RayTaskError as err:
-                    _cancel(pending)
                     rank = rank_of[ref]
+                    dead = self._dead_peer(pending, rank_of)
+                    _cancel(pending)
+                    if dead is not None:  # this rank's collective broke because a peer's process is gone
+                        dead_rank, dead_err = dead
+                        raise WorkerDiedError(
+                            f"worker rank {dead_rank} ({self._name_of(dead_rank)}{self._on_node(dead_rank)}) died "
+                            f"during {self._describe(method_name)}; rank {rank} then failed too: "
+                            f"{_last_line(err)}. Ray says: {_strip_ansi(str(dead_err))}",
+                            dead_rank,
+                            method_name,
+                        ) from None
                     raise WorkerError(
                         f"{self._describe(method_name)} failed on worker rank {rank} "
                         f"({self._name_of(rank)}):\n{_strip_ansi(str(err))}",
@@ -487,7 +502,8 @@ class RayWorkerGroup(WorkerGroup):
                             method_name,
                         ) from None
                     raise WorkerDiedError(
-                        f"worker rank {rank} ({self._name_of(rank)}) died during {self._describe(method_name)}; "
+                        f"worker rank {rank} ({self._name_of(rank)}{self._on_node(rank)}) died during "
+                        f"{self._describe(method_name)}; "
                         f"the other ranks' calls were cancelled. Ray says: {_strip_ansi(str(err))}",
                         rank,
                         method_name,
@@ -495,12 +511,50 @@ class RayWorkerGroup(WorkerGroup):
         ordered = [results[ref] for ref in refs]
         return ordered[0] if single else ordered
 
+    def _dead_peer(self, pending, rank_of) -> Optional[tuple[int, Exception]]:
+        """After one rank raised: (rank, error) of a still-pending rank whose process died, if one did.
+
+        A worker lost with its node makes its peers' collectives fail ("connection reset") moments before
+        Ray reports the loss itself; waiting up to PEER_DEATH_GRACE_S for that report lets the error name
+        the worker and node that are gone rather than the survivor that noticed.
+        """
+        if not pending:
+            return None
+        done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=PEER_DEATH_GRACE_S)
+        for ref in sorted(done, key=rank_of.get):
+            try:
+                ray.get(ref, timeout=0)
+            except ray.exceptions.RayActorError as err:
+                if "creation task" not in str(err):
+                    return rank_of[ref], err
+            except ray.exceptions.RayError:
+                pass
+        return None
+
     def _describe(self, method_name: str) -> str:
         role = f"{self.sub_cls_name}." if self.sub_cls_name else ""
         return f"`{role}{method_name}` of worker group '{self.name_prefix}'"
 
     def _name_of(self, rank: int) -> str:
         return self._worker_names[rank] if rank < len(self._worker_names) else "actor"
+
+    def _on_node(self, rank: int) -> str:
+        if rank >= len(self._node_ids):
+            return ""
+        alive = {n["NodeID"]: n.get("Alive") for n in ray.nodes()}
+        state = "" if alive.get(self._node_ids[rank]) else ", now dead"
+        return f" on node {self._node_ids[rank]}{state}"
+
+    def describe_placement(self) -> str:
+        """Which worker ranks run on which Ray node (as the workers themselves reported), one line per node."""
+        addresses = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        by_node: dict[str, list[int]] = {}
+        for rank, node in enumerate(self._node_ids):
+            by_node.setdefault(node, []).append(rank)
+        lines = [f"Worker placement: {len(self._node_ids)} worker(s) on {len(by_node)} node(s), "
+                 f"MASTER_ADDR {self._master_addr}:{self._master_port}"]
+        lines += [f"  node {node} ({addresses.get(node, '?')}): ranks {ranks}" for node, ranks in by_node.items()]
+        return "\n".join(lines)
 
     def shutdown(self) -> None:
         """Kill the actors (they also end when the driver exits)."""
@@ -518,12 +572,26 @@ class RayWorkerGroup(WorkerGroup):
         return self._workers
 
     @property
+    def node_ids(self) -> list[str]:
+        """The Ray node id each worker rank runs on."""
+        return self._node_ids
+
+    @property
     def master_address(self):
         return self._master_addr
 
     @property
     def master_port(self):
         return self._master_port
+
+
+def _actor_node_id(actor_instance) -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
+def _last_line(err: Exception) -> str:
+    lines = [line for line in _strip_ansi(str(err)).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else type(err).__name__
 
 
 def _strip_ansi(text: str) -> str:

@@ -43,6 +43,7 @@ def run_ppo(config) -> None:
         stop_on_sigterm()  # ray.init installs a SIGTERM handler of its own in the driver
     try:
         trainer.init_workers()
+        print(trainer.actor_rollout_wg.describe_placement(), flush=True)
         trainer.fit()
     finally:
         if started_ray:
@@ -90,7 +91,12 @@ def interruption_line(config, signum: int = signal.SIGINT) -> str:
 
 
 def _init_ray(config, plan) -> None:
-    """ray.init with ray_kwargs.ray_init, worker env vars, CPU slots for CPU workers and a time limit."""
+    """ray.init with ray_kwargs.ray_init, worker env vars, CPU slots for CPU workers and a time limit.
+
+    With RAY_ADDRESS set (or `+ray_kwargs.ray_init.address=...`), as upstream, the driver attaches to
+    that running cluster instead of starting a local one; the cluster's nodes then bring their own
+    resources, so no CPU count is passed (Ray refuses one when attaching).
+    """
     import ray
 
     init_kwargs = OmegaConf.select(config, "ray_kwargs.ray_init", default=None)
@@ -99,7 +105,8 @@ def _init_ray(config, plan) -> None:
     runtime_env["env_vars"] = {**WORKER_ENV, **(runtime_env.get("env_vars") or {})}
     init_kwargs = {k: v for k, v in init_kwargs.items() if v is not None}
     init_kwargs["runtime_env"] = runtime_env
-    if plan.device_type == "cpu" and "num_cpus" not in init_kwargs:
+    attach_to = init_kwargs.get("address") or os.environ.get("RAY_ADDRESS") or None
+    if plan.device_type == "cpu" and "num_cpus" not in init_kwargs and attach_to is None:
         # Ray counts one CPU slot per CPU worker; give it at least as many slots as workers requested,
         # even on a machine with fewer cores (the workers then share cores, which is slow but correct).
         n_workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
@@ -109,6 +116,18 @@ def _init_ray(config, plan) -> None:
     with _time_limit(RAY_INIT_TIMEOUT_S, "ray.init did not finish within {:.0f}s. Check `ray status` and stale Ray "
                      "processes (`ray stop`), or raise the limit with VERL_RAY_INIT_TIMEOUT_S."):
         ray.init(**init_kwargs)
+    if attach_to is not None:
+        print(f"Attached to the Ray cluster at {attach_to}: {describe_nodes()}", flush=True)
+
+
+def describe_nodes() -> str:
+    """One line per alive node of the Ray cluster: id, address and the CPU/GPU it advertises."""
+    import ray
+
+    nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: (n["NodeManagerAddress"], n["NodeID"]))
+    parts = [f"node {n['NodeID'][:12]} ({n['NodeManagerAddress']}) CPU {n['Resources'].get('CPU', 0):g} "
+             f"GPU {n['Resources'].get('GPU', 0):g}" for n in nodes]
+    return f"{len(nodes)} node(s): " + "; ".join(parts)
 
 
 @contextmanager
