@@ -5,7 +5,7 @@
 #   source .device-pack/install.sh && bash benchmarks/h200_session.sh speed         # the speed rows, one at a time
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness or speed}
+mode=${1:?correctness, final or speed}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -25,6 +25,18 @@ if [ "$mode" = correctness ]; then
   wait $m; echo "matrix exit $?"; wait $o; echo "offload exit $?"
   tail -25 "$W/rollout.log"
   tail -40 "$W/matrix.log"; tail -16 "$W/offload.log"
+elif [ "$mode" = final ]; then
+  # the GPU test, the matrix cells the correctness call's time limit cut, then the main speed rows alone
+  timeout 60 python3 -m pytest -q -m gpu tests/rollout > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -2 "$W/gpu_tests.log"
+  mx=(--assets .gpu-assets --steps 3 --test-freq 2 --budget-gb 110 --cell-timeout 200)
+  timeout 210 python3 benchmarks/gpu_matrix.py "${mx[@]}" --profiles p100,v100-16gb,t4 --algos ppo,grpo --jobs 6 \
+      --out "$W/matrix_a" > "$W/matrix_a.log" 2>&1 &
+  timeout 210 python3 benchmarks/gpu_matrix.py "${mx[@]}" --profiles a100-40gb,rtx3090 --algos ppo --jobs 2 \
+      --out "$W/matrix_b" > "$W/matrix_b.log" 2>&1 &
+  wait; echo "matrix done at $(( $(date +%s) - t0 )) s"; grep -h "exit" "$W"/matrix_*.log
+  SPEED_ROWS=p40,quickstart,grpo P40_STEPS=8 P40_TIMEOUT=80 QS_TIMEOUT=160 GRPO_TIMEOUT=120 \
+      timeout 330 python3 benchmarks/speed.py --out "$W/speed" > "$W/speed.log" 2>&1
+  echo "speed exit $?"; tail -22 "$W/speed.log"
 else
   SPEED_ROWS=${SPEED_ROWS:-quickstart,p40,grpo,p40_manual} QS_TIMEOUT=200 P40_STEPS=8 P40_TIMEOUT=110 \
       GRPO_TIMEOUT=150 MANUAL_TIMEOUT=80 timeout 560 python3 benchmarks/speed.py --out "$W" > "$W/speed.log" 2>&1

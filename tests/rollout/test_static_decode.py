@@ -265,7 +265,7 @@ def test_cuda_graph_replay_equals_eager_and_generate():
     graphs = HFRollout(model, _rollout_config(8, do_sample=False), plan=plan)
     eager = HFRollout(model, _rollout_config(8, do_sample=False), plan=None)
     a = graphs.generate_sequences(batch.to(device)).batch["responses"].cpu()
-    b = eager.generate_sequences(batch).batch["responses"]
+    b = eager.generate_sequences(batch.to(device)).batch["responses"].cpu()
     assert torch.equal(a, b)
     expected = _generate_hf(model, batch.to(device), 8, [VOCAB + 1], do_sample=False).cpu()
     assert torch.equal(a, expected)
