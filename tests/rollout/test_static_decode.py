@@ -84,7 +84,7 @@ def _generate_hf(model, batch, steps, eos, **sampling):
     out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, min_new_tokens=0,
                          eos_token_id=eos, pad_token_id=PAD, **sampling)
     new = out[:, ids.shape[1]:]
-    return torch.cat([new, torch.full((len(ids), steps - new.shape[1]), PAD, dtype=new.dtype)], dim=1)
+    return torch.cat([new, torch.full((len(ids), steps - new.shape[1]), PAD, dtype=new.dtype, device=new.device)], dim=1)
 
 
 def _engine_forward_calls(model, engine, batch):
