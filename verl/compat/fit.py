@@ -188,9 +188,9 @@ class _Search:
                                                  "sequences and scratch, as a share of host memory")
         return min(left, 0.9), "share of device memory left after the resident training state (memory model)"
 
-    def attempt(self, b: _Batch, budgets_now: dict, whole: bool):
+    def attempt(self, b: _Batch, budgets_now: dict, whole: bool, rungs: int | None = None):
         vllm = self.inp.rollout.name == "vllm"
-        for rung, offload in ladder(self.inp.asked_off, self.inp.roles):
+        for rung, offload in ladder(self.inp.asked_off, self.inp.roles)[:rungs]:
             for ckpt_on in self.ckpt_options:
                 util, why, chunk = 0.0, "", None
                 if vllm:
@@ -214,6 +214,18 @@ class _Search:
     def search(self, whole: bool):
         """Walk the ladder, halving micro-batches until a rung fits; None at the floor."""
         inp = self.inp
+        if inp.dynamic:
+            # Token budgets are a speed device: shrink them (to one sequence a pass at least) before
+            # offloading anything, whose host round trips every step cost more than smaller passes.
+            b, bud, halvings = inp.batches, dict(inp.budgets), 0
+            while (found := self.attempt(b, bud, whole, rungs=1)) is None:
+                smaller = halve(b, bud, inp.dynamic, inp.workload.seq_len)
+                if smaller is None:
+                    break
+                b, bud = smaller
+                halvings += 1
+            if found is not None:
+                return found, b, bud, halvings
         b, bud, halvings = inp.batches, dict(inp.budgets), 0
         while (found := self.attempt(b, bud, whole)) is None:
             smaller = halve(b, bud, inp.dynamic, inp.workload.seq_len)
