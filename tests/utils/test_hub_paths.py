@@ -123,8 +123,9 @@ def test_doctor_plans_the_readme_quickstart_model_from_the_cache(tiny_dir, tmp_p
     proc = subprocess.run(args, cwd=REPO_ROOT, env=offline_env(tmp_path / "hf"), capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    # sized from the cached tiny model's config.json (the real 0.5B model plans ~18 GiB here)
-    assert 0 < json.loads(proc.stdout)["predicted_peak_gb"] < 0.5
+    # sized from the cached tiny model's config.json (the real 0.5B model plans ~18 GiB here; the tiny one's
+    # peak is its validation phase: one full generation chunk)
+    assert 0 < json.loads(proc.stdout)["predicted_peak_gb"] < 3
 
     empty = subprocess.run(args, cwd=REPO_ROOT, env=offline_env(tmp_path / "empty"), capture_output=True, text=True,
                            timeout=120, check=False)

@@ -160,9 +160,9 @@ def test_a_plan_naming_an_engine_the_workers_lack_is_refused(model_dir):
     import dataclasses
 
     plan = cpu_plan(model_dir)
-    plan.rollout = dataclasses.replace(plan.rollout, name="vllm")
+    plan.rollout = dataclasses.replace(plan.rollout, name="sglang")
     worker = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir), role="actor_rollout", plan=plan)
-    with pytest.raises(ValueError, match=r"'vllm' is not one of this verl's engines \['hf'\]"):
+    with pytest.raises(ValueError, match=r"'sglang' is not one of this verl's engines \['hf', 'vllm'\]"):
         worker.init_model()
 
 

