@@ -4,9 +4,27 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from torch import nn
+
 from verl.protocol import DataProto
 
-__all__ = ["BaseRollout"]
+__all__ = ["BaseRollout", "inner_module", "special_tokens"]
+
+
+def inner_module(module: nn.Module) -> nn.Module:
+    """The HF model inside an FSDP1 wrapper (FSDP2 shards in place, so it is the module itself)."""
+    return getattr(module, "_fsdp_wrapped_module", module)
+
+
+def special_tokens(module: nn.Module, meta: dict, engine: str) -> tuple[list[int], int]:
+    """(EOS ids, pad id) from the batch's meta_info, else from the model's config (pad defaults to EOS)."""
+    hf_config = getattr(inner_module(module), "config", None)
+    eos = meta.get("eos_token_id", getattr(hf_config, "eos_token_id", None))
+    pad = meta.get("pad_token_id", getattr(hf_config, "pad_token_id", None))
+    if eos is None:
+        raise ValueError(f"{engine} needs meta_info['eos_token_id'] (int or list): set it from the tokenizer")
+    eos_ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    return eos_ids, int(eos_ids[0] if pad is None else pad)
 
 
 class BaseRollout(ABC):

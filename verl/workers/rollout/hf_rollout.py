@@ -24,7 +24,7 @@ from torch import nn
 from verl.protocol import DataProto
 from verl.utils.torch_functional import get_response_mask
 
-from .base import BaseRollout
+from .base import BaseRollout, inner_module, special_tokens
 from .static_decoder import StaticDecoder, static_decoding_unsupported
 
 __all__ = ["HFRollout", "SamplingParams", "candidate_logits", "filter_logits", "rollout_autocast_dtype",
@@ -139,10 +139,6 @@ def _cfg(config, key, default=None):
     return default if value is None else value
 
 
-def _inner_module(module: nn.Module) -> nn.Module:
-    """The HF model inside an FSDP1 wrapper (FSDP2 shards in place, so it is the module itself)."""
-    return getattr(module, "_fsdp_wrapped_module", module)
-
 
 def _is_sharded(module: nn.Module) -> bool:
     """True when each forward all-gathers weights, so every rank must run the same number of them.
@@ -193,7 +189,7 @@ class HFRollout(BaseRollout):
             self.dtype = torch_dtype(plan.rollout.dtype)
             self.micro_batch_size = plan.rollout.micro_batch_size or self.micro_batch_size
             self.cuda_graphs = bool(getattr(plan.rollout, "cuda_graphs", False))
-        forward_params = inspect.signature(_inner_module(module).forward).parameters
+        forward_params = inspect.signature(inner_module(module).forward).parameters
         # transformers 5 renamed `past_key_values` to `cache`; follow whichever this model takes.
         self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
         self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in forward_params), None)
@@ -204,7 +200,7 @@ class HFRollout(BaseRollout):
         meta = prompts.meta_info
         params = self.sampling_params(meta)
         response_length = int(meta.get("response_length", _cfg(self.config, "response_length")))
-        eos_ids, pad_id = self._special_tokens(meta)
+        eos_ids, pad_id = special_tokens(self.module, meta, "HFRollout")
         generator = self._generator_for(meta)
 
         batch_size = len(prompts)
@@ -250,25 +246,17 @@ class HFRollout(BaseRollout):
         if state is not None:
             self._generator = torch.Generator(device=self._device())
             self._generator.set_state(state)
+
     def static_unsupported(self) -> str | None:
         """Why generation must call the HF forward instead of the static decoder (None: it need not)."""
         if _is_sharded(self.module):
             return "the weights are sharded (each forward gathers them)"
-        return static_decoding_unsupported(_inner_module(self.module))
+        return static_decoding_unsupported(inner_module(self.module))
 
     # ------------------------------------------------------------------ internals
 
     def _device(self) -> torch.device:
         return next(self.module.parameters()).device
-
-    def _special_tokens(self, meta: dict):
-        hf_config = getattr(_inner_module(self.module), "config", None)
-        eos = meta.get("eos_token_id", getattr(hf_config, "eos_token_id", None))
-        pad = meta.get("pad_token_id", getattr(hf_config, "pad_token_id", None))
-        if eos is None:
-            raise ValueError("HFRollout needs meta_info['eos_token_id'] (int or list): set it from the tokenizer")
-        eos_ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
-        return eos_ids, int(eos_ids[0] if pad is None else pad)
 
     def _generator_for(self, meta: dict) -> torch.Generator:
         """A per-call generator when meta_info carries a seed, else one stream kept across calls.
@@ -323,7 +311,7 @@ class HFRollout(BaseRollout):
             dtype = rollout_autocast_dtype(self.dtype, weights) or weights
             device = ids.device
             graphs = self.cuda_graphs and device.type == "cuda"
-            decoder = StaticDecoder(_inner_module(self.module), batch, key[1], positions, dtype, device, graphs)
+            decoder = StaticDecoder(inner_module(self.module), batch, key[1], positions, dtype, device, graphs)
             holder[:] = [key, decoder]
         decoder = holder[1]
         last = pos[:, -1]

@@ -25,7 +25,7 @@ from torch import nn
 from verl.protocol import DataProto
 from verl.utils.torch_functional import get_response_mask
 
-from .base import BaseRollout
+from .base import BaseRollout, inner_module, special_tokens
 
 __all__ = ["VLLMRollout", "vllm_sampling_kwargs"]
 
@@ -60,9 +60,6 @@ def vllm_sampling_kwargs(config, meta_info: dict, response_length: int) -> dict:
         "detokenize": False,
     }
 
-
-def _inner_module(module: nn.Module) -> nn.Module:
-    return getattr(module, "_fsdp_wrapped_module", module)
 
 
 def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -104,7 +101,7 @@ class VLLMRollout(BaseRollout):
     # ------------------------------------------------------------------ building
 
     def _model_path(self) -> str:
-        path = getattr(getattr(_inner_module(self.module), "config", None), "name_or_path", "")
+        path = getattr(getattr(inner_module(self.module), "config", None), "name_or_path", "")
         if not path or not os.path.isdir(path):
             raise ValueError(f"the vLLM engine needs the actor's model directory (config.json); the actor's "
                              f"config.name_or_path is {path!r}. Load the model from a local directory.")
@@ -175,7 +172,7 @@ class VLLMRollout(BaseRollout):
 
         meta = prompts.meta_info
         response_length = int(meta.get("response_length", _cfg(self.config, "response_length")))
-        eos_ids, pad_id = self._special_tokens(meta)
+        eos_ids, pad_id = special_tokens(self.module, meta, "VLLMRollout")
         sampling = vllm_sampling_kwargs(self.config, meta, response_length)
         sampling["stop_token_ids"] = eos_ids
 
@@ -223,11 +220,3 @@ class VLLMRollout(BaseRollout):
                            "perf/weight_push_s": push_s}
         return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=meta)
 
-    def _special_tokens(self, meta: dict):
-        hf_config = getattr(_inner_module(self.module), "config", None)
-        eos = meta.get("eos_token_id", getattr(hf_config, "eos_token_id", None))
-        pad = meta.get("pad_token_id", getattr(hf_config, "pad_token_id", None))
-        if eos is None:
-            raise ValueError("VLLMRollout needs meta_info['eos_token_id'] (int or list): set it from the tokenizer")
-        eos_ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
-        return eos_ids, int(eos_ids[0] if pad is None else pad)
