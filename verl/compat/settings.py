@@ -26,16 +26,22 @@ def dtype_name(value: Any) -> str:
     return DTYPE_SPELLINGS[key]
 
 
-def get(config: Any, path: str, default: Any = AUTO) -> Any:
-    """`config.a.b` for path "a.b"; missing, None and "auto" read as `default`."""
+def raw(config: Any, path: str) -> Any:
+    """`config.a.b` for path "a.b" as written (None when missing; "auto" stays "auto")."""
     node = config
     for key in path.split("."):
         if node is None:
-            return default
+            return None
         try:
             node = node.get(key)
         except (AttributeError, TypeError):
             node = getattr(node, key, None)
+    return node
+
+
+def get(config: Any, path: str, default: Any = AUTO) -> Any:
+    """`config.a.b` for path "a.b"; missing, None and "auto" read as `default`."""
+    node = raw(config, path)
     if node is None or (isinstance(node, str) and node.strip().lower() == "auto"):
         return default
     return node

@@ -9,21 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from verl.compat.profile import DeviceProfile
+from verl.compat.settings import raw
 
 _KEY = "actor_rollout_ref.actor.use_dynamic_bsz"
-
-
-def _raw(config: Any, path: str) -> Any:
-    """The value at `path` as written (None when missing); "auto" stays "auto"."""
-    node = config
-    for key in path.split("."):
-        if node is None:
-            return None
-        try:
-            node = node.get(key)
-        except (AttributeError, TypeError):
-            node = getattr(node, key, None)
-    return node
 
 
 def decide_dynamic_bsz(note, profile: DeviceProfile, config: Any) -> bool:
@@ -34,7 +22,7 @@ def decide_dynamic_bsz(note, profile: DeviceProfile, config: Any) -> bool:
     and (padded forwards) count padded size, so the memory model bounds them like fixed ones.
     `note(key, value, reason)` records the reason.
     """
-    asked = _raw(config, _KEY)
+    asked = raw(config, _KEY)
     if isinstance(asked, str) and asked.strip().lower() == "auto":
         if profile.backend == "cpu":
             return note("actor.use_dynamic_bsz", False, "CPU: fixed micro-batches (no kernel-launch overhead to "
@@ -48,7 +36,7 @@ def decide_dynamic_bsz(note, profile: DeviceProfile, config: Any) -> bool:
 
 def dynamic_auto(config: Any) -> bool:
     """Whether the planner (not the user) chose use_dynamic_bsz."""
-    asked = _raw(config, _KEY)
+    asked = raw(config, _KEY)
     return isinstance(asked, str) and asked.strip().lower() == "auto"
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+import torch
 from torch import nn
 
 from verl.protocol import DataProto
+from verl.utils.torch_functional import get_response_mask
 
-__all__ = ["BaseRollout", "inner_module", "special_tokens"]
+__all__ = ["BaseRollout", "inner_module", "output_tensors", "special_tokens"]
 
 
 def inner_module(module: nn.Module) -> nn.Module:
@@ -25,6 +27,24 @@ def special_tokens(module: nn.Module, meta: dict, engine: str) -> tuple[list[int
         raise ValueError(f"{engine} needs meta_info['eos_token_id'] (int or list): set it from the tokenizer")
     eos_ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
     return eos_ids, int(eos_ids[0] if pad is None else pad)
+
+
+def output_tensors(ids, mask, pos, responses, eos_ids, ignore_eos: bool) -> dict[str, torch.Tensor]:
+    """Upstream's output keys from the prompts and the right-padded responses: the response mask ends
+    after each row's first EOS (all ones with `ignore_eos`), positions continue the prompt's by 1, 2, ..."""
+    if ignore_eos:
+        response_mask = torch.ones_like(responses, dtype=mask.dtype)
+    else:
+        response_mask = get_response_mask(responses, eos_token=eos_ids, dtype=mask.dtype)
+    offsets = torch.arange(1, responses.shape[1] + 1, device=pos.device, dtype=pos.dtype)
+    return {
+        "prompts": ids,
+        "responses": responses,
+        "response_mask": response_mask,
+        "input_ids": torch.cat([ids, responses], dim=-1),
+        "attention_mask": torch.cat([mask, response_mask], dim=-1),
+        "position_ids": torch.cat([pos, pos[:, -1:] + offsets], dim=-1),
+    }
 
 
 class BaseRollout(ABC):

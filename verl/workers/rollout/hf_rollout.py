@@ -22,9 +22,8 @@ import torch.distributed as dist
 from torch import nn
 
 from verl.protocol import DataProto
-from verl.utils.torch_functional import get_response_mask
 
-from .base import BaseRollout, inner_module, special_tokens
+from .base import BaseRollout, inner_module, output_tensors, special_tokens
 from .static_decoder import StaticDecoder, static_decoding_unsupported
 
 __all__ = ["HFRollout", "SamplingParams", "candidate_logits", "filter_logits", "rollout_autocast_dtype",
@@ -348,19 +347,7 @@ class HFRollout(BaseRollout):
                 break
             logits = advance(token, step)
 
-        if ignore_eos:
-            response_mask = torch.ones_like(responses, dtype=mask.dtype)
-        else:
-            response_mask = get_response_mask(responses, eos_token=eos_ids, dtype=mask.dtype)
-        offsets = torch.arange(1, response_length + 1, device=device, dtype=pos.dtype)
-        tensors = {
-            "prompts": ids,
-            "responses": responses,
-            "response_mask": response_mask,
-            "input_ids": torch.cat([ids, responses], dim=-1),
-            "attention_mask": torch.cat([mask, response_mask], dim=-1),
-            "position_ids": torch.cat([pos, pos[:, -1:] + offsets], dim=-1),
-        }
+        tensors = output_tensors(ids, mask, pos, responses, eos_ids, ignore_eos)
         tensors = {k: v.to(out_device) for k, v in tensors.items()}
         return DataProto.from_dict(
             tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=dict(prompts.meta_info)

@@ -23,9 +23,8 @@ import torch.distributed as dist
 from torch import nn
 
 from verl.protocol import DataProto
-from verl.utils.torch_functional import get_response_mask
 
-from .base import BaseRollout, inner_module, special_tokens
+from .base import BaseRollout, inner_module, output_tensors, special_tokens
 
 __all__ = ["VLLMRollout", "vllm_sampling_kwargs"]
 
@@ -201,19 +200,7 @@ class VLLMRollout(BaseRollout):
             if tokens:
                 responses[i, : len(tokens)] = torch.tensor(tokens, dtype=ids.dtype)
         responses = responses.to(ids.device)
-        if sampling["ignore_eos"]:
-            response_mask = torch.ones_like(responses, dtype=mask.dtype)
-        else:
-            response_mask = get_response_mask(responses, eos_token=eos_ids, dtype=mask.dtype)
-        offsets = torch.arange(1, response_length + 1, device=ids.device, dtype=pos.dtype)
-        tensors = {
-            "prompts": ids,
-            "responses": responses,
-            "response_mask": response_mask,
-            "input_ids": torch.cat([ids, responses], dim=-1),
-            "attention_mask": torch.cat([mask, response_mask], dim=-1),
-            "position_ids": torch.cat([pos, pos[:, -1:] + offsets], dim=-1),
-        }
+        tensors = output_tensors(ids, mask, pos, responses, eos_ids, sampling["ignore_eos"])
         meta = dict(prompts.meta_info)
         # The trainer logs these: how many in-memory pushes this engine has taken, and the last one's time.
         meta["metrics"] = {**(meta.get("metrics") or {}), "rollout/weight_pushes": self.weight_pushes,
