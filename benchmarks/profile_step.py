@@ -182,6 +182,17 @@ def profile_phase(fn, device, trace_path: Path, limit: int) -> tuple[dict, str]:
     return summary, table
 
 
+def _release() -> None:
+    """Free one setting's workers before the next is built (their modules hold reference cycles)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def run_setting(profile: str, name: str, model: str, args, work: Path) -> tuple[dict, str]:
     """Build, warm up, time and profile one (profile, setting); its JSON row and its text report."""
     import torch
@@ -344,6 +355,7 @@ def main(argv=None) -> int:
                         f"=== {profile} / {name}: FAILED\n{traceback.format_exc()}"
                 rows.append(row)
                 reports.append(report)
+                _release()
                 print(report, flush=True)
         table = overview(rows)
         text = table + "\n\n" + "\n\n".join(reports)
