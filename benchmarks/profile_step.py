@@ -21,7 +21,12 @@ and packs them with the gzipped chrome traces into `--out/profile_step.tgz`.
 
     python benchmarks/profile_step.py --model /tmp/qwen05b-random --profiles h200 --settings quickstart,grpo \
         --out "$OUT"
+    python benchmarks/profile_step.py --settings quickstart --phases update_critic,update_actor \
+        --variant base= --variant budget64k=actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536 --out "$OUT"
     python benchmarks/profile_step.py --tiny --profiles cpu --out /tmp/prof     # CPU smoke (~20 s)
+
+`--variant NAME=KEY=VALUE[,KEY=VALUE]` (repeatable) runs each (profile, setting) once per variant with
+those overrides on top, so one call compares plans (token budgets, checkpointing) side by side.
 
 Prompts are random tokens, left-padded, with `--prompt-tokens LO:HI` real tokens per row (default 48:128,
 GSM8K-like: its prompts are 42-217 tokens with the Qwen chat template, median 79); responses run to full
@@ -193,13 +198,23 @@ def _release() -> None:
         torch.cuda.empty_cache()
 
 
-def run_setting(profile: str, name: str, model: str, args, work: Path) -> tuple[dict, str]:
-    """Build, warm up, time and profile one (profile, setting); its JSON row and its text report."""
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """`NAME=KEY=VALUE,KEY=VALUE` (or `NAME=` for no change): a variant's name and its Hydra overrides."""
+    name, _, rest = text.partition("=")
+    if not name or not all(c.isalnum() or c in "_-" for c in name):
+        raise argparse.ArgumentTypeError(f"--variant {text!r}: expected NAME=KEY=VALUE[,KEY=VALUE...]")
+    return name, [item for item in rest.split(",") if item]
+
+
+def run_setting(profile: str, name: str, model: str, args, work: Path,
+                variant: tuple[str, list[str]] = ("base", [])) -> tuple[dict, str]:
+    """Build, warm up, time and profile one (profile, setting, variant); its JSON row and its text report."""
     import torch
 
     spec = SETTINGS[name]
     shape = spec["tiny"] if args.tiny else spec["shape"]
-    overrides = stock_overrides(shape, profile, model) + [f"{ARR}.rollout.n={spec['n']}", *spec["algo"], *args.override]
+    overrides = stock_overrides(shape, profile, model) + [f"{ARR}.rollout.n={spec['n']}", *spec["algo"], *args.override,
+                                                          *variant[1]]
     clock = time.perf_counter()
     w = build_workers(overrides)
     build_s = time.perf_counter() - clock
@@ -210,7 +225,7 @@ def run_setting(profile: str, name: str, model: str, args, work: Path) -> tuple[
     available = step.available()
     wanted = [p for p in (args.phases.split(",") if args.phases else PHASES) if p in available]
     device = w.device
-    row = {"profile": profile, "setting": name, "shape": shape, "n": spec["n"], "rows": w.rows,
+    row = {"profile": profile, "setting": name, "variant": variant[0], "shape": shape, "n": spec["n"], "rows": w.rows,
            "mini_batch_rows": w.mini_rows, "prompt_tokens": args.prompt_tokens, "overrides": overrides,
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "torch": torch.__version__, "build_s": round(build_s, 1),
@@ -232,7 +247,7 @@ def run_setting(profile: str, name: str, model: str, args, work: Path) -> tuple[
             elif phase == "generate_sequences":    # later phases need this step's batch
                 step.call(phase)
 
-    lines = [f"=== {profile} / {name}: {w.rows} rows ({shape['batch']} prompts x n={spec['n']}), "
+    lines = [f"=== {profile} / {name} / {variant[0]}: {w.rows} rows ({shape['batch']} prompts x n={spec['n']}), "
              f"{shape['prompt']}+{shape['response']} tokens, prompt tokens {args.prompt_tokens}, on {row['device']}",
              plan_line(w.plan)]
     for phase in available:
@@ -244,7 +259,7 @@ def run_setting(profile: str, name: str, model: str, args, work: Path) -> tuple[
         if phase in ("update_actor", "update_critic") and args.profile_update == "mini":
             step.update_rows = w.mini_rows
             part = f"one mini-batch ({w.mini_rows} of {w.rows} rows: one optimizer step)"
-        summary, table = profile_phase(lambda: step.call(phase), device, work / f"{profile}_{name}_{phase}.json.gz",
+        summary, table = profile_phase(lambda: step.call(phase), device, work / f"{profile}_{name}_{variant[0]}_{phase}.json.gz",
                                        args.top)
         step.update_rows = None
         entry = row["phases"].setdefault(phase, {})
@@ -283,7 +298,7 @@ def format_summary(s: dict) -> str:
 
 def overview(rows: list[dict]) -> str:
     """One line per (profile, setting, phase): wall, busy, idle, the two largest families."""
-    head = f"{'profile':8s} {'setting':10s} {'phase':22s} {'wall s':>7s} {'prof s':>7s} {'busy s':>7s} {'idle':>5s}  top families"
+    head = f"{'profile':8s} {'setting':10s} {'variant':10s} {'phase':22s} {'wall s':>7s} {'prof s':>7s} {'busy s':>7s} {'idle':>5s}  top families"
     lines = [head, "-" * len(head)]
     for row in rows:
         for phase, e in row["phases"].items():
@@ -293,7 +308,7 @@ def overview(rows: list[dict]) -> str:
             fams = sorted(p["families_s"].items(), key=lambda kv: -kv[1])[:2]
             idle = "-" if p["device_idle_fraction"] is None else f"{100 * p['device_idle_fraction']:.0f}%"
             mfu = "".join(f"  {k}={v:.3f}" for k, v in e.items() if k.startswith("perf/mfu"))
-            lines.append(f"{row['profile']:8s} {row['setting']:10s} {phase:22s} {e['wall_s']:7.3f} {p['wall_s']:7.3f} "
+            lines.append(f"{row['profile']:8s} {row['setting']:10s} {row.get('variant', ''):10s} {phase:22s} {e['wall_s']:7.3f} {p['wall_s']:7.3f} "
                          f"{p['device_busy_s']:7.3f} {idle:>5s}  " + ", ".join(f"{k} {v:.3f}" for k, v in fams) + mfu)
     return "\n".join(lines)
 
@@ -329,6 +344,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="the tiny test model and shapes (CPU smoke runs)")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="one more Hydra override for every case (repeatable)")
+    ap.add_argument("--variant", action="append", type=parse_variant, metavar="NAME=KEY=VALUE[,KEY=VALUE]",
+                    help="run every (profile, setting) once per variant with these extra overrides (repeatable; "
+                         "NAME= is the unchanged plan); e.g. to compare token budgets or checkpointing")
     ap.add_argument("--tgz-limit-mb", type=float, default=15.0)
     args = ap.parse_args(argv)
     out = Path(args.out or os.environ.get("OUT") or ".")
@@ -346,16 +364,18 @@ def main(argv=None) -> int:
                                          intermediate_size=128, num_heads=4, num_kv_heads=2)
         for profile in args.profiles.split(","):
             for name in args.settings.split(","):
-                try:
-                    row, report = run_setting(profile, name, model, args, work)
-                except Exception as exc:  # noqa: BLE001 - one failed case must not lose the others' results
-                    import traceback
+                for variant in args.variant or [("base", [])]:
+                    try:
+                        row, report = run_setting(profile, name, model, args, work, variant)
+                    except Exception as exc:  # noqa: BLE001 - one failed case must not lose the others' results
+                        import traceback
 
-                    row, report = {"profile": profile, "setting": name, "error": repr(exc), "phases": {}}, \
-                        f"=== {profile} / {name}: FAILED\n{traceback.format_exc()}"
-                rows.append(row)
-                reports.append(report)
-                _release()
+                        row, report = ({"profile": profile, "setting": name, "variant": variant[0], "error": repr(exc),
+                                        "phases": {}},
+                                       f"=== {profile} / {name} / {variant[0]}: FAILED\n{traceback.format_exc()}")
+                    rows.append(row)
+                    reports.append(report)
+                    _release()
                 print(report, flush=True)
         table = overview(rows)
         text = table + "\n\n" + "\n\n".join(reports)
