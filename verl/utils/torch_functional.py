@@ -68,7 +68,9 @@ class _TokenLogProb(torch.autograd.Function):
 
     Autograd through a plain `logits.float().log_softmax()` keeps a float32 copy of the whole
     (tokens, vocab) tensor alive until backward. Here only the input logits (already held by the
-    model's graph) and one log-sum-exp per row are saved; the softmax is recomputed in chunks.
+    model's graph) and one log-sum-exp per row are saved; the softmax is recomputed in chunks, in
+    place in one float32 buffer per chunk (the update's backward runs this over every response
+    token and the whole vocabulary, so its memory passes count).
     """
 
     @staticmethod
@@ -87,12 +89,15 @@ class _TokenLogProb(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor):
         logits, labels, lse = ctx.saved_tensors
         grad = torch.empty_like(logits)
+        minus_one = torch.full((1, 1), -1.0, dtype=torch.float32, device=logits.device)
         for start in range(0, logits.shape[0], _ROWS_PER_CHUNK):
             rows = slice(start, start + _ROWS_PER_CHUNK)
-            g = torch.exp(logits[rows].float() - lse[rows].unsqueeze(-1))   # softmax, then in place to -p * grad
-            g.mul_(-grad_out[rows].unsqueeze(-1))
-            g.scatter_add_(-1, labels[rows].unsqueeze(-1), grad_out[rows].unsqueeze(-1).float())
-            grad[rows] = g.to(logits.dtype)
+            # g * (1[j=label] - p_j) = (p_j - 1[j=label]) * (-g): one float32 buffer (a copy even for
+            # float32 logits, which stay saved) turned into p in place, the result cast as it is written
+            p = logits[rows].to(torch.float32, copy=True).sub_(lse[rows].unsqueeze(-1)).exp_()
+            label = labels[rows].unsqueeze(-1)
+            p.scatter_add_(-1, label, minus_one.expand(label.shape))
+            torch.mul(p, grad_out[rows].float().neg().unsqueeze(-1), out=grad[rows])
         return grad, None
 
 
