@@ -283,3 +283,39 @@ def test_logprob_backward_at_qwen_vocab_equals_the_softmax_formula(monkeypatch, 
     ref = weights.double().unsqueeze(-1) * (torch.nn.functional.one_hot(labels, vocab).double() - torch.exp(x64 - lse64))
     rel = 1e-5 if dtype == torch.float32 else 2 ** -8
     torch.testing.assert_close(x.grad.double(), ref, rtol=rel, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("entropy", [False, True])
+def test_chunked_logprob_scratch_is_two_float32_chunks(monkeypatch, dtype, entropy):
+    """The memory model (verl/compat/memory.py, `_logits_bytes`) counts two float32 chunks of scratch
+    for the log-prob pass and for its backward; the bytes of every tensor storage created (a
+    storage-counting dispatch mode, as benchmarks/memory_model.py measures phases on CPU) stay there."""
+    import gc
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "memory_benchmark", Path(__file__).resolve().parents[2] / "benchmarks" / "memory_model.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows_per_chunk, vocab = 16, 20_000
+    monkeypatch.setattr(F, "_ROWS_PER_CHUNK", rows_per_chunk)
+    chunk = rows_per_chunk * vocab * 4
+    x = (_rand(64, vocab, seed=31) * 5).to(dtype).requires_grad_(True)
+    labels = torch.randint(0, vocab, (64,), generator=torch.Generator().manual_seed(32))
+    resident = {x.untyped_storage().data_ptr()}
+    fwd = bench._live_bytes_mode(resident)
+    gc.disable()
+    try:
+        with fwd:
+            out = F.logprobs_and_entropy(x, labels) if entropy else (F.logprobs_from_logits(x, labels),)
+        loss = sum((o * (i + 1)).sum() for i, o in enumerate(out))
+        bwd = bench._live_bytes_mode(resident)
+        with bwd:
+            loss.backward()
+    finally:
+        gc.enable()
+    grad = x.numel() * x.element_size()
+    assert fwd.peak <= 2 * chunk + 64 * 1024, fwd.peak / chunk
+    assert bwd.peak - grad <= 2 * chunk + 64 * 1024, (bwd.peak - grad) / chunk

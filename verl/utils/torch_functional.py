@@ -128,10 +128,10 @@ def entropy_chunk_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     a compiled copy of it to `entropy_from_logits` / `logprobs_and_entropy`.
     """
     top = x.amax(dim=-1, keepdim=True)
-    weights = torch.exp(x - top)
+    weights = torch.sub(x, top).exp_()            # one (rows, vocab) buffer, reused for p * x below
     total = weights.sum(dim=-1)
     lse = top.squeeze(-1) + torch.log(total)
-    return lse, (weights * x).sum(dim=-1) / total
+    return lse, weights.mul_(x).sum(dim=-1) / total
 
 
 class _TokenLogProbEntropy(torch.autograd.Function):
@@ -161,14 +161,15 @@ class _TokenLogProbEntropy(torch.autograd.Function):
         grad = torch.empty_like(logits)
         for start in range(0, logits.shape[0], _ROWS_PER_CHUNK):
             rows = slice(start, start + _ROWS_PER_CHUNK)
-            x = logits[rows].float()
             g_lp, g_ent = grad_logp[rows].unsqueeze(-1), grad_entropy[rows].unsqueeze(-1)
-            # -p * (g_lp + g_ent * (x - mean)), built in place in one fresh (rows, vocab) buffer
-            g = x - mean[rows].unsqueeze(-1)
-            g.mul_(-g_ent).sub_(g_lp)
-            g.mul_(torch.exp(x - lse[rows].unsqueeze(-1)))
+            # -p * (g_lp + g_ent * (x - mean)) in two float32 buffers: p, and g built in place over a
+            # copy of x (a copy even for float32 logits, which stay saved)
+            g = logits[rows].to(torch.float32, copy=True)
+            p = torch.sub(g, lse[rows].unsqueeze(-1)).exp_()
+            g.sub_(mean[rows].unsqueeze(-1)).mul_(-g_ent).sub_(g_lp).mul_(p)
+            del p
             g.scatter_add_(-1, labels[rows].unsqueeze(-1), g_lp.float())
-            grad[rows] = g.to(logits.dtype)
+            grad[rows].copy_(g)                                   # cast to the logits' dtype as it is written
         return grad, None, None
 
 
