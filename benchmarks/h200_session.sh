@@ -3,9 +3,11 @@
 #   source .device-pack/install.sh && bash benchmarks/h200_session.sh correctness   # rollout speed, GPU tests,
 #                                                        # then the profile matrix and fp16 offload runs side by side
 #   source .device-pack/install.sh && bash benchmarks/h200_session.sh speed         # the speed rows, one at a time
+#   source .device-pack/install.sh && bash benchmarks/h200_session.sh profile       # profile_step.py: both settings,
+#                                                        # then the quick start's passes under other plans (~8 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final or speed}
+mode=${1:?correctness, final, speed or profile}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -37,6 +39,18 @@ elif [ "$mode" = final ]; then
   SPEED_ROWS=p40,quickstart,grpo P40_STEPS=8 P40_TIMEOUT=80 QS_TIMEOUT=160 GRPO_TIMEOUT=120 \
       timeout 330 python3 benchmarks/speed.py --out "$W/speed" > "$W/speed.log" 2>&1
   echo "speed exit $?"; tail -22 "$W/speed.log"
+elif [ "$mode" = profile ]; then
+  # where each phase's time goes (plan as planned), then the quick start's forward/backward passes under
+  # larger token budgets and without checkpointing, to compare with the first run's quickstart rows
+  prof=(python3 benchmarks/profile_step.py --model $MODEL --profiles h200 --tgz-limit-mb 6)
+  timeout 250 "${prof[@]}" --settings quickstart,grpo --out "$W/plan" > "$W/plan.log" 2>&1; echo "profile exit $?"
+  A=actor_rollout_ref; B64="$A.actor.ppo_max_token_len_per_gpu=65536,$A.rollout.log_prob_max_token_len_per_gpu=65536"
+  B64="$B64,critic.ppo_max_token_len_per_gpu=65536,critic.forward_max_token_len_per_gpu=65536"
+  NOCKPT="$A.model.enable_gradient_checkpointing=False,critic.model.enable_gradient_checkpointing=False"
+  timeout 250 "${prof[@]}" --settings quickstart --phases compute_log_prob,compute_values,update_critic,update_actor \
+      --variant "b64k=$B64" --variant "nockpt=$NOCKPT" --variant "nockpt_b32k=${B64//65536/32768},$NOCKPT" \
+      --out "$W/variants" > "$W/variants.log" 2>&1; echo "variants exit $?"
+  for f in plan variants; do sed -n '/^profile  setting/,/^$/p' "$W/$f/profile_step.txt"; done
 else
   SPEED_ROWS=${SPEED_ROWS:-quickstart,p40,grpo,p40_manual} QS_TIMEOUT=200 P40_STEPS=8 P40_TIMEOUT=110 \
       GRPO_TIMEOUT=150 MANUAL_TIMEOUT=80 timeout 560 python3 benchmarks/speed.py --out "$W" > "$W/speed.log" 2>&1

@@ -313,6 +313,17 @@ def overview(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def write_results(rows: list[dict], reports: list[str], start: float, folders) -> str:
+    """profile_step.json and .txt with the cases so far (a run stopped at its time limit keeps them)."""
+    table = overview(rows)
+    text = table + "\n\n" + "\n\n".join(reports)
+    result = {"seconds": round(time.perf_counter() - start, 1), "cases": rows}
+    for folder in folders:
+        (folder / "profile_step.txt").write_text(text)
+        (folder / "profile_step.json").write_text(json.dumps(result, indent=1))
+    return table
+
+
 def pack(out: Path, work: Path, limit_mb: float) -> list[str]:
     """profile_step.tgz with the JSON, the tables and the traces; the largest traces are left out until
     it is under `limit_mb` (the GPU tool returns files up to 16 MiB). Returns the traces left out."""
@@ -375,14 +386,9 @@ def main(argv=None) -> int:
                                        f"=== {profile} / {name} / {variant[0]}: FAILED\n{traceback.format_exc()}")
                     rows.append(row)
                     reports.append(report)
+                    print(report, flush=True)
                     _release()
-                print(report, flush=True)
-        table = overview(rows)
-        text = table + "\n\n" + "\n\n".join(reports)
-        result = {"seconds": round(time.perf_counter() - start, 1), "cases": rows}
-        for folder in (work, out):
-            (folder / "profile_step.txt").write_text(text)
-            (folder / "profile_step.json").write_text(json.dumps(result, indent=1))
+                    table = write_results(rows, reports, start, (work, out))   # each case as it ends
         left_out = pack(out, work, args.tgz_limit_mb)
     print("\n" + table)
     if left_out:
