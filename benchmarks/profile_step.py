@@ -13,10 +13,11 @@ update_critic, update_actor (the ones the setting's algorithm runs).
      the whole batch), which keeps the traces small and the run short.
 
 Per phase it prints the top ops/kernels by self device time (the profiler's key_averages table; self
-CPU time on a CPU-only run) and a summary: device time per family (gemm, attention, elementwise/other,
-optimizer, collectives, memcpy/memset), busy time (the union of kernel intervals), the device-idle
-fraction (1 - busy / wall: launch and host overhead, syncs), the kernel count and mean kernel time, and
-the host's synchronising calls. Writes `profile_step.json` and `profile_step.txt` (the tables) to `--out`
+CPU time on a CPU-only run), on a GPU also the top ops by self CPU time (the host's share: FSDP hooks,
+dispatch), and a summary: device time per family (gemm, attention, elementwise/other, optimizer,
+collectives, memcpy/memset), busy time (the union of kernel intervals), the device-idle fraction
+(1 - busy / wall: launch and host overhead, syncs), the kernel count and mean kernel time, the host's
+synchronising calls and the aten ops dispatched. Writes `profile_step.json` and `profile_step.txt` (the tables) to `--out`
 and packs them with the gzipped chrome traces into `--out/profile_step.tgz`.
 
     python benchmarks/profile_step.py --model /tmp/qwen05b-random --profiles h200 --settings quickstart,grpo \
@@ -173,6 +174,9 @@ def profile_phase(fn, device, trace_path: Path, limit: int) -> tuple[dict, str]:
     sort = ("self_device_time_total" if hasattr(averages[0], "self_device_time_total") else "self_cuda_time_total") \
         if cuda else "self_cpu_time_total"
     table = averages.table(sort_by=sort, row_limit=limit, max_name_column_width=70)
+    if cuda:     # where the host's time goes too (launch-bound phases show it here, not in kernel time)
+        table += "\nhost side, by self CPU time:\n" + averages.table(
+            sort_by="self_cpu_time_total", row_limit=max(limit // 2, 5), max_name_column_width=70)
     raw = trace_path.with_suffix("")        # the .json before gzip
     prof.export_chrome_trace(str(raw))
     trace = json.loads(raw.read_text())
@@ -180,7 +184,8 @@ def profile_phase(fn, device, trace_path: Path, limit: int) -> tuple[dict, str]:
         shutil.copyfileobj(src, dst)
     raw.unlink()
     summary = device_summary(trace, wall) if cuda else host_summary(averages, wall)
-    summary.update(wall_s=round(wall, 4), top=top_ops(averages, cuda, limit))
+    summary.update(wall_s=round(wall, 4), top=top_ops(averages, cuda, limit),
+                   host_ops=sum(e.count for e in averages if e.key.startswith("aten::")))
     del trace
     if cuda:
         torch.cuda.empty_cache()
@@ -293,7 +298,7 @@ def format_summary(s: dict) -> str:
     idle = s["device_idle_fraction"]
     return (f"families: {fams}\nbusy {s['device_busy_s']:.3f} s of {s['wall_s']:.3f} s wall; idle "
             f"{'-' if idle is None else f'{100 * idle:.0f}%'}; {s['kernels']} kernels (mean {s['mean_kernel_us']} us); "
-            f"{s['host_syncs']} host syncs ({s['host_sync_s']:.3f} s)")
+            f"{s['host_syncs']} host syncs ({s['host_sync_s']:.3f} s); {s['host_ops']} aten ops dispatched")
 
 
 def overview(rows: list[dict]) -> str:
