@@ -37,9 +37,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from worker_harness import ARR, StepPhases, build_workers, stock_overrides, synthetic_step_batch  # noqa: E402
 
 GiB = 1024 ** 3
-ARR = "actor_rollout_ref"
 
 # Shapes: (train prompts, mini-batch, micro-batch, log-prob micro, ref micro, prompt, response).
 SETTINGS = {
@@ -61,20 +63,7 @@ PHASES = ("rollout", "log_prob", "ref", "values", "critic_update", "actor_update
 
 def overrides(setting: dict, algo: str, profile: str, model: str, val_rows: int | None) -> list[str]:
     """The stock command's Hydra overrides for one case (hardware keys left to the planner)."""
-    s = setting
-    out = [f"data.train_batch_size={s['batch']}", f"data.max_prompt_length={s['prompt']}",
-           f"data.max_response_length={s['response']}", f"{ARR}.model.path={model}", f"critic.model.path={model}",
-           f"{ARR}.actor.ppo_mini_batch_size={s['mini']}", f"{ARR}.actor.ppo_micro_batch_size_per_gpu={s['micro']}",
-           f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu={s['log_prob_micro']}",
-           f"{ARR}.ref.log_prob_micro_batch_size_per_gpu={s['ref_micro']}",
-           f"critic.ppo_micro_batch_size_per_gpu={s['micro']}", f"critic.ppo_mini_batch_size={s['mini']}",
-           f"{ARR}.rollout.name=hf", f"{ARR}.rollout.ignore_eos=True",     # full-length responses: the worst case
-           "trainer.n_gpus_per_node=1", "trainer.nnodes=1", *ALGOS[algo]]
-    if profile != "auto":
-        out.append(f"compat.device={profile}")
-    if val_rows is not None:
-        out.append(f"data.val_batch_size={val_rows}")
-    return out
+    return stock_overrides(setting, profile, model, val_rows) + ALGOS[algo]
 
 
 # ----------------------------------------------------------------------------- measurement
@@ -170,141 +159,42 @@ def measure(fn, device, resident=()) -> tuple[float, float]:
 
 # ----------------------------------------------------------------------------- one case (child process)
 
-def _prompts(rows: int, prompt: int, vocab: int, seed: int):
-    """Left-padded random prompts (every fourth row a quarter shorter), as the dataset hands them over."""
-    import torch
-
-    from verl.protocol import DataProto
-
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(10, vocab, (rows, prompt), generator=g)
-    mask = torch.ones_like(ids)
-    mask[::4, : prompt // 4] = 0
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos})
-
-
-def _training_fields(batch, seed: int):
-    """What the driver adds between phases (advantages, returns; log-probs/values where a phase did not
-    produce them), random but of the right shapes."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    mask = batch.batch["response_mask"].float()
-    shape = mask.shape
-    fields = {"advantages": torch.randn(shape, generator=g) * mask, "returns": torch.randn(shape, generator=g) * mask}
-    for key in ("old_log_probs", "ref_log_prob", "values"):
-        if key not in batch.batch.keys():
-            fields[key] = torch.zeros(shape)
-    batch.batch.update(fields)
-    return batch
-
-
-def _synthetic_step_batch(rows: int, prompt: int, response: int, vocab: int):
-    """A full-length batch for the warm-up update (it only has to create AdamW's states)."""
-    import torch
-
-    from verl.protocol import DataProto
-
-    p = _prompts(rows, prompt, vocab, seed=1).batch
-    responses = torch.randint(10, vocab, (rows, response))
-    rmask = torch.ones_like(responses)
-    offsets = torch.arange(1, response + 1)
-    batch = DataProto.from_dict({
-        "prompts": p["input_ids"], "responses": responses, "response_mask": rmask,
-        "input_ids": torch.cat([p["input_ids"], responses], -1),
-        "attention_mask": torch.cat([p["attention_mask"], rmask], -1),
-        "position_ids": torch.cat([p["position_ids"], p["position_ids"][:, -1:] + offsets], -1)})
-    return _training_fields(batch, seed=2)
-
-
 def run_case(profile: str, setting_name: str, algo: str, model: str, val_rows: int | None = None,
              extra: tuple[str, ...] = ()) -> dict:
     """Plan one case (`extra`: more Hydra overrides), build the real workers, run every phase once;
     predicted and measured GiB."""
     import torch
-    from omegaconf import OmegaConf, open_dict
-
-    from verl import compat
-    from verl.trainer.config_check import load_config
-    from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
     setting = SETTINGS[setting_name]
-    config = load_config(overrides(setting, algo, profile, model, val_rows) + list(extra))
-    plan = compat.build_plan(config)
-    compat.resolve_config(config, plan)
-    OmegaConf.resolve(config)
-    with open_dict(config):
-        config[ARR].actor.optim.total_training_steps = 2
-        if "critic" in config and plan.critic is not None:
-            config.critic.optim.total_training_steps = 2
+    w = build_workers(overrides(setting, algo, profile, model, val_rows) + list(extra))
+    plan = w.plan
     # phase totals from the terms (kept to 0.1 MiB; the rounded totals would swamp a tiny model's phases)
     predicted = {k: round(sum(t.values()), 4) for k, t in plan.memory.get("phases", {}).items()}
     result = {"profile": profile, "setting": setting_name, "algo": algo, "predicted": predicted, "measured": {},
               "errors": {}, "predicted_peak_gb": plan.predicted_peak_gb, "memory_limit_gb": plan.memory_limit_gb,
               "terms": plan.memory.get("phases", {}), "rollout_micro_batch_size": plan.rollout.micro_batch_size}
-
-    role = "actor_rollout_ref" if plan.ref is not None else "actor_rollout"
-    actor = ActorRolloutRefWorker(config[ARR], role=role, plan=plan)
-    actor.init_model()
-    critic = None
-    if plan.critic is not None:
-        critic = CriticWorker(config.critic, plan=plan)
-        critic.init_model()
-    device = actor.device
-    vocab = len(actor.tokenizer)
-    n = int(config[ARR].rollout.n)
-    rows = setting["batch"] * n
+    device = w.device
     result["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
-    def resident():
-        objs = [m for m in (actor.actor_module, getattr(actor, "ref_module", None),
-                            critic.critic_module if critic else None) if m is not None]
-        return objs + [o for o in (actor.actor_optimizer, critic.critic_optimizer if critic else None) if o]
-
     # warm-up: one update of each trained role, so the optimizer states exist (step 2 onwards)
-    warm = _synthetic_step_batch(rows, setting["prompt"], setting["response"], vocab)
-    if critic is not None:
-        critic.update_critic(warm)
-    actor.update_actor(warm)
+    warm = synthetic_step_batch(w.rows, setting["prompt"], setting["response"], w.vocab)
+    if w.critic is not None:
+        w.critic.update_critic(warm)
+    w.actor.update_actor(warm)
     del warm
 
-    state = {}
-
-    def generate():
-        state["batch"] = actor.generate_sequences(_prompts(rows, setting["prompt"], vocab, seed=3))
-
-    def log_prob():
-        state["batch"].batch.update({"old_log_probs": actor.compute_log_prob(state["batch"]).batch["old_log_probs"]})
-
-    def ref():
-        state["batch"].batch.update({"ref_log_prob": actor.compute_ref_log_prob(state["batch"]).batch["ref_log_prob"]})
-
-    def values():
-        state["batch"].batch.update({"values": critic.compute_values(state["batch"]).batch["values"]})
-
-    def critic_update():
-        critic.update_critic(_training_fields(state["batch"], seed=4))
-
-    def actor_update():
-        actor.update_actor(_training_fields(state["batch"], seed=4))
-
-    val = val_rows if val_rows is not None else (plan.rollout.micro_batch_size or rows)
+    step = StepPhases(w, prompt=setting["prompt"])
+    val = val_rows if val_rows is not None else (plan.rollout.micro_batch_size or w.rows)
     result["validation_rows"] = val
-
-    def validation():
-        prompts = _prompts(val, setting["prompt"], vocab, seed=5)
-        prompts.meta_info.update({"validate": True, "do_sample": False})
-        actor.generate_sequences(prompts)
-
-    steps = {"rollout": generate, "log_prob": log_prob, "ref": ref, "values": values,
-             "critic_update": critic_update, "actor_update": actor_update, "validation": validation}
+    steps = {"rollout": step.generate_sequences, "log_prob": step.compute_log_prob, "ref": step.compute_ref_log_prob,
+             "values": step.compute_values, "critic_update": step.update_critic, "actor_update": step.update_actor,
+             "validation": lambda: step.validate(val)}
     for phase in PHASES:
         if phase not in predicted:
             continue
         try:
             clock = time.time()
-            start, peak = measure(steps[phase], device, resident())
+            start, peak = measure(steps[phase], device, w.resident())
             result["measured"][phase] = round(peak, 4)
             result.setdefault("at_start", {})[phase] = round(start, 4)
             result.setdefault("seconds", {})[phase] = round(time.time() - clock, 2)

@@ -1,0 +1,375 @@
+"""Where a training step's time goes: each phase timed, then run under the torch profiler.
+
+For each (device profile, setting) the real workers are built from the real plan in one process
+(`worker_harness.build_workers`, as `memory_model.py` builds them) and driven through the step's phases
+in the trainer's order: generate_sequences, compute_log_prob, compute_ref_log_prob, compute_values,
+update_critic, update_actor (the ones the setting's algorithm runs).
+
+  1. warm-up: every phase once (CUDA graphs captured, AdamW's states created, kernels autotuned);
+  2. timed: `--steps` passes, each phase's wall time between device synchronisations (the median is
+     reported, with upstream's perf/mfu/* of the updates);
+  3. profiled: one more pass, each phase under `torch.profiler` (CPU + CUDA activities). By default an
+     update is profiled on its first mini-batch only (one optimizer step; `--profile-update all` for
+     the whole batch), which keeps the traces small and the run short.
+
+Per phase it prints the top ops/kernels by self device time (the profiler's key_averages table; self
+CPU time on a CPU-only run) and a summary: device time per family (gemm, attention, elementwise/other,
+optimizer, collectives, memcpy/memset), busy time (the union of kernel intervals), the device-idle
+fraction (1 - busy / wall: launch and host overhead, syncs), the kernel count and mean kernel time, and
+the host's synchronising calls. Writes `profile_step.json` and `profile_step.txt` (the tables) to `--out`
+and packs them with the gzipped chrome traces into `--out/profile_step.tgz`.
+
+    python benchmarks/profile_step.py --model /tmp/qwen05b-random --profiles h200 --settings quickstart,grpo \
+        --out "$OUT"
+    python benchmarks/profile_step.py --tiny --profiles cpu --out /tmp/prof     # CPU smoke (~20 s)
+
+Prompts are random tokens, left-padded, with `--prompt-tokens LO:HI` real tokens per row (default 48:128,
+GSM8K-like: its prompts are 42-217 tokens with the Qwen chat template, median 79); responses run to full
+length (ignore_eos), as a random-weight model's do.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gzip
+import json
+import os
+import shutil
+import statistics
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from worker_harness import ARR, PHASES, StepPhases, build_workers, stock_overrides  # noqa: E402
+
+_GRPO = ["algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=True", f"{ARR}.actor.kl_loss_coef=0.001",
+         f"{ARR}.actor.kl_loss_type=low_var_kl", f"{ARR}.actor.entropy_coeff=0", "algorithm.use_kl_in_reward=False"]
+# Each setting: the shape (prompts, mini-batch in prompts, micro-batches per GPU, lengths), rollout.n and
+# the algorithm's overrides; `tiny` is the same setting shrunk for the tiny model (CPU smoke runs).
+SETTINGS = {
+    # upstream's quick start (PPO with GAE and a critic): batch 256, mini 64, micro 4 (log-prob 8, ref 4)
+    "quickstart": dict(shape=dict(batch=256, mini=64, micro=4, log_prob_micro=8, ref_micro=4, prompt=512, response=512),
+                       n=1, algo=["algorithm.adv_estimator=gae", "algorithm.kl_ctrl.kl_coef=0.001"],
+                       tiny=dict(batch=4, mini=2, micro=1, log_prob_micro=2, ref_micro=2, prompt=16, response=8)),
+    # issue 8's GRPO row: 64 prompts x 4 samples, 512 + 512, KL loss (low_var_kl, 0.001); mini-batch a
+    # quarter of the batch as in upstream's GRPO examples (benchmarks/speed.py's grpo row)
+    "grpo": dict(shape=dict(batch=64, mini=16, micro=16, log_prob_micro=16, ref_micro=16, prompt=512, response=512),
+                 n=4, algo=_GRPO,
+                 tiny=dict(batch=2, mini=1, micro=2, log_prob_micro=2, ref_micro=2, prompt=16, response=8)),
+}
+FAMILIES = ("gemm", "attention", "elementwise/other", "optimizer", "collectives", "memcpy/memset")
+_PATTERNS = (   # first match wins: attention kernels are often cutlass too
+    ("memcpy/memset", ("memcpy", "memset")),
+    ("collectives", ("nccl", "c10d::", "gloo", "all_reduce", "allreduce", "all_gather", "allgather",
+                     "reduce_scatter", "reducescatter", "broadcast_")),
+    ("attention", ("flash", "fmha", "attention", "sdpa", "attn")),
+    ("optimizer", ("adam", "multi_tensor_apply", "_foreach_", "foreach")),
+    ("gemm", ("gemm", "xmma", "nvjet", "cublas", "cutlass", "matmul", "gemv", "splitk", "aten::mm", "aten::addmm",
+              "aten::bmm", "aten::baddbmm")),
+)
+_SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+
+
+def family(name: str) -> str:
+    """The family of a kernel or op name (FAMILIES); what matches nothing is elementwise/other."""
+    low = name.lower()
+    for fam, needles in _PATTERNS:
+        if any(n in low for n in needles):
+            return fam
+    return "elementwise/other"
+
+
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    """Total length of the union of [start, end) intervals (kernels on several streams overlap)."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+def device_summary(trace: dict, wall_s: float) -> dict:
+    """Family totals, busy time and idle fraction from a chrome trace's device events (CUDA runs)."""
+    fams = dict.fromkeys(FAMILIES, 0.0)
+    intervals, kernels, syncs, sync_us = [], 0, 0, 0.0
+    for ev in trace.get("traceEvents", []):
+        cat, dur = ev.get("cat"), ev.get("dur")
+        if cat in ("kernel", "gpu_memcpy", "gpu_memset") and dur is not None:
+            name = ev.get("name", "")
+            fams["memcpy/memset" if cat != "kernel" else family(name)] += dur
+            intervals.append((ev["ts"], ev["ts"] + dur))
+            kernels += cat == "kernel"
+        elif cat == "cuda_runtime" and ev.get("name") in _SYNC_CALLS:
+            syncs += 1
+            sync_us += dur or 0.0
+    busy = _union_us(intervals) / 1e6
+    return {"families_s": {k: round(v / 1e6, 6) for k, v in fams.items()}, "device_busy_s": round(busy, 6),
+            "device_idle_fraction": round(max(0.0, 1 - busy / wall_s), 4) if wall_s > 0 else None,
+            "kernels": kernels, "mean_kernel_us": round(sum(fams.values()) / max(kernels, 1), 2),
+            "host_syncs": syncs, "host_sync_s": round(sync_us / 1e6, 6)}
+
+
+def host_summary(averages, wall_s: float) -> dict:
+    """The CPU-only run's stand-in: ops' self CPU time per family; busy = the ops' total self time."""
+    fams = dict.fromkeys(FAMILIES, 0.0)
+    for evt in averages:
+        fams[family(evt.key)] += evt.self_cpu_time_total
+    busy = sum(fams.values()) / 1e6
+    return {"families_s": {k: round(v / 1e6, 6) for k, v in fams.items()}, "device_busy_s": round(busy, 6),
+            "device_idle_fraction": round(max(0.0, 1 - busy / wall_s), 4) if wall_s > 0 else None,
+            "kernels": 0, "mean_kernel_us": None, "host_syncs": 0, "host_sync_s": 0.0}
+
+
+def _self_device_us(evt) -> float:
+    return float(getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0.0) or 0.0)
+
+
+def top_ops(averages, cuda: bool, limit: int) -> list[dict]:
+    key = _self_device_us if cuda else (lambda e: e.self_cpu_time_total)
+    rows = sorted(averages, key=key, reverse=True)[:limit]
+    return [{"name": e.key, "family": family(e.key), "calls": e.count, "self_device_ms": round(_self_device_us(e) / 1e3, 3),
+             "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 3)} for e in rows]
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def profile_phase(fn, device, trace_path: Path, limit: int) -> tuple[dict, str]:
+    """Run `fn` once under the profiler; (summary, key_averages table). The gzipped chrome trace is
+    written to `trace_path`."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities, record_shapes=False, with_stack=False) as prof:
+        wall = timed(fn, device)
+    averages = prof.key_averages()
+    sort = ("self_device_time_total" if hasattr(averages[0], "self_device_time_total") else "self_cuda_time_total") \
+        if cuda else "self_cpu_time_total"
+    table = averages.table(sort_by=sort, row_limit=limit, max_name_column_width=70)
+    raw = trace_path.with_suffix("")        # the .json before gzip
+    prof.export_chrome_trace(str(raw))
+    trace = json.loads(raw.read_text())
+    with open(raw, "rb") as src, gzip.open(trace_path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+    summary = device_summary(trace, wall) if cuda else host_summary(averages, wall)
+    summary.update(wall_s=round(wall, 4), top=top_ops(averages, cuda, limit))
+    del trace
+    if cuda:
+        torch.cuda.empty_cache()
+    return summary, table
+
+
+def _release() -> None:
+    """Free one setting's workers before the next is built (their modules hold reference cycles)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_setting(profile: str, name: str, model: str, args, work: Path) -> tuple[dict, str]:
+    """Build, warm up, time and profile one (profile, setting); its JSON row and its text report."""
+    import torch
+
+    spec = SETTINGS[name]
+    shape = spec["tiny"] if args.tiny else spec["shape"]
+    overrides = stock_overrides(shape, profile, model) + [f"{ARR}.rollout.n={spec['n']}", *spec["algo"], *args.override]
+    clock = time.perf_counter()
+    w = build_workers(overrides)
+    build_s = time.perf_counter() - clock
+    real = None if args.prompt_tokens == "full" else tuple(int(x) for x in args.prompt_tokens.split(":"))
+    if args.tiny and real is not None:
+        real = (max(1, shape["prompt"] // 4), shape["prompt"])
+    step = StepPhases(w, prompt=shape["prompt"], real_prompt=real)
+    available = step.available()
+    wanted = [p for p in (args.phases.split(",") if args.phases else PHASES) if p in available]
+    device = w.device
+    row = {"profile": profile, "setting": name, "shape": shape, "n": spec["n"], "rows": w.rows,
+           "mini_batch_rows": w.mini_rows, "prompt_tokens": args.prompt_tokens, "overrides": overrides,
+           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+           "torch": torch.__version__, "build_s": round(build_s, 1),
+           "plan": {"actor": dataclasses.asdict(w.plan.actor), "critic": dataclasses.asdict(w.plan.critic)
+                    if w.plan.critic else None, "rollout": dataclasses.asdict(w.plan.rollout),
+                    "reasons": dict(w.plan.reasons), "torch_compile": w.plan.torch_compile}, "phases": {}}
+
+    clock = time.perf_counter()
+    for phase in available:                     # warm-up: the whole step once
+        step.call(phase)
+    row["warmup_s"] = round(time.perf_counter() - clock, 1)
+    runs = {p: [] for p in wanted}
+    for _ in range(args.steps):
+        for phase in available:
+            if phase in wanted:
+                runs[phase].append(timed(lambda: step.call(phase), device))
+                mfu = {k: v for k, v in step.metrics.get(phase, {}).items() if k.startswith("perf/mfu")}
+                row["phases"].setdefault(phase, {}).update(mfu)
+            elif phase == "generate_sequences":    # later phases need this step's batch
+                step.call(phase)
+
+    lines = [f"=== {profile} / {name}: {w.rows} rows ({shape['batch']} prompts x n={spec['n']}), "
+             f"{shape['prompt']}+{shape['response']} tokens, prompt tokens {args.prompt_tokens}, on {row['device']}",
+             plan_line(w.plan)]
+    for phase in available:
+        if phase not in wanted:
+            if phase == "generate_sequences":
+                step.call(phase)
+            continue
+        part = "the whole phase"
+        if phase in ("update_actor", "update_critic") and args.profile_update == "mini":
+            step.update_rows = w.mini_rows
+            part = f"one mini-batch ({w.mini_rows} of {w.rows} rows: one optimizer step)"
+        summary, table = profile_phase(lambda: step.call(phase), device, work / f"{profile}_{name}_{phase}.json.gz",
+                                       args.top)
+        step.update_rows = None
+        entry = row["phases"].setdefault(phase, {})
+        entry.update(wall_s=round(statistics.median(runs[phase]), 4), wall_s_runs=[round(t, 4) for t in runs[phase]],
+                     profiled=dict(summary, what=part))
+        lines += [f"\n--- {phase}: wall {entry['wall_s']:.3f} s (median of {len(runs[phase])}); profiled {part}: "
+                  f"wall {summary['wall_s']:.3f} s", table, format_summary(summary)]
+    return row, "\n".join(lines)
+
+
+def plan_line(plan) -> str:
+    """The plan's throughput choices per trained role, as the profile's reader needs them."""
+    parts = []
+    for name, r in (("actor", plan.actor), ("critic", plan.critic)):
+        if r is None:
+            continue
+        batching = (f"token budget {r.max_token_len_per_gpu} (forward {r.forward_max_token_len_per_gpu})"
+                    if r.use_dynamic_bsz else f"micro {r.micro_batch_size_per_gpu} (forward "
+                                              f"{r.forward_micro_batch_size_per_gpu})")
+        parts.append(f"{name}: {r.compute_dtype}/{r.param_dtype}, {r.attn_implementation}, remove_padding "
+                     f"{r.use_remove_padding}, checkpointing {r.gradient_checkpointing}, {batching}, fused AdamW "
+                     f"{r.fused_optimizer}, offload {r.param_offload}/{r.optimizer_offload}")
+    rollout = plan.rollout
+    parts.append(f"rollout: {rollout.name} {rollout.dtype}, chunk {rollout.micro_batch_size}, graphs {rollout.cuda_graphs}")
+    return "plan: " + "; ".join(parts) + f"; torch_compile {plan.torch_compile}"
+
+
+def format_summary(s: dict) -> str:
+    total = sum(s["families_s"].values()) or 1.0
+    fams = ", ".join(f"{k} {v:.3f} s ({100 * v / total:.0f}%)" for k, v in s["families_s"].items())
+    idle = s["device_idle_fraction"]
+    return (f"families: {fams}\nbusy {s['device_busy_s']:.3f} s of {s['wall_s']:.3f} s wall; idle "
+            f"{'-' if idle is None else f'{100 * idle:.0f}%'}; {s['kernels']} kernels (mean {s['mean_kernel_us']} us); "
+            f"{s['host_syncs']} host syncs ({s['host_sync_s']:.3f} s)")
+
+
+def overview(rows: list[dict]) -> str:
+    """One line per (profile, setting, phase): wall, busy, idle, the two largest families."""
+    head = f"{'profile':8s} {'setting':10s} {'phase':22s} {'wall s':>7s} {'prof s':>7s} {'busy s':>7s} {'idle':>5s}  top families"
+    lines = [head, "-" * len(head)]
+    for row in rows:
+        for phase, e in row["phases"].items():
+            p = e.get("profiled")
+            if not p:
+                continue
+            fams = sorted(p["families_s"].items(), key=lambda kv: -kv[1])[:2]
+            idle = "-" if p["device_idle_fraction"] is None else f"{100 * p['device_idle_fraction']:.0f}%"
+            mfu = "".join(f"  {k}={v:.3f}" for k, v in e.items() if k.startswith("perf/mfu"))
+            lines.append(f"{row['profile']:8s} {row['setting']:10s} {phase:22s} {e['wall_s']:7.3f} {p['wall_s']:7.3f} "
+                         f"{p['device_busy_s']:7.3f} {idle:>5s}  " + ", ".join(f"{k} {v:.3f}" for k, v in fams) + mfu)
+    return "\n".join(lines)
+
+
+def pack(out: Path, work: Path, limit_mb: float) -> list[str]:
+    """profile_step.tgz with the JSON, the tables and the traces; the largest traces are left out until
+    it is under `limit_mb` (the GPU tool returns files up to 16 MiB). Returns the traces left out."""
+    traces = sorted(work.glob("*.json.gz"), key=lambda p: p.stat().st_size)
+    left_out: list[str] = []
+    while True:
+        target = out / "profile_step.tgz"
+        with tarfile.open(target, "w:gz") as tar:
+            for path in sorted(work.iterdir()):
+                if path.name not in left_out:
+                    tar.add(path, arcname=f"profile_step/{path.name}")
+        if target.stat().st_size <= limit_mb * 2 ** 20 or not traces:
+            return left_out
+        left_out.append(traces.pop().name)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", help="folder for profile_step.{json,txt,tgz} (default: $OUT or .)")
+    ap.add_argument("--profiles", default="h200", help="catalog names (compat.device); cpu on a CPU-only host")
+    ap.add_argument("--settings", default="quickstart,grpo", help=f"comma-separated: {', '.join(SETTINGS)}")
+    ap.add_argument("--phases", default="", help=f"comma-separated subset of {', '.join(PHASES)} (default: all)")
+    ap.add_argument("--steps", type=int, default=1, help="timed passes per phase (median reported)")
+    ap.add_argument("--profile-update", choices=("mini", "all"), default="mini",
+                    help="profile an update on its first mini-batch (default) or on the whole batch")
+    ap.add_argument("--prompt-tokens", default="48:128", help="LO:HI real prompt tokens per row, or 'full'")
+    ap.add_argument("--top", type=int, default=25, help="rows of each key_averages table")
+    ap.add_argument("--model", default="/tmp/qwen05b-random", help="model folder (benchmarks/build_qwen_shaped.py)")
+    ap.add_argument("--tiny", action="store_true", help="the tiny test model and shapes (CPU smoke runs)")
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="one more Hydra override for every case (repeatable)")
+    ap.add_argument("--tgz-limit-mb", type=float, default=15.0)
+    args = ap.parse_args(argv)
+    out = Path(args.out or os.environ.get("OUT") or ".")
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    rows, reports = [], []
+    with tempfile.TemporaryDirectory(prefix="profile_step_") as tmp:
+        work = Path(tmp) / "work"
+        work.mkdir()
+        model = args.model
+        if args.tiny:
+            from verl.utils.tiny_model import build_tiny_model_dir
+
+            model = build_tiny_model_dir(str(Path(tmp) / "tiny"), hidden_size=64, num_layers=2,
+                                         intermediate_size=128, num_heads=4, num_kv_heads=2)
+        for profile in args.profiles.split(","):
+            for name in args.settings.split(","):
+                try:
+                    row, report = run_setting(profile, name, model, args, work)
+                except Exception as exc:  # noqa: BLE001 - one failed case must not lose the others' results
+                    import traceback
+
+                    row, report = {"profile": profile, "setting": name, "error": repr(exc), "phases": {}}, \
+                        f"=== {profile} / {name}: FAILED\n{traceback.format_exc()}"
+                rows.append(row)
+                reports.append(report)
+                _release()
+                print(report, flush=True)
+        table = overview(rows)
+        text = table + "\n\n" + "\n\n".join(reports)
+        result = {"seconds": round(time.perf_counter() - start, 1), "cases": rows}
+        for folder in (work, out):
+            (folder / "profile_step.txt").write_text(text)
+            (folder / "profile_step.json").write_text(json.dumps(result, indent=1))
+        left_out = pack(out, work, args.tgz_limit_mb)
+    print("\n" + table)
+    if left_out:
+        print(f"traces left out of profile_step.tgz (size limit): {', '.join(left_out)}")
+    print(f"\nwrote {out}/profile_step.{{json,txt,tgz}} ({time.perf_counter() - start:.0f} s)")
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""The real workers of one training step, built in one process from the real plan (benchmarks only).
+
+The stock config is composed as `main_ppo` composes it (`verl.trainer.config_check.load_config`), planned
+by the real planner (`verl.compat.build_plan`; `compat.device=NAME` simulates a device), resolved, and
+the real `ActorRolloutRefWorker` and `CriticWorker` are built side by side, as the trainer colocates
+them on one device. `StepPhases` then drives the step's phases in the trainer's order on random data
+of the right shapes (the driver's advantages and returns included). Shared by `memory_model.py`
+(memory per phase) and `profile_step.py` (time and kernels per phase), so both measure the same thing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ARR = "actor_rollout_ref"
+
+
+def stock_overrides(shape: dict, profile: str, model: str, val_rows: int | None = None) -> list[str]:
+    """The stock command's Hydra overrides for one shape (hardware keys left to the planner).
+
+    `shape`: batch (prompts), mini (prompts per mini-batch), micro, log_prob_micro, ref_micro (rows per
+    GPU), prompt and response lengths. Responses run to full length (ignore_eos): the worst case, and
+    what a random-weight model does anyway.
+    """
+    s = shape
+    out = [f"data.train_batch_size={s['batch']}", f"data.max_prompt_length={s['prompt']}",
+           f"data.max_response_length={s['response']}", f"{ARR}.model.path={model}", f"critic.model.path={model}",
+           f"{ARR}.actor.ppo_mini_batch_size={s['mini']}", f"{ARR}.actor.ppo_micro_batch_size_per_gpu={s['micro']}",
+           f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu={s['log_prob_micro']}",
+           f"{ARR}.ref.log_prob_micro_batch_size_per_gpu={s['ref_micro']}",
+           f"critic.ppo_micro_batch_size_per_gpu={s['micro']}", f"critic.ppo_mini_batch_size={s['mini']}",
+           f"{ARR}.rollout.name=hf", f"{ARR}.rollout.ignore_eos=True",
+           "trainer.n_gpus_per_node=1", "trainer.nnodes=1"]
+    if profile != "auto":
+        out.append(f"compat.device={profile}")
+    if val_rows is not None:
+        out.append(f"data.val_batch_size={val_rows}")
+    return out
+
+
+# ----------------------------------------------------------------------------- data
+
+def prompts(rows: int, prompt: int, vocab: int, seed: int, real: tuple[int, int] | None = None):
+    """Left-padded random prompts. `real` = (shortest, longest) real tokens per row, drawn uniformly
+    (None: every fourth row a quarter shorter, the rest full length)."""
+    import torch
+
+    from verl.protocol import DataProto
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(10, vocab, (rows, prompt), generator=g)
+    mask = torch.ones_like(ids)
+    if real is None:
+        mask[::4, : prompt // 4] = 0
+    else:
+        lengths = torch.randint(real[0], real[1] + 1, (rows,), generator=g).clamp(1, prompt)
+        mask = (torch.arange(prompt) >= prompt - lengths[:, None]).long()
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos})
+
+
+def training_fields(batch, seed: int):
+    """What the driver adds between phases (advantages, returns; log-probs/values where a phase did not
+    produce them), random but of the right shapes."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    mask = batch.batch["response_mask"].float()
+    shape = mask.shape
+    fields = {"advantages": torch.randn(shape, generator=g) * mask, "returns": torch.randn(shape, generator=g) * mask}
+    for key in ("old_log_probs", "ref_log_prob", "values"):
+        if key not in batch.batch.keys():
+            fields[key] = torch.zeros(shape)
+    batch.batch.update(fields)
+    return batch
+
+
+def synthetic_step_batch(rows: int, prompt: int, response: int, vocab: int):
+    """A full-length batch for a warm-up update (it only has to create AdamW's states)."""
+    import torch
+
+    from verl.protocol import DataProto
+
+    p = prompts(rows, prompt, vocab, seed=1).batch
+    responses = torch.randint(10, vocab, (rows, response))
+    rmask = torch.ones_like(responses)
+    offsets = torch.arange(1, response + 1)
+    batch = DataProto.from_dict({
+        "prompts": p["input_ids"], "responses": responses, "response_mask": rmask,
+        "input_ids": torch.cat([p["input_ids"], responses], -1),
+        "attention_mask": torch.cat([p["attention_mask"], rmask], -1),
+        "position_ids": torch.cat([p["position_ids"], p["position_ids"][:, -1:] + offsets], -1)})
+    return training_fields(batch, seed=2)
+
+
+# ----------------------------------------------------------------------------- workers
+
+@dataclass
+class Workers:
+    """The planned config and the workers built from it."""
+    config: Any
+    plan: Any
+    actor: Any
+    critic: Any | None
+    device: Any
+    vocab: int
+    rows: int              # rows of one training batch (prompts x rollout.n)
+    mini_rows: int         # rows of one actor mini-batch
+
+    def resident(self) -> list:
+        """Modules and optimizers holding the step's persistent state."""
+        a, c = self.actor, self.critic
+        mods = [m for m in (a.actor_module, getattr(a, "ref_module", None), c.critic_module if c else None) if m]
+        return mods + [o for o in (a.actor_optimizer, c.critic_optimizer if c else None) if o]
+
+
+def build_workers(overrides: list[str], total_training_steps: int = 2) -> Workers:
+    """Compose, plan and resolve the stock config with `overrides`; build and initialise the workers."""
+    from omegaconf import OmegaConf, open_dict
+
+    from verl import compat
+    from verl.trainer.config_check import load_config
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+
+    config = load_config(overrides)
+    plan = compat.build_plan(config)
+    compat.resolve_config(config, plan)
+    OmegaConf.resolve(config)
+    with open_dict(config):
+        config[ARR].actor.optim.total_training_steps = total_training_steps
+        if "critic" in config and plan.critic is not None:
+            config.critic.optim.total_training_steps = total_training_steps
+    role = "actor_rollout_ref" if plan.ref is not None else "actor_rollout"
+    actor = ActorRolloutRefWorker(config[ARR], role=role, plan=plan)
+    actor.init_model()
+    critic = None
+    if plan.critic is not None:
+        critic = CriticWorker(config.critic, plan=plan)
+        critic.init_model()
+    n = int(config[ARR].rollout.n)
+    return Workers(config=config, plan=plan, actor=actor, critic=critic, device=actor.device,
+                   vocab=len(actor.tokenizer), rows=int(config.data.train_batch_size) * n,
+                   mini_rows=int(config[ARR].actor.ppo_mini_batch_size) * n)
+
+
+# ----------------------------------------------------------------------------- phases
+
+# The trainer's phase order; the names are the workers' methods.
+PHASES = ("generate_sequences", "compute_log_prob", "compute_ref_log_prob", "compute_values", "update_critic",
+          "update_actor")
+
+
+@dataclass
+class StepPhases:
+    """One step's phases on the workers, each a no-argument call; each phase feeds the next (the batch
+    generated is the one scored and trained on). `update_rows` limits the updates to the first rows
+    of the batch (e.g. one mini-batch); None trains on all of it."""
+    w: Workers
+    prompt: int
+    real_prompt: tuple[int, int] | None = None
+    update_rows: int | None = None
+    seed: int = 3
+    batch: Any = field(default=None, init=False)
+    metrics: dict = field(default_factory=dict, init=False)     # each phase's last meta_info["metrics"]
+
+    def available(self) -> list[str]:
+        """The phases this plan runs (a reference policy only with KL, a critic only with GAE)."""
+        has = {"compute_ref_log_prob": self.w.plan.ref is not None,
+               "compute_values": self.w.critic is not None, "update_critic": self.w.critic is not None}
+        return [p for p in PHASES if has.get(p, True)]
+
+    def call(self, phase: str) -> None:
+        out = getattr(self, phase)()
+        self.metrics[phase] = dict(out.meta_info.get("metrics") or {})
+
+    def generate_sequences(self):
+        self.batch = self.w.actor.generate_sequences(
+            prompts(self.w.rows, self.prompt, self.w.vocab, seed=self.seed, real=self.real_prompt))
+        return self.batch
+
+    def _score(self, out, key: str):
+        self.batch.batch.update({key: out.batch[key]})
+        return out
+
+    def compute_log_prob(self):
+        return self._score(self.w.actor.compute_log_prob(self.batch), "old_log_probs")
+
+    def compute_ref_log_prob(self):
+        return self._score(self.w.actor.compute_ref_log_prob(self.batch), "ref_log_prob")
+
+    def compute_values(self):
+        return self._score(self.w.critic.compute_values(self.batch), "values")
+
+    def _update_batch(self):
+        batch = training_fields(self.batch, seed=self.seed + 1)
+        return batch if self.update_rows is None else batch[: self.update_rows]
+
+    def update_critic(self):
+        return self.w.critic.update_critic(self._update_batch())
+
+    def update_actor(self):
+        return self.w.actor.update_actor(self._update_batch())
+
+    def validate(self, rows: int) -> None:
+        """A greedy validation generate of `rows` prompts."""
+        p = prompts(rows, self.prompt, self.w.vocab, seed=self.seed + 2, real=self.real_prompt)
+        p.meta_info.update({"validate": True, "do_sample": False})
+        self.w.actor.generate_sequences(p)

@@ -1,0 +1,58 @@
+"""benchmarks/profile_step.py off the GPU: the CPU smoke run profiles every phase of a step on the real
+workers, and the device-trace summary (what the H200 run reports) adds up kernels correctly."""
+import importlib.util
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("profile_step", ROOT / "benchmarks" / "profile_step.py")
+ps = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ps)
+
+
+def test_cpu_smoke_profiles_every_phase(tmp_path, capsys):
+    """PPO with the KL penalty in the reward runs all six phases (critic and reference policy both)."""
+    rc = ps.main(["--tiny", "--profiles", "cpu", "--settings", "quickstart", "--override",
+                  "algorithm.use_kl_in_reward=True", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    report = json.loads((tmp_path / "profile_step.json").read_text())
+    (case,) = report["cases"]
+    assert set(case["phases"]) == set(ps.PHASES)
+    for phase, entry in case["phases"].items():
+        prof = entry["profiled"]
+        assert entry["wall_s"] > 0 and prof["wall_s"] > 0, phase
+        assert set(prof["families_s"]) == set(ps.FAMILIES)
+        assert prof["families_s"]["gemm"] > 0 and sum(prof["families_s"].values()) == pytest.approx(
+            prof["device_busy_s"], abs=1e-3), phase
+        assert 0 <= prof["device_idle_fraction"] < 1 and prof["top"], phase
+    # the updates were profiled on one mini-batch: 2 of the 4 rows
+    assert "2 of 4 rows" in case["phases"]["update_actor"]["profiled"]["what"]
+    with tarfile.open(tmp_path / "profile_step.tgz") as tar:
+        names = set(tar.getnames())
+    assert {f"profile_step/cpu_quickstart_{p}.json.gz" for p in ps.PHASES} <= names
+    assert "profile_step/profile_step.json" in names and "profile_step/profile_step.txt" in names
+    assert "update_actor" in out and "families: gemm" in out
+
+
+def test_device_summary_from_a_trace():
+    """Kernels on two streams overlap: busy time is their union, families add every kernel's time."""
+    ev = [
+        {"cat": "kernel", "name": "nvjet_tst_128x256_64x4_bf16", "ts": 0, "dur": 100},
+        {"cat": "kernel", "name": "pytorch_flash::flash_fwd_kernel<...>", "ts": 50, "dur": 100},   # overlaps
+        {"cat": "kernel", "name": "void at::native::vectorized_elementwise_kernel<...>", "ts": 300, "dur": 20},
+        {"cat": "kernel", "name": "multi_tensor_apply_kernel<FusedAdamMathFunctor>", "ts": 400, "dur": 30},
+        {"cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32", "ts": 500, "dur": 40},
+        {"cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": 600, "dur": 10},
+        {"cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 600, "dur": 15},
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 900},        # host ops are not device time
+    ]
+    s = ps.device_summary({"traceEvents": ev}, wall_s=1e-3)
+    assert s["families_s"] == {"gemm": 1e-4, "attention": 1e-4, "elementwise/other": 2e-5, "optimizer": 3e-5,
+                               "collectives": 4e-5, "memcpy/memset": 1e-5}
+    assert s["device_busy_s"] == pytest.approx(250e-6)        # 0-150, 300-320, 400-430, 500-540, 600-610
+    assert s["device_idle_fraction"] == pytest.approx(0.75)
+    assert s["kernels"] == 5 and s["host_syncs"] == 1 and s["host_sync_s"] == pytest.approx(15e-6)
