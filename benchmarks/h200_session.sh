@@ -3,9 +3,11 @@
 #   source .device-pack/install.sh && bash benchmarks/h200_session.sh correctness   # rollout speed, GPU tests,
 #                                                        # then the profile matrix and fp16 offload runs side by side
 #   source .device-pack/install.sh && bash benchmarks/h200_session.sh speed         # the speed rows, one at a time
+#   source .device-pack/install.sh && bash benchmarks/h200_session.sh profile       # profile_step alone, then the
+#                                                        # memory model against the real workers, cases side by side
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final or speed}
+mode=${1:?correctness, final, speed or profile}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -37,6 +39,16 @@ elif [ "$mode" = final ]; then
   SPEED_ROWS=p40,quickstart,grpo P40_STEPS=8 P40_TIMEOUT=80 QS_TIMEOUT=160 GRPO_TIMEOUT=120 \
       timeout 330 python3 benchmarks/speed.py --out "$W/speed" > "$W/speed.log" 2>&1
   echo "speed exit $?"; tail -22 "$W/speed.log"
+elif [ "$mode" = profile ]; then
+  timeout 240 python3 benchmarks/profile_step.py --model $MODEL --profiles h200 --settings quickstart,grpo \
+      --out "$W/profile" > "$W/profile.log" 2>&1; echo "profile_step exit $? at $(( $(date +%s) - t0 )) s"
+  mm=(--model $MODEL --algos ppo,grpo --case-timeout 200)
+  timeout 290 python3 benchmarks/memory_model.py "${mm[@]}" --profiles p40,p100,v100-16gb,t4,rtx3090,a100-40gb,h200 \
+      --settings matrix --val-rows 256 --jobs 5 --out "$W/mm_matrix" > "$W/mm_matrix.log" 2>&1 &
+  timeout 290 python3 benchmarks/memory_model.py "${mm[@]}" --profiles p40,t4 --settings field_report --jobs 2 \
+      --out "$W/mm_field" > "$W/mm_field.log" 2>&1 &
+  wait; echo "memory_model done at $(( $(date +%s) - t0 )) s"
+  grep -A40 "summary\|families" "$W/profile.log" | head -80; tail -30 "$W/mm_matrix.log"; tail -12 "$W/mm_field.log"
 else
   SPEED_ROWS=${SPEED_ROWS:-quickstart,p40,grpo,p40_manual} QS_TIMEOUT=200 P40_STEPS=8 P40_TIMEOUT=110 \
       GRPO_TIMEOUT=150 MANUAL_TIMEOUT=80 timeout 560 python3 benchmarks/speed.py --out "$W" > "$W/speed.log" 2>&1
