@@ -67,10 +67,13 @@ def training_fields(batch, seed: int):
     g = torch.Generator().manual_seed(seed)
     mask = batch.batch["response_mask"].float()
     shape = mask.shape
-    fields = {"advantages": torch.randn(shape, generator=g) * mask, "returns": torch.randn(shape, generator=g) * mask}
+    fields = {"advantages": torch.randn(shape, generator=g), "returns": torch.randn(shape, generator=g)}
     for key in ("old_log_probs", "ref_log_prob", "values"):
         if key not in batch.batch.keys():
             fields[key] = torch.zeros(shape)
+    # the random draws stay on the host (one stream of numbers on every device), then join the batch's device
+    fields = {k: (v.to(mask.device) * mask if k in ("advantages", "returns") else v.to(mask.device))
+              for k, v in fields.items()}
     batch.batch.update(fields)
     return batch
 

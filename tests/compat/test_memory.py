@@ -114,6 +114,54 @@ def test_vllm_share_and_context():
     assert "<- peak" in est.table() and est.to_dict()["peak_phase"] == est.peak_phase
 
 
+def budgeted(plan, tokens=16384):
+    """The role with token budgets (use_dynamic_bsz) instead of fixed micro-batches."""
+    return dataclasses.replace(plan, use_dynamic_bsz=True, micro_batch_size_per_gpu=None, max_token_len_per_gpu=tokens,
+                               forward_micro_batch_size_per_gpu=None, forward_max_token_len_per_gpu=tokens)
+
+
+def transients(terms):
+    """The per-micro-batch terms of a phase (activations, logits, values)."""
+    return {k: v for k, v in terms.items() if k.startswith(("activations", "logits", "values"))}
+
+
+def test_a_token_budget_never_holds_more_than_the_role_is_handed():
+    """The GPU matrix's shape: mini-batch 8 x 384 tokens = 3072, budgets 16384. An update micro-batch
+    holds at most one mini-batch, a forward micro-batch at most the rollout batch: a budget larger than
+    that predicts what one micro-batch of all of it does."""
+    wl = Workload(256, 128, 16, update_batch_per_gpu=8)
+    big = estimate(budgeted(role()), critic=budgeted(role()), workload=wl)
+    whole_mini = estimate(role(micro=8), critic=role(micro=8), workload=wl)
+    whole_batch = estimate(role(micro=16), critic=role(micro=16), workload=wl)
+    for phase in ("actor_update", "critic_update"):
+        assert transients(big.phases[phase].terms) == transients(whole_mini.phases[phase].terms)
+    for phase in ("log_prob", "values"):
+        assert transients(big.phases[phase].terms) == transients(whole_batch.phases[phase].terms)
+    # 8 full-length sequences' activations in every layer (plus the one recomputed), not 16384 tokens'
+    per_token = layer_activation_bytes(QWEN05, "bfloat16", "float32", "sdpa", 384)
+    assert big.phases["actor_update"].terms["activations"] == pytest.approx(8 * 384 * per_token * 25 / GiB)
+
+
+def test_a_budget_smaller_than_the_mini_batch_still_bounds_the_micro_batch():
+    wl = Workload(256, 128, 16, update_batch_per_gpu=8)
+    two_rows = estimate(budgeted(role(), tokens=2 * 384), workload=wl).phases["actor_update"].terms
+    assert transients(two_rows) == transients(estimate(role(micro=2), workload=wl).phases["actor_update"].terms)
+
+
+def test_a_fixed_micro_batch_larger_than_the_mini_batch_holds_the_mini_batch():
+    wl = Workload(256, 128, 16, update_batch_per_gpu=4)
+    assert transients(estimate(role(micro=8), workload=wl).phases["actor_update"].terms) == \
+        transients(estimate(role(micro=4), workload=wl).phases["actor_update"].terms)
+
+
+def test_the_critic_is_bounded_by_its_own_mini_batch():
+    wl = Workload(256, 128, 16, update_batch_per_gpu=8, critic_update_batch_per_gpu=4)
+    terms = estimate(role(), critic=budgeted(role()), workload=wl).phases["critic_update"].terms
+    assert terms["values"] == pytest.approx(4 * 384 * QWEN05.hidden_size * 4 * 2 / GiB)
+    assert Workload(256, 128, 16, update_batch_per_gpu=8).sequences_seen("critic", forward=False) == 8
+    assert Workload(256, 128, 6, update_batch_per_gpu=8).sequences_seen("actor", forward=False) == 6
+
+
 # ----------------------------------------------------------------------------- against the real workers
 
 @pytest.fixture(scope="module")

@@ -404,3 +404,21 @@ def test_training_batch_stays_one_pass_when_it_can_and_is_chunked_when_it_cannot
     assert plan.rollout.micro_batch_size < 1024
     assert plan.memory["required_gb"] <= get_profile("l4").memory_gb
     assert _rollout_required(plan, 4096, 512, 512) <= get_profile("l4").memory_gb
+
+
+def test_token_budgets_are_bounded_by_the_mini_batch_the_planner_reads():
+    """The GPU matrix on an H200: mini-batch 8 prompts x rollout.n 2 = 16 sequences of 384 tokens, so an
+    update micro-batch under a 16384-token budget holds 16 sequences (the critic's own mini-batch: 4 x 2),
+    and the prediction is that of fixed micro-batches of those sizes."""
+    cfg = config(8, 256, 128, 8, 4, 8, actor_rollout_ref__actor__use_dynamic_bsz=True,
+                 actor_rollout_ref__rollout__n=2, critic__ppo_mini_batch_size=4)
+    plan = make_plan(get_profile("h200"), cfg, PLAIN, QWEN05)
+    assert plan.actor.max_token_len_per_gpu >= 16384 and plan.actor.micro_batch_size_per_gpu is None
+    fixed = {name: dataclasses.replace(r, micro_batch_size_per_gpu=rows, forward_micro_batch_size_per_gpu=16)
+             for name, r, rows in (("actor", plan.actor, 16), ("critic", plan.critic, 8), ("ref", plan.ref, 16))
+             if r is not None}
+    est = estimate_memory(QWEN05, Workload(256, 128, 16), fixed["actor"], plan.rollout, fixed.get("critic"),
+                          fixed.get("ref"), device_memory_gb=plan.memory_limit_gb, fragmentation=0.1)
+    for phase in ("actor_update", "critic_update", "log_prob", "values"):
+        want = {k: round(v, 4) for k, v in est.phases[phase].terms.items()}
+        assert plan.memory["phases"][phase] == want, phase

@@ -67,3 +67,22 @@ def test_token_budgets_shrink_before_anything_is_offloaded():
         assert not role.param_offload and not role.optimizer_offload, name
         assert role.max_token_len_per_gpu >= 512, name   # one whole sequence a pass at least
     assert "nothing offloaded" in plan.reasons["actor.optimizer_offload"]
+
+
+def test_checkpointing_left_to_compat_is_off_where_activations_fit_and_budgets_shrink_first():
+    """The yaml leaves `enable_gradient_checkpointing` to compat: on an H200 the quick-start's activations
+    fit whole budgets, so nothing is recomputed; on an A100-40GB the fit halves the budgets (not below
+    CHECKPOINT_FLOOR_TOKENS) before it turns recomputation on; a user's `true` is kept."""
+    from verl.compat.fit import CHECKPOINT_FLOOR_TOKENS
+
+    _, _, big = plan_for(QUICKSTART, device="h200", model_spec="qwen2.5-0.5b")
+    assert not big.actor.gradient_checkpointing and not big.critic.gradient_checkpointing
+    assert big.reasons["actor.gradient_checkpointing"] == "activations fit without it"
+    assert big.actor.max_token_len_per_gpu == 16384
+    _, _, mid = plan_for(QUICKSTART, device="a100-40gb", model_spec="qwen2.5-0.5b")
+    assert not mid.actor.gradient_checkpointing
+    assert CHECKPOINT_FLOOR_TOKENS <= mid.actor.max_token_len_per_gpu < 16384
+    assert mid.predicted_peak_gb <= mid.memory_limit_gb
+    _, _, asked = plan_for(QUICKSTART + ["actor_rollout_ref.model.enable_gradient_checkpointing=true"],
+                           device="h200", model_spec="qwen2.5-0.5b")
+    assert asked.actor.gradient_checkpointing and asked.reasons["actor.gradient_checkpointing"] == "set by the user"

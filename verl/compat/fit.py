@@ -19,6 +19,9 @@ from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.settings import AUTO, first, get
 
 MAX_ROLLOUT_MICRO_BATCH = 1024   # past this, bigger built-in generate passes gain little and hold the device longer
+# Below this many tokens a pass no longer fills a large GPU's matmuls; above it, halving a token budget
+# costs less than recomputing every layer (checkpointing adds ~1/3 to an update's compute).
+CHECKPOINT_FLOOR_TOKENS = 4096
 
 
 @dataclass
@@ -188,10 +191,10 @@ class _Search:
                                                  "sequences and scratch, as a share of host memory")
         return min(left, 0.9), "share of device memory left after the resident training state (memory model)"
 
-    def attempt(self, b: _Batch, budgets_now: dict, whole: bool, rungs: int | None = None):
+    def attempt(self, b: _Batch, budgets_now: dict, whole: bool, rungs: int | None = None, ckpt: int | None = None):
         vllm = self.inp.rollout.name == "vllm"
         for rung, offload in ladder(self.inp.asked_off, self.inp.roles)[:rungs]:
-            for ckpt_on in self.ckpt_options:
+            for ckpt_on in self.ckpt_options[:ckpt]:
                 util, why, chunk = 0.0, "", None
                 if vllm:
                     util, why = self.vllm_util(offload, ckpt_on, b, budgets_now)
@@ -211,12 +214,28 @@ class _Search:
                     return rung, ckpt_on, rs, ro, est, why
         return None
 
+    def _without_recompute(self, whole: bool):
+        """Nothing offloaded, checkpointing off where compat decides it, budgets halved to the floor."""
+        inp = self.inp
+        b, bud, halvings = inp.batches, dict(inp.budgets), 0
+        floor = max(CHECKPOINT_FLOOR_TOKENS, inp.workload.seq_len)
+        while (found := self.attempt(b, bud, whole, rungs=1, ckpt=1)) is None:
+            if min(bud.values()) // 2 < floor:
+                return None
+            b, bud = halve(b, bud, inp.dynamic, inp.workload.seq_len)
+            halvings += 1
+        return found, b, bud, halvings
+
     def search(self, whole: bool):
         """Walk the ladder, halving micro-batches until a rung fits; None at the floor."""
         inp = self.inp
         if inp.dynamic:
-            # Token budgets are a speed device: shrink them (to one sequence a pass at least) before
-            # offloading anything, whose host round trips every step cost more than smaller passes.
+            # Token budgets are a speed device: shrink them before recomputing activations (down to
+            # CHECKPOINT_FLOOR_TOKENS a pass), and before offloading anything (to one sequence a pass),
+            # whose host round trips every step cost more than smaller passes.
+            found = self._without_recompute(whole)
+            if found is not None:
+                return found
             b, bud, halvings = inp.batches, dict(inp.budgets), 0
             while (found := self.attempt(b, bud, whole, rungs=1)) is None:
                 smaller = halve(b, bud, inp.dynamic, inp.workload.seq_len)

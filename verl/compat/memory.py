@@ -54,10 +54,21 @@ class Workload:
     rollout_batch_per_gpu: int
     world_size: int = 1
     val_batch_per_gpu: int | None = None   # sequences per validation call; None: the whole set (unknown)
+    update_batch_per_gpu: int | None = None         # sequences per actor mini-batch; None: the rollout batch
+    critic_update_batch_per_gpu: int | None = None  # the critic's; None: the actor's
 
     @property
     def seq_len(self) -> int:
         return self.prompt_length + self.response_length
+
+    def sequences_seen(self, role: str, forward: bool) -> int:
+        """The most sequences one micro-batch of `role` can hold: a forward (log-probs, values) is
+        handed the device's whole rollout batch, an update one mini-batch at a time."""
+        batch = self.rollout_batch_per_gpu
+        if forward:
+            return batch
+        mini = self.critic_update_batch_per_gpu if role == "critic" else None
+        return min(mini or self.update_batch_per_gpu or batch, batch)
 
 
 @dataclass
@@ -205,7 +216,7 @@ def _builtin_rollout(m: ModelSpec, actor: _Role, wl: Workload, rollout: RolloutP
 def _generation_weights(m: ModelSpec, actor: _Role, rollout: RolloutPlan) -> dict[str, float]:
     """The whole actor unsharded in its gather dtype (`fsdp_utils.full_params`), plus autocast's cast
     copies when the engine computes in another dtype (they are cached for the whole generate call)."""
-    gather = gather_dtype(actor.plan, rollout.dtype)
+    gather = gather_dtype(actor.plan)
     cast = 0.0
     if gather != rollout.dtype:
         embedding = m.vocab_size * m.hidden_size if not m.tie_word_embeddings else 0
@@ -240,19 +251,19 @@ class _Role:
                 f"{self.name}.optimizer": 0.0 if self.plan.optimizer_offload else self.optimizer(ws)}
 
 
-def gather_dtype(plan: RolePlan, rollout_dtype: str | None = None) -> str:
+def gather_dtype(plan: RolePlan) -> str:
     """The dtype FSDP2 all-gathers a role's weights in: the plan's `cast_on_gather` decides (compute
-    dtype when set, else the parameter dtype, with autocast casting each weight as it is used).
-    `rollout_dtype` is kept for callers; the plan already weighed it."""
+    dtype when set, else the parameter dtype, with autocast casting each weight as it is used; the
+    planner already weighed the rollout dtype in `cast_on_gather`)."""
     return plan.compute_dtype if plan.cast_on_gather else plan.param_dtype
 
 
-def _compute_copy(m: ModelSpec, role: _Role, dtype: str, rollout_dtype: str | None = None) -> float:
+def _compute_copy(m: ModelSpec, role: _Role, dtype: str) -> float:
     """Weights materialised for compute: the FSDP2 all-gathered units (root plus two prefetched
     layers) in the gather dtype, at every world size (FSDP2 copies on one device too); plus
     autocast's cast copy of the (unsharded) weights when they are gathered in another dtype than
     `dtype` (autocast caches the casts of leaf weights for the whole forward)."""
-    gather = gather_dtype(role.plan, rollout_dtype)
+    gather = gather_dtype(role.plan)
     vocab = m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings or role.name == "critic" else 2)
     per_layer = (role.params - vocab) / m.num_layers
     units = (vocab + 2 * per_layer) * BYTES[gather]
@@ -263,17 +274,25 @@ def _compute_copy(m: ModelSpec, role: _Role, dtype: str, rollout_dtype: str | No
     return units + casted * BYTES[dtype]
 
 
-def _tokens(plan: RolePlan, seq_len: int, response_len: int, forward: bool) -> tuple[int, int]:
-    """(tokens, response tokens) in one micro-batch of this role."""
+def _tokens(plan: RolePlan, wl: Workload, role: str, forward: bool) -> tuple[int, int]:
+    """(tokens, response tokens) in the largest micro-batch of this role: its size, or as many
+    full-length sequences as its token budget holds, but never more sequences than the role is
+    handed at once (`Workload.sequences_seen`). Full length (prompt + response) is the worst case
+    of both splitters: the padded one trims each micro-batch to its longest prompt and response,
+    the packed one counts real tokens."""
+    seq_len, response_len = wl.seq_len, wl.response_length
+    seen = wl.sequences_seen(role, forward)
     mbs = plan.forward_micro_batch_size_per_gpu if forward else plan.micro_batch_size_per_gpu
-    budget = plan.forward_max_token_len_per_gpu if forward else plan.max_token_len_per_gpu
     if mbs is None and forward:
         mbs = plan.micro_batch_size_per_gpu
     if mbs is not None:
-        return mbs * seq_len, mbs * response_len
-    budget = budget or plan.max_token_len_per_gpu or seq_len
-    seqs = max(budget // seq_len, 1)
-    return max(budget, seq_len), seqs * response_len
+        rows = min(mbs, seen)
+        return rows * seq_len, rows * response_len
+    budget = (plan.forward_max_token_len_per_gpu if forward else None) or plan.max_token_len_per_gpu or seq_len
+    rows = max(budget // seq_len, 1)
+    if rows >= seen:
+        return seen * seq_len, seen * response_len
+    return max(budget, seq_len), rows * response_len
 
 
 def _activations(m: ModelSpec, plan: RolePlan, tokens: int, seq_len: int, train: bool) -> dict[str, float]:
@@ -288,94 +307,112 @@ def _activations(m: ModelSpec, plan: RolePlan, tokens: int, seq_len: int, train:
     return {"activations": layer * m.num_layers + layer}
 
 
+# ----------------------------------------------------------------------------- phases
+
+@dataclass(frozen=True)
+class _Step:
+    """What every phase builder reads: the models, the step's shape, the roles and the engine."""
+
+    model: ModelSpec
+    critic_model: ModelSpec
+    wl: Workload
+    roles: dict[str, _Role]
+    rollout: RolloutPlan
+    device_memory_gb: float
+
+    def spec(self, name: str) -> ModelSpec:
+        return self.critic_model if name == "critic" else self.model
+
+    def idle(self, active: str) -> dict[str, float]:
+        """What the roles other than `active` keep on the device."""
+        out = {}
+        for name, role in self.roles.items():
+            if name != active:
+                out.update(role.resident(self.wl.world_size))
+        return out
+
+    def on_device(self, role: _Role, optimizer: bool) -> dict[str, float]:
+        ws = self.wl.world_size
+        return {f"{role.name}.weights": role.weights(ws),
+                f"{role.name}.optimizer": role.optimizer(ws) if optimizer else 0.0}
+
+
+FORWARD_PHASES = {"actor": "log_prob", "ref": "ref", "critic": "values"}
+
+
+def _generation_phase(s: _Step, batch: int | None) -> dict[str, float]:
+    """Training rollout or validation: vLLM holds its own weights and KV cache inside its share; the
+    built-in engine generates with the actor's weights gathered whole (cast under autocast)."""
+    actor, ws = s.roles["actor"], s.wl.world_size
+    terms = s.idle("actor")
+    terms["actor.optimizer"] = 0.0 if actor.plan.optimizer_offload else actor.optimizer(ws)
+    # offloaded shards stay on the host (the built-in engine uses the gathered copy it counts)
+    terms["actor.weights"] = 0.0 if actor.plan.param_offload else actor.weights(ws)
+    if s.rollout.name == "vllm":
+        terms["rollout.engine share"] = s.rollout.gpu_memory_utilization * s.device_memory_gb * GiB
+    else:
+        terms.update(_builtin_rollout(s.model, actor, s.wl, s.rollout, batch))
+    return terms
+
+
+def _forward_phase(s: _Step, name: str) -> dict[str, float]:
+    """A no-grad forward over the rollout batch: old log-probs (actor), reference log-probs, values."""
+    role, spec = s.roles[name], s.spec(name)
+    terms = s.idle(name)
+    terms.update(s.on_device(role, optimizer=not role.plan.optimizer_offload and role.trainable))
+    terms[f"{name}.compute_copy"] = _compute_copy(spec, role, role.plan.compute_dtype)
+    tokens, resp = _tokens(role.plan, s.wl, name, forward=True)
+    terms.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=False))
+    if name == "critic":
+        terms["values"] = tokens * spec.hidden_size * 4
+    else:
+        terms["logits"] = _logits_bytes(spec, tokens, resp, role.plan.compute_dtype, backward=False)
+    return terms
+
+
+def _update_phase(s: _Step, name: str) -> dict[str, float]:
+    """Forward + backward + optimizer step of a trained role, at the largest of three candidate
+    peaks: end of forward / start of backward, end of backward, the optimizer step."""
+    role, spec, ws = s.roles[name], s.spec(name), s.wl.world_size
+    terms = s.idle(name)
+    terms.update(s.on_device(role, optimizer=not role.plan.optimizer_offload))
+    terms[f"{name}.grads"] = role.grads(ws)
+    tokens, resp = _tokens(role.plan, s.wl, name, forward=False)
+    fwd_bwd = {f"{name}.compute_copy": _compute_copy(spec, role, role.plan.compute_dtype)}
+    fwd_bwd.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=True))
+    if name == "critic":
+        fwd_bwd["values"] = tokens * spec.hidden_size * 4 * 2
+    else:
+        fwd_bwd["logits"] = _logits_bytes(spec, tokens, resp, role.plan.compute_dtype, backward=True)
+    bwd_end = {"vocab grads (end of backward)": _vocab_grad_bytes(spec, role)}
+    step = {"optimizer step": ADAM_STEP_SCRATCH * role.params * 4 / ws}
+    if role.plan.optimizer_offload:
+        step[f"{name}.optimizer"] = role.optimizer(ws)
+    terms.update(max((fwd_bwd, bwd_end, step), key=lambda t: sum(t.values())))
+    return terms
+
+
+def _roles(model: ModelSpec, critic_model: ModelSpec, actor: RolePlan, critic: RolePlan | None,
+           ref: RolePlan | None) -> dict[str, _Role]:
+    roles = {"actor": _Role("actor", actor, model.num_params, True)}
+    if critic is not None:
+        roles["critic"] = _Role("critic", critic, critic_model.critic_params, True)
+    if ref is not None:
+        roles["ref"] = _Role("ref", ref, model.num_params, False)
+    return roles
+
+
 def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollout: RolloutPlan,
                     critic: RolePlan | None = None, ref: RolePlan | None = None, *,
                     device_memory_gb: float, backend: str = "cuda", fragmentation: float = 0.05,
                     critic_model: ModelSpec | None = None) -> MemoryEstimate:
     """Peak allocated memory of each phase of one PPO step on one device (GiB)."""
-    ws, T, R = workload.world_size, workload.seq_len, workload.response_length
     cmodel = critic_model or model
-    roles = {"actor": _Role("actor", actor, model.num_params, True)}
-    if critic is not None:
-        roles["critic"] = _Role("critic", critic, cmodel.critic_params, True)
-    if ref is not None:
-        roles["ref"] = _Role("ref", ref, model.num_params, False)
-
-    def idle(active: str) -> dict[str, float]:
-        out = {}
-        for name, role in roles.items():
-            if name != active:
-                out.update(role.resident(ws))
-        return out
-
-    def on_device(role: _Role, optimizer: bool) -> dict[str, float]:
-        return {f"{role.name}.weights": role.weights(ws),
-                f"{role.name}.optimizer": role.optimizer(ws) if optimizer else 0.0}
-
-    phases: dict[str, PhaseMemory] = {}
-
-    # rollout and validation: vLLM holds its own weights and KV cache inside its share; the built-in
-    # engine generates with the actor's weights gathered whole (cast under autocast)
-    a = roles["actor"]
-    for label, batch in (("rollout", workload.rollout_batch_per_gpu), ("validation", workload.val_batch_per_gpu)):
-        terms = idle("actor")
-        terms["actor.optimizer"] = 0.0 if actor.optimizer_offload else a.optimizer(ws)
-        # offloaded shards stay on the host (the built-in engine uses the gathered copy it counts)
-        terms["actor.weights"] = 0.0 if actor.param_offload else a.weights(ws)
-        if rollout.name == "vllm":
-            terms["rollout.engine share"] = rollout.gpu_memory_utilization * device_memory_gb * GiB
-        else:
-            terms.update(_builtin_rollout(model, a, workload, rollout, batch))
-        phases[label] = PhaseMemory(label, terms)
-
-    # no-grad forwards: old log-probs (actor), reference log-probs, values (critic)
-    for name in ("actor", "ref", "critic"):
-        if name not in roles:
-            continue
-        role = roles[name]
-        terms = idle(name)
-        terms.update(on_device(role, optimizer=not role.plan.optimizer_offload and role.trainable))
-        terms[f"{name}.compute_copy"] = _compute_copy(cmodel if name == "critic" else model, role,
-                                                      role.plan.compute_dtype,
-                                                      rollout.dtype if name == "actor" else None)
-        tokens, resp = _tokens(role.plan, T, R, forward=True)
-        spec = cmodel if name == "critic" else model
-        terms.update(_activations(spec, role.plan, tokens, T, train=False))
-        if name == "critic":
-            terms["values"] = tokens * spec.hidden_size * 4
-        else:
-            terms["logits"] = _logits_bytes(spec, tokens, resp, role.plan.compute_dtype, backward=False)
-        label = "log_prob" if name == "actor" else ("ref" if name == "ref" else "values")
-        phases[label] = PhaseMemory(label, terms)
-
-    # updates: forward + backward + optimizer step of the active role
-    for name in ("actor", "critic"):
-        if name not in roles:
-            continue
-        role = roles[name]
-        spec = cmodel if name == "critic" else model
-        terms = idle(name)
-        terms.update(on_device(role, optimizer=not role.plan.optimizer_offload))
-        terms[f"{name}.grads"] = role.grads(ws)
-        tokens, resp = _tokens(role.plan, T, R, forward=False)
-        # three candidate peaks: end of forward / start of backward, end of backward, optimizer step
-        fwd_bwd = {f"{name}.compute_copy": _compute_copy(spec, role, role.plan.compute_dtype,
-                                                          rollout.dtype if name == "actor" else None)}
-        fwd_bwd.update(_activations(spec, role.plan, tokens, T, train=True))
-        if name == "critic":
-            fwd_bwd["values"] = tokens * spec.hidden_size * 4 * 2
-        else:
-            fwd_bwd["logits"] = _logits_bytes(spec, tokens, resp, role.plan.compute_dtype, backward=True)
-        bwd_end = {"vocab grads (end of backward)": _vocab_grad_bytes(spec, role)}
-        step = {"optimizer step": ADAM_STEP_SCRATCH * role.params * 4 / ws}
-        if role.plan.optimizer_offload:
-            step[f"{name}.optimizer"] = role.optimizer(ws)
-        terms.update(max((fwd_bwd, bwd_end, step), key=lambda t: sum(t.values())))
-        label = f"{name}_update"
-        phases[label] = PhaseMemory(label, terms)
-
-    for p in phases.values():
-        p.terms = {k: v / GiB for k, v in p.terms.items()}
+    s = _Step(model, cmodel, workload, _roles(model, cmodel, actor, critic, ref), rollout, device_memory_gb)
+    phases = {"rollout": _generation_phase(s, workload.rollout_batch_per_gpu),
+              "validation": _generation_phase(s, workload.val_batch_per_gpu)}
+    phases.update({label: _forward_phase(s, name) for name, label in FORWARD_PHASES.items() if name in s.roles})
+    phases.update({f"{name}_update": _update_phase(s, name) for name in ("actor", "critic") if name in s.roles})
+    in_gib = {label: PhaseMemory(label, {k: v / GiB for k, v in terms.items()}) for label, terms in phases.items()}
     context = 0.0 if backend == "cpu" else CUDA_CONTEXT_GB
-    return MemoryEstimate(phases=phases, context_gb=context, fragmentation=fragmentation)
-
+    return MemoryEstimate(phases=in_gib, context_gb=context, fragmentation=fragmentation)

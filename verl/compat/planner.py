@@ -208,8 +208,8 @@ def _decide_cast_on_gather(d: _Decider, roles: dict[str, RolePlan], rollout_dtyp
         roles[name] = replace(rp, cast_on_gather=d.note(f"{name}.cast_on_gather", cast, why))
 
 
-def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> tuple[RolloutPlan, dict]:
-    """The engine and its dtype; also returns the user's memory settings for the fit to weigh."""
+def _decide_engine(d: _Decider, config: Any) -> str:
+    """rollout.name: vLLM where this verl builds it and it runs here, else the built-in engine."""
     r = "actor_rollout_ref.rollout"
     asked = _get(config, f"{r}.name")
     engine_built = "vllm" in d.software.rollout_engines
@@ -231,7 +231,25 @@ def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> 
                        f"this verl ships {engines.shipped(d.software.rollout_engines)} only")
     else:
         name = d.note("rollout.name", str(asked), "set by the user; usable here")
+    return name
 
+
+def _decide_free_cache(d: _Decider, config: Any, name: str) -> bool:
+    """rollout.free_cache_engine: whether the engine gives its memory back during training."""
+    free = bool(_flag(_get(config, "actor_rollout_ref.rollout.free_cache_engine", True)))
+    if name != "vllm":
+        return d.note("rollout.free_cache_engine", False, "the built-in engine holds no memory between rollouts")
+    if d.profile.backend == "cpu":
+        return d.note("rollout.free_cache_engine", False, "vLLM has no sleep mode on a CPU: its KV cache stays "
+                      "allocated in host memory during training")
+    return d.note("rollout.free_cache_engine", free, "vLLM sleeps during training (KV cache freed, weights "
+                  "offloaded)" if free else "set by the user: vLLM keeps its memory during training")
+
+
+def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> tuple[RolloutPlan, dict]:
+    """The engine and its dtype; also returns the user's memory settings for the fit to weigh."""
+    r = "actor_rollout_ref.rollout"
+    name = _decide_engine(d, config)
     dt = _dtype(_get(config, f"{r}.dtype"))
     if dt is AUTO:
         dtype = d.note("rollout.dtype", compute, "follows the actor's compute dtype")
@@ -259,15 +277,7 @@ def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> 
     if name == "vllm":
         d.note("rollout.micro_batch_size", None, "vLLM schedules its own batches"
                + (f" ({r}.micro_batch_size is read by the built-in engine only)" if micro is not AUTO else ""))
-    free = bool(_flag(_get(config, f"{r}.free_cache_engine", True)))
-    if name != "vllm":
-        sleep = d.note("rollout.free_cache_engine", False, "the built-in engine holds no memory between rollouts")
-    elif d.profile.backend == "cpu":
-        sleep = d.note("rollout.free_cache_engine", False, "vLLM has no sleep mode on a CPU: its KV cache stays "
-                       "allocated in host memory during training")
-    else:
-        sleep = d.note("rollout.free_cache_engine", free, "vLLM sleeps during training (KV cache freed, weights "
-                       "offloaded)" if free else "set by the user: vLLM keeps its memory during training")
+    sleep = _decide_free_cache(d, config, name)
     asked = {"gpu_memory_utilization": _get(config, f"{r}.gpu_memory_utilization"), "micro_batch_size": micro}
     graphs = name == "hf" and not eager
     if name == "hf":
@@ -425,10 +435,14 @@ def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], rol
     world = int(_get(config, "trainer.n_gpus_per_node", 1)) * int(_get(config, "trainer.nnodes", 1))
     world = 1 if d.profile.backend == "cpu" else max(world, 1)
     n = int(_get(config, f"{arr}.rollout.n", 1))
+    mini = int(_get(config, f"{arr}.actor.ppo_mini_batch_size", 256))      # prompts; x n sequences, over the ranks
+    critic_mini = int(_get(config, "critic.ppo_mini_batch_size", mini))
     workload = Workload(prompt_length=int(_get(config, "data.max_prompt_length", 512)),
                         response_length=int(_get(config, "data.max_response_length", 512)),
                         rollout_batch_per_gpu=math.ceil(int(_get(config, "data.train_batch_size", 1024)) * n / world),
-                        world_size=world, val_batch_per_gpu=_val_batch_per_gpu(config, world))
+                        world_size=world, val_batch_per_gpu=_val_batch_per_gpu(config, world),
+                        update_batch_per_gpu=max(mini * n // world, 1),
+                        critic_update_batch_per_gpu=max(critic_mini * n // world, 1))
     budgets = {"actor": int(_get(config, f"{arr}.actor.ppo_max_token_len_per_gpu", 16384)),
                "actor_forward": int(_get(config, f"{arr}.rollout.log_prob_max_token_len_per_gpu", 16384)),
                "critic": int(_get(config, "critic.ppo_max_token_len_per_gpu", 32768)),
