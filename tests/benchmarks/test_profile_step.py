@@ -18,13 +18,14 @@ def test_cpu_smoke_profiles_every_phase(tmp_path, capsys):
     variant's overrides reach the plan."""
     rc = ps.main(["--tiny", "--profiles", "cpu", "--settings", "quickstart", "--override",
                   "algorithm.use_kl_in_reward=True", "--variant",
-                  "nockpt=actor_rollout_ref.model.enable_gradient_checkpointing=False", "--out", str(tmp_path)])
+                  "ckpt=actor_rollout_ref.model.enable_gradient_checkpointing=True", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0, out
     report = json.loads((tmp_path / "profile_step.json").read_text())
     (case,) = report["cases"]
-    assert case["variant"] == "nockpt" and case["plan"]["actor"]["gradient_checkpointing"] is False
-    assert case["plan"]["critic"]["gradient_checkpointing"] is True
+    assert case["variant"] == "ckpt" and case["plan"]["actor"]["gradient_checkpointing"] is True
+    assert case["plan"]["reasons"]["actor.gradient_checkpointing"] == "set by the user"
+    assert case["plan"]["critic"]["gradient_checkpointing"] is False          # left to the fit: it fits without
     assert set(case["phases"]) == set(ps.PHASES)
     for phase, entry in case["phases"].items():
         prof = entry["profiled"]
@@ -37,7 +38,7 @@ def test_cpu_smoke_profiles_every_phase(tmp_path, capsys):
     assert "2 of 4 rows" in case["phases"]["update_actor"]["profiled"]["what"]
     with tarfile.open(tmp_path / "profile_step.tgz") as tar:
         names = set(tar.getnames())
-    assert {f"profile_step/cpu_quickstart_nockpt_{p}.json.gz" for p in ps.PHASES} <= names
+    assert {f"profile_step/cpu_quickstart_ckpt_{p}.json.gz" for p in ps.PHASES} <= names
     assert "profile_step/profile_step.json" in names and "profile_step/profile_step.txt" in names
     assert "update_actor" in out and "families: gemm" in out
 
