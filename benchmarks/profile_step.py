@@ -8,9 +8,12 @@ update_critic, update_actor (the ones the setting's algorithm runs).
   1. warm-up: every phase once (CUDA graphs captured, AdamW's states created, kernels autotuned);
   2. timed: `--steps` passes, each phase's wall time between device synchronisations (the median is
      reported, with upstream's perf/mfu/* of the updates);
-  3. profiled: one more pass, each phase under `torch.profiler` (CPU + CUDA activities). By default an
-     update is profiled on its first mini-batch only (one optimizer step; `--profile-update all` for
-     the whole batch), which keeps the traces small and the run short.
+  3. profiled: one more pass, each phase under `torch.profiler` (CPU + CUDA activities), on a slice of
+     the work by default, since the profiler's cost grows with every op and kernel it records (a whole
+     256 x 512-token generate is hundreds of thousands of kernels): scoring and updates on the first
+     mini-batch's rows (an update: one optimizer step), generate with `--profile-decode-steps` new
+     tokens (32; its graph captured first, outside the profile). `--profile-rows all` and
+     `--profile-decode-steps 0` profile whole phases.
 
 Per phase it prints the top ops/kernels by self device time (the profiler's key_averages table; self
 CPU time on a CPU-only run), on a GPU also the top ops by self CPU time (the host's share: FSDP hooks,
@@ -261,12 +264,17 @@ def run_setting(profile: str, name: str, model: str, args, work: Path,
                 step.call(phase)
             continue
         part = "the whole phase"
-        if phase in ("update_actor", "update_critic") and args.profile_update == "mini":
-            step.update_rows = w.mini_rows
-            part = f"one mini-batch ({w.mini_rows} of {w.rows} rows: one optimizer step)"
-        summary, table = profile_phase(lambda: step.call(phase), device, work / f"{profile}_{name}_{variant[0]}_{phase}.json.gz",
-                                       args.top)
-        step.update_rows = None
+        if phase == "generate_sequences" and 0 < args.profile_decode_steps < shape["response"]:
+            step.decode_steps = args.profile_decode_steps
+            step.call(phase)                   # its decode graph captured outside the profile
+            part = f"prefill + {step.decode_steps} of {shape['response']} decode steps, {w.rows} rows"
+        elif phase != "generate_sequences" and args.profile_rows == "mini" and w.mini_rows < w.rows:
+            step.rows = w.mini_rows
+            part = f"one mini-batch ({w.mini_rows} of {w.rows} rows" + (
+                ": one optimizer step)" if phase.startswith("update") else ")")
+        summary, table = profile_phase(lambda: step.call(phase), device,
+                                       work / f"{profile}_{name}_{variant[0]}_{phase}.json.gz", args.top)
+        step.rows = step.decode_steps = None
         entry = row["phases"].setdefault(phase, {})
         entry.update(wall_s=round(statistics.median(runs[phase]), 4), wall_s_runs=[round(t, 4) for t in runs[phase]],
                      profiled=dict(summary, what=part))
@@ -352,8 +360,10 @@ def main(argv=None) -> int:
     ap.add_argument("--settings", default="quickstart,grpo", help=f"comma-separated: {', '.join(SETTINGS)}")
     ap.add_argument("--phases", default="", help=f"comma-separated subset of {', '.join(PHASES)} (default: all)")
     ap.add_argument("--steps", type=int, default=1, help="timed passes per phase (median reported)")
-    ap.add_argument("--profile-update", choices=("mini", "all"), default="mini",
-                    help="profile an update on its first mini-batch (default) or on the whole batch")
+    ap.add_argument("--profile-rows", choices=("mini", "all"), default="mini",
+                    help="profile scoring and updates on the first mini-batch's rows (default) or the whole batch")
+    ap.add_argument("--profile-decode-steps", type=int, default=32,
+                    help="new tokens of the profiled generate (0: the whole response length)")
     ap.add_argument("--prompt-tokens", default="48:128", help="LO:HI real prompt tokens per row, or 'full'")
     ap.add_argument("--top", type=int, default=25, help="rows of each key_averages table")
     ap.add_argument("--model", default="/tmp/qwen05b-random", help="model folder (benchmarks/build_qwen_shaped.py)")

@@ -18,7 +18,8 @@ def test_cpu_smoke_profiles_every_phase(tmp_path, capsys):
     variant's overrides reach the plan."""
     rc = ps.main(["--tiny", "--profiles", "cpu", "--settings", "quickstart", "--override",
                   "algorithm.use_kl_in_reward=True", "--variant",
-                  "ckpt=actor_rollout_ref.model.enable_gradient_checkpointing=True", "--out", str(tmp_path)])
+                  "ckpt=actor_rollout_ref.model.enable_gradient_checkpointing=True", "--profile-decode-steps", "4",
+                  "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0, out
     report = json.loads((tmp_path / "profile_step.json").read_text())
@@ -34,8 +35,10 @@ def test_cpu_smoke_profiles_every_phase(tmp_path, capsys):
         assert prof["families_s"]["gemm"] > 0 and sum(prof["families_s"].values()) == pytest.approx(
             prof["device_busy_s"], abs=1e-3), phase
         assert 0 <= prof["device_idle_fraction"] < 1 and prof["top"] and prof["host_ops"] > 0, phase
-    # the updates were profiled on one mini-batch: 2 of the 4 rows
-    assert "2 of 4 rows" in case["phases"]["update_actor"]["profiled"]["what"]
+    # scoring and updates were profiled on one mini-batch (2 of the 4 rows), generate on 4 of 8 new tokens
+    assert "2 of 4 rows: one optimizer step" in case["phases"]["update_actor"]["profiled"]["what"]
+    assert "2 of 4 rows" in case["phases"]["compute_values"]["profiled"]["what"]
+    assert "4 of 8 decode steps" in case["phases"]["generate_sequences"]["profiled"]["what"]
     with tarfile.open(tmp_path / "profile_step.tgz") as tar:
         names = set(tar.getnames())
     assert {f"profile_step/cpu_quickstart_ckpt_{p}.json.gz" for p in ps.PHASES} <= names
