@@ -43,6 +43,9 @@ def _task(config) -> None:
         _warn(validate(config))
     except ConfigError as error:
         _fail(error)
+    from verl.utils.startup import startup_clock
+
+    startup_clock().mark("config")
     import signal
 
     from verl.trainer.ppo.task_runner import Interrupted, interruption_line, stop_on_sigterm
@@ -82,6 +85,9 @@ def __getattr__(name: str):
 
 def main() -> None:
     """Check the overrides in sys.argv, then let Hydra compose `config/ppo_trainer.yaml` and run."""
+    from verl.utils.startup import startup_clock
+
+    startup_clock().mark("python")   # interpreter start-up and this module's imports
     try:
         args, warnings = check_overrides(sys.argv[1:])
     except ConfigError as error:

@@ -48,6 +48,7 @@ from verl.utils.checkpoint.checkpoint_manager import (
 )
 from verl.utils.checkpoint.plain_state import host_rng_state, load_plain, set_host_rng_state
 from verl.utils.dataset.resumable_sampler import ResumableSampler
+from verl.utils.startup import startup_clock
 from verl.utils.timer import marked_timer
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking
@@ -278,19 +279,30 @@ class RayPPOTrainer:
             group = self.ray_worker_group_cls(resource_pool=pool, ray_cls_with_init=colocated)
             all_wg.update(group.spawn(prefix_set=class_dict.keys()))
             print(f"Worker processes: {group.world_size}, each holding roles: {', '.join(class_dict)}", flush=True)
+        clock = startup_clock()
+        clock.mark("spawn_workers")
 
         if self.use_critic:
             self.critic_wg = all_wg[str(Role.Critic)]
-            self.critic_wg.init_model()
+            self._record_init(Role.Critic, self.critic_wg.init_model())
         if self.use_reference_policy:
             if str(Role.RefPolicy) in all_wg:
                 self.ref_policy_wg = all_wg[str(Role.RefPolicy)]
-                self.ref_policy_wg.init_model()
+                self._record_init(Role.RefPolicy, self.ref_policy_wg.init_model())
             else:
                 self.ref_policy_wg = all_wg[str(actor_role)]
         # The actor+rollout starts last, so its memory estimate sees everything else already loaded.
         self.actor_rollout_wg = all_wg[str(actor_role)]
-        self.actor_rollout_wg.init_model()
+        self._record_init(actor_role, self.actor_rollout_wg.init_model())
+        clock.mark("init_models")
+
+    @staticmethod
+    def _record_init(role: Role, per_rank: list) -> None:
+        """Rank 0's pieces of a role's model set-up, for the start-up table (a custom worker may return
+        nothing)."""
+        laps = per_rank[0] if per_rank else None
+        for piece, seconds in (laps.items() if isinstance(laps, dict) else ()):
+            startup_clock().detail(f"{role}/{piece}", seconds)
 
     def _add_class(self, pool_to_classes, group: Role, **init_kwargs) -> None:
         pool = self.resource_pool_manager.get_resource_pool(group)
@@ -336,6 +348,8 @@ class RayPPOTrainer:
             logger.finish()
             return
         progress_bar = None
+        clock = startup_clock()
+        clock.mark("logger_checkpoint")
         try:
             if config.trainer.get("val_before_train", True):
                 val_metrics = self._validate()
@@ -343,6 +357,9 @@ class RayPPOTrainer:
                 logger.log(data=val_metrics, step=self.global_steps)
                 if config.trainer.get("val_only", False):
                     return
+                clock.mark("validation")
+            startup_metrics = clock.metrics()
+            print(clock.table(), flush=True)
 
             progress_bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training Progress")
             self.global_steps += 1
@@ -350,7 +367,8 @@ class RayPPOTrainer:
             for epoch in range(start_epoch, config.trainer.total_epochs):
                 for batches_done, batch_dict in enumerate(self.train_dataloader, start=first_batch):
                     is_last_step = self.global_steps >= self.total_training_steps
-                    metrics, timing_raw = {}, {}
+                    metrics, timing_raw = startup_metrics, {}
+                    startup_metrics = {}  # the first step's record carries the start-up breakdown
                     with marked_timer("step", timing_raw):
                         batch = self._train_step(batch_dict, metrics, timing_raw)
                     if config.trainer.test_freq > 0 and (is_last_step or self.global_steps % config.trainer.test_freq == 0):

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 
 from omegaconf import OmegaConf
 
+from verl.utils.startup import startup_clock
+
 # Environment every Ray worker starts with (upstream sets the same ones).
 WORKER_ENV = {
     "TOKENIZERS_PARALLELISM": "true",
@@ -33,6 +35,8 @@ def run_ppo(config) -> None:
     print(compat.format_plan(plan), flush=True)
     compat.resolve_config(config, plan)
     OmegaConf.resolve(config)
+    clock = startup_clock()
+    clock.mark("plan")
 
     # Data, tokenizer and rewards are built (and checked) here in the driver, before Ray starts.
     trainer = build_trainer(config, plan)
@@ -41,6 +45,7 @@ def run_ppo(config) -> None:
         _init_ray(config, plan)
         started_ray = True
         stop_on_sigterm()  # ray.init installs a SIGTERM handler of its own in the driver
+        clock.mark("ray_init")
     try:
         trainer.init_workers()
         print(trainer.actor_rollout_wg.describe_placement(), flush=True)
@@ -161,9 +166,12 @@ def build_trainer(config, plan):
     from verl.utils.model_loading import load_tokenizer
     from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
+    clock = startup_clock()
+    clock.mark("imports")
     model_cfg = config.actor_rollout_ref.model
     tokenizer = load_tokenizer(model_cfg.get("tokenizer_path") or model_cfg.path,
                                trust_remote_code=model_cfg.get("trust_remote_code", False))
+    clock.mark("tokenizer")
 
     # Roles: actor+rollout (+ref when a KL term needs the reference policy), critic for GAE.
     actor_role = Role.ActorRolloutRef if need_reference_policy(config) else Role.ActorRollout
@@ -182,9 +190,11 @@ def build_trainer(config, plan):
     reward_kwargs = OmegaConf.to_container(reward_kwargs, resolve=True) if OmegaConf.is_config(reward_kwargs) else dict(reward_kwargs)
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **reward_kwargs)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, **reward_kwargs)
+    clock.mark("reward")
 
     train_dataset, val_dataset = _checked_datasets(config, tokenizer)
     train_sampler = create_rl_sampler(config.data, train_dataset)
+    clock.mark("datasets")
 
     from verl.trainer.preflight import InputError
 
