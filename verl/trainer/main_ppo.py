@@ -55,7 +55,7 @@ def _task(config) -> None:
     try:
         run_ppo(config)
     except InputError as error:
-        print(f"verl: input error (found before starting Ray):\n{error}", file=sys.stderr)
+        print(f"verl: input error (found before training started):\n{error}", file=sys.stderr)
         raise SystemExit(CONFIG_ERROR_EXIT) from None
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM as Interrupted; Ray is already shut down
         signum = Interrupted.signum if isinstance(stop, Interrupted) else signal.SIGINT

@@ -96,11 +96,20 @@ def startup_clock() -> StartupClock:
 
 
 class Laps:
-    """Consecutive pieces of one piece of work (a worker's `init_model`): `lap("load")` closes the piece
-    that began at the previous lap. `seconds` is what the worker returns for the driver's table."""
+    """Consecutive pieces of one piece of work (a worker's set-up): `laps("load")` closes the piece that
+    began at the previous lap (or `restart()`). `seconds` is what a worker returns for the driver's table.
 
-    def __init__(self):
+    `from_process_start` records first how long this process ran before (interpreter, imports, Ray's
+    worker start-up) as "process_start"."""
+
+    def __init__(self, from_process_start: bool = False):
         self.seconds: dict[str, float] = {}
+        if from_process_start:
+            self.seconds["process_start"] = max(0.0, time.time() - process_start_time())
+        self._last = time.perf_counter()
+
+    def restart(self) -> None:
+        """The next lap starts now (the time since the last lap was spent waiting, not working)."""
         self._last = time.perf_counter()
 
     def __call__(self, name: str) -> None:

@@ -272,6 +272,7 @@ class ActorRolloutRefWorker(Worker):
 
     def __init__(self, config, role: str, plan=None):
         super().__init__()
+        self._laps = Laps(from_process_start=True)
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         if plan is None:
@@ -289,6 +290,7 @@ class ActorRolloutRefWorker(Worker):
         _, self.dp_size = fsdp_utils.init_distributed(plan.dist_backend)
         self.config = _copy_config(config)
         self._normalize_batch_sizes()
+        self._laps("constructor")
 
     def _normalize_batch_sizes(self) -> None:
         cfg, dp, n = self.config, self.dp_size, int(self.config.rollout.get("n", 1))
@@ -330,9 +332,15 @@ class ActorRolloutRefWorker(Worker):
         return module
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self) -> dict[str, float]:
-        """Load, shard and wrap every model of this role; returns the seconds each piece took."""
-        laps = Laps()
+    def init_model(self, total_training_steps: int | None = None) -> dict[str, float]:
+        """Load, shard and wrap every model of this role; returns the seconds each piece took.
+
+        `total_training_steps` sizes the LR schedule when the worker was started before the driver knew
+        it (the data set is filtered while the workers start); else the config's value is used."""
+        laps = self._laps
+        laps.restart()
+        if total_training_steps is not None and self._is_actor:
+            self.config.actor.optim.total_training_steps = int(total_training_steps)
         model_cfg = self.config.model
         self.tokenizer = _process_tokenizer(model_cfg.get("tokenizer_path") or model_cfg.path,
                                             bool(model_cfg.get("trust_remote_code", False)))
@@ -494,6 +502,7 @@ class CriticWorker(Worker):
 
     def __init__(self, config, plan=None):
         super().__init__()
+        self._laps = Laps(from_process_start=True)
         if plan is None:
             raise ValueError("CriticWorker needs the compat plan: pass plan=verl.compat.build_plan(config)")
         if plan.critic is None:
@@ -513,11 +522,16 @@ class CriticWorker(Worker):
         _fill(c, "ppo_max_token_len_per_gpu", p.max_token_len_per_gpu)
         _fill(c, "forward_max_token_len_per_gpu", p.forward_max_token_len_per_gpu or c.get("ppo_max_token_len_per_gpu"))
         _normalize_mini_batch(c, int(c.get("rollout_n", 1) or 1), dp, "critic")
+        self._laps("constructor")
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self) -> dict[str, float]:
-        """Load, shard and wrap the value model; returns the seconds each piece took."""
-        laps = Laps()
+    def init_model(self, total_training_steps: int | None = None) -> dict[str, float]:
+        """Load, shard and wrap the value model; returns the seconds each piece took.
+        `total_training_steps`: as ActorRolloutRefWorker.init_model."""
+        laps = self._laps
+        laps.restart()
+        if total_training_steps is not None:
+            self.config.optim.total_training_steps = int(total_training_steps)
         model_cfg = self.config.model
         trust = bool(model_cfg.get("trust_remote_code", False))
         self.tokenizer = _process_tokenizer(model_cfg.get("tokenizer_path") or model_cfg.path, trust)

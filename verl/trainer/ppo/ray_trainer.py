@@ -148,6 +148,44 @@ _MUST_BE_FINITE = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "critic/vf
                    "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/values/mean")
 
 
+def _uses_reference_policy(config) -> bool:
+    return bool(config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
+
+
+def spawn_worker_groups(config, role_worker_mapping: dict, resource_pool_manager: ResourcePoolManager, plan=None,
+                        worker_group_cls=RayWorkerGroup) -> dict[str, RayWorkerGroup]:
+    """Start the worker processes, one per device holding every colocated role (actor+rollout(+ref),
+    critic); their constructors run, no model is loaded yet. Returns one group per role name.
+
+    Needs no data set, so `run_ppo` calls it while the driver is still reading and filtering the data.
+    """
+    resource_pool_manager.create_resource_pool()
+    pool_to_classes = {pool: {} for pool in resource_pool_manager.resource_pool_dict.values()}
+
+    def add(group: Role, **init_kwargs) -> None:
+        if plan is not None:
+            init_kwargs["plan"] = plan
+        pool = resource_pool_manager.get_resource_pool(group)
+        pool_to_classes[pool][str(group)] = RayClassWithInitArgs(cls=role_worker_mapping[group], **init_kwargs)
+
+    actor_role = Role.ActorRolloutRef if Role.ActorRolloutRef in role_worker_mapping else Role.ActorRollout
+    add(actor_role, config=config.actor_rollout_ref, role=str(actor_role))
+    if Role.Critic in role_worker_mapping:
+        add(Role.Critic, config=config.critic)
+    if _uses_reference_policy(config) and Role.RefPolicy in role_worker_mapping:
+        add(Role.RefPolicy, config=config.actor_rollout_ref, role="ref")
+
+    all_wg = {}
+    for pool, class_dict in pool_to_classes.items():
+        if not class_dict:
+            continue
+        colocated = create_colocated_worker_cls(class_dict=class_dict)
+        group = worker_group_cls(resource_pool=pool, ray_cls_with_init=colocated)
+        all_wg.update(group.spawn(prefix_set=class_dict.keys()))
+        print(f"Worker processes: {group.world_size}, each holding roles: {', '.join(class_dict)}", flush=True)
+    return all_wg
+
+
 class RayPPOTrainer:
     """PPO/GRPO over Ray worker groups; `init_workers()` then `fit()`."""
 
@@ -167,6 +205,7 @@ class RayPPOTrainer:
         train_sampler: Sampler | None = None,
         device_name: str | None = None,
         plan=None,
+        worker_groups: dict | None = None,
     ):
         self.config = config
         self.tokenizer = tokenizer
@@ -177,6 +216,7 @@ class RayPPOTrainer:
         self.resource_pool_manager = resource_pool_manager
         self.ray_worker_group_cls = ray_worker_group_cls
         self.plan = plan
+        self._worker_groups = worker_groups   # from spawn_worker_groups, when started before this trainer
         self._plan_lines: set[str] = set()
         self.device_name = device_name or (plan.device_type if plan is not None else config.trainer.get("device"))
 
@@ -187,7 +227,7 @@ class RayPPOTrainer:
 
         algo = config.algorithm
         self.use_critic = Role.Critic in role_worker_mapping
-        self.use_reference_policy = bool(algo.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
+        self.use_reference_policy = _uses_reference_policy(config)
         self.kl_ctrl_in_reward = core_algos.get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
         if reward_fn is None:
             raise ValueError("RayPPOTrainer needs reward_fn (see verl.trainer.ppo.reward.load_reward_manager).")
@@ -260,40 +300,33 @@ class RayPPOTrainer:
                 self.config.critic.optim.total_training_steps = total_steps
 
     def init_workers(self) -> None:
-        """Start one process per device holding every colocated role (actor+rollout(+ref), critic)."""
-        self.resource_pool_manager.create_resource_pool()
-        pool_to_classes = {pool: {} for pool in self.resource_pool_manager.resource_pool_dict.values()}
+        """Start one process per device holding every colocated role (actor+rollout(+ref), critic) and
+        load the models; worker groups handed in at construction (started while the driver was still
+        reading the data) only load."""
+        clock = startup_clock()
+        spawned_early = self._worker_groups is not None
+        if spawned_early:
+            all_wg = self._worker_groups
+        else:
+            all_wg = spawn_worker_groups(self.config, self.role_worker_mapping, self.resource_pool_manager,
+                                         self.plan, self.ray_worker_group_cls)
+            clock.mark("spawn_workers")
+        # Workers started before the data set was filtered got a config without the schedule's length.
+        init_kwargs = {"total_training_steps": self.total_training_steps} if spawned_early else {}
 
         actor_role = Role.ActorRolloutRef if Role.ActorRolloutRef in self.role_worker_mapping else Role.ActorRollout
-        self._add_class(pool_to_classes, actor_role, config=self.config.actor_rollout_ref, role=str(actor_role))
-        if self.use_critic:
-            self._add_class(pool_to_classes, Role.Critic, config=self.config.critic)
-        if self.use_reference_policy and Role.RefPolicy in self.role_worker_mapping:
-            self._add_class(pool_to_classes, Role.RefPolicy, config=self.config.actor_rollout_ref, role="ref")
-
-        all_wg = {}
-        for pool, class_dict in pool_to_classes.items():
-            if not class_dict:
-                continue
-            colocated = create_colocated_worker_cls(class_dict=class_dict)
-            group = self.ray_worker_group_cls(resource_pool=pool, ray_cls_with_init=colocated)
-            all_wg.update(group.spawn(prefix_set=class_dict.keys()))
-            print(f"Worker processes: {group.world_size}, each holding roles: {', '.join(class_dict)}", flush=True)
-        clock = startup_clock()
-        clock.mark("spawn_workers")
-
         if self.use_critic:
             self.critic_wg = all_wg[str(Role.Critic)]
-            self._record_init(Role.Critic, self.critic_wg.init_model())
+            self._record_init(Role.Critic, self.critic_wg.init_model(**init_kwargs))
         if self.use_reference_policy:
             if str(Role.RefPolicy) in all_wg:
                 self.ref_policy_wg = all_wg[str(Role.RefPolicy)]
-                self._record_init(Role.RefPolicy, self.ref_policy_wg.init_model())
+                self._record_init(Role.RefPolicy, self.ref_policy_wg.init_model(**init_kwargs))
             else:
                 self.ref_policy_wg = all_wg[str(actor_role)]
         # The actor+rollout starts last, so its memory estimate sees everything else already loaded.
         self.actor_rollout_wg = all_wg[str(actor_role)]
-        self._record_init(actor_role, self.actor_rollout_wg.init_model())
+        self._record_init(actor_role, self.actor_rollout_wg.init_model(**init_kwargs))
         clock.mark("init_models")
 
     @staticmethod
@@ -303,12 +336,6 @@ class RayPPOTrainer:
         laps = per_rank[0] if per_rank else None
         for piece, seconds in (laps.items() if isinstance(laps, dict) else ()):
             startup_clock().detail(f"{role}/{piece}", seconds)
-
-    def _add_class(self, pool_to_classes, group: Role, **init_kwargs) -> None:
-        pool = self.resource_pool_manager.get_resource_pool(group)
-        if self.plan is not None:
-            init_kwargs["plan"] = self.plan
-        pool_to_classes[pool][str(group)] = RayClassWithInitArgs(cls=self.role_worker_mapping[group], **init_kwargs)
 
     def _pop_metrics(self, output: DataProto) -> dict[str, float]:
         """The workers' metrics; first, the plan is re-issued for each numerics-guard fallback they
