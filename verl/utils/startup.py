@@ -84,15 +84,22 @@ class StartupClock:
 
 
 _CLOCK: StartupClock | None = None
+_ENDED = False
 
 
 def startup_clock() -> StartupClock:
-    """This process's clock (made on first use; its origin is the process start either way)."""
+    """This process's clock, made on first use. The first run in a process counts from the process's
+    start; a later run in the same process (after `end_startup`) from its first use of the clock."""
     global _CLOCK
     if _CLOCK is None:
-        _CLOCK = StartupClock()
+        _CLOCK = StartupClock(origin=time.time()) if _ENDED else StartupClock()
     return _CLOCK
 
+
+def end_startup() -> None:
+    """The first step has begun: the next run in this process gets a clock of its own."""
+    global _CLOCK, _ENDED
+    _CLOCK, _ENDED = None, True
 
 
 class Laps:

@@ -48,7 +48,7 @@ from verl.utils.checkpoint.checkpoint_manager import (
 )
 from verl.utils.checkpoint.plain_state import host_rng_state, load_plain, set_host_rng_state
 from verl.utils.dataset.resumable_sampler import ResumableSampler
-from verl.utils.startup import startup_clock
+from verl.utils.startup import end_startup, startup_clock
 from verl.utils.timer import marked_timer
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking
@@ -387,6 +387,7 @@ class RayPPOTrainer:
                 clock.mark("validation")
             startup_metrics = clock.metrics()
             print(clock.table(), flush=True)
+            end_startup()
 
             progress_bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training Progress")
             self.global_steps += 1
