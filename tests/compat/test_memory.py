@@ -138,7 +138,9 @@ def test_a_token_budget_never_holds_more_than_the_role_is_handed():
     for phase in ("log_prob", "values"):
         assert transients(big.phases[phase].terms) == transients(whole_batch.phases[phase].terms)
     # 8 full-length sequences' activations in every layer (plus the one recomputed), not 16384 tokens'
-    per_token = layer_activation_bytes(QWEN05, "bfloat16", "float32", "sdpa", 384)
+    # (the residual stream is as wide as the weights compute: bfloat16 when they are gathered in it)
+    residual = "bfloat16" if role().cast_on_gather else "float32"
+    per_token = layer_activation_bytes(QWEN05, "bfloat16", residual, "sdpa", 384)
     assert big.phases["actor_update"].terms["activations"] == pytest.approx(8 * 384 * per_token * 25 / GiB)
 
 

@@ -18,9 +18,12 @@ autocast) and `c` the compute width:
     mlp     4I*c                        gate, act(gate), up, act(gate)*up
 Eager attention adds heads*T*(4 + c) per token (float32 softmax and its cast, saved for the
 value matmul); sdpa/flash keep O(T). With gradient checkpointing only the layer input (H*r per
-token per layer) is kept, plus one layer recomputed during backward. Logits: the micro-batch
-(tokens x vocab) in compute dtype, plus the float32 log-prob scratch of verl's chunked
-`logprobs_from_logits` and the logits' gradient.
+token per layer) is kept, plus one layer recomputed during backward. The residual width `r` is the
+width the weights compute in (the gather dtype: compute dtype with `cast_on_gather`). Logits: only
+the response positions' rows (the actor passes `logits_to_keep`), in compute dtype, plus one float32
+chunk of verl's chunked `logprobs_from_logits`, and in backward the logits' gradient. Calibrated on
+the H200 against the real workers (benchmarks/memory_model.py, 18 cases over 7 profiles): every
+case's peak phase within +14% / -0% (docs/compat.md, "Calibration").
 
 The built-in rollout engine generates `rollout.micro_batch_size` sequences at a time. Its memory
 is linear in that count (`generation_bytes_per_sequence`), so a generation phase is predicted for
@@ -41,6 +44,7 @@ GiB = 1024 ** 3
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 LOGPROB_CHUNK_ROWS = 1024        # rows per float32 chunk in verl.utils.torch_functional
 CUDA_CONTEXT_GB = 0.75           # CUDA context + cuBLAS workspace, outside the allocator's count
+LOGPROB_SCRATCH_CHUNKS = 1.0    # float32 chunks of (rows x vocab) alive at once in the chunked log-prob
 ADAM_STEP_SCRATCH = 1.0          # foreach AdamW temporaries, in units of one fp32 shard of params (measured)
 ENGINE_TERMS = ("rollout.kv_cache", "rollout.prefill", "rollout.sampling", "rollout.engine share")
 
@@ -143,14 +147,16 @@ def layer_activation_bytes(m: ModelSpec, compute: str, residual: str, attn: str,
     return norms + attention + mlp
 
 
-def _logits_bytes(m: ModelSpec, tokens: int, response_tokens: int, compute: str, backward: bool) -> float:
-    """Logits of a micro-batch plus the float32 scratch of chunked log-probs (and their grads)."""
+def _logits_bytes(m: ModelSpec, rows: int, response_tokens: int, compute: str, backward: bool) -> float:
+    """The response positions' logits (the actor asks the model for `logits_to_keep` = response + 1 rows
+    per sequence, in compute dtype), the float32 scratch of one chunk of verl's chunked log-probs, and
+    in backward the logits' gradient (same size as the logits) plus the chunk's scratch again."""
     c, v = BYTES[compute], m.vocab_size
-    chunk = min(response_tokens, LOGPROB_CHUNK_ROWS) * v * 4
-    fwd = tokens * v * c + response_tokens * v * c + 2 * chunk
+    kept = response_tokens + rows
+    chunk = min(kept, LOGPROB_CHUNK_ROWS) * v * 4
     if not backward:
-        return fwd
-    return tokens * v * c * 2 + response_tokens * v * c * 2 + 2 * chunk
+        return kept * v * c + LOGPROB_SCRATCH_CHUNKS * chunk
+    return 2 * kept * v * c + LOGPROB_SCRATCH_CHUNKS * chunk
 
 
 def _vocab_grad_bytes(m: ModelSpec, role: _Role) -> float:
@@ -296,7 +302,9 @@ def _tokens(plan: RolePlan, wl: Workload, role: str, forward: bool) -> tuple[int
 
 
 def _activations(m: ModelSpec, plan: RolePlan, tokens: int, seq_len: int, train: bool) -> dict[str, float]:
-    residual = plan.param_dtype if train else plan.compute_dtype
+    # the residual stream is in the dtype the weights compute in: the gather dtype (autocast keeps
+    # float32 weights' residual in float32)
+    residual = gather_dtype(plan) if train else plan.compute_dtype
     per_layer = layer_activation_bytes(m, plan.compute_dtype, residual, plan.attn_implementation, seq_len)
     layer = tokens * per_layer
     if not train:
@@ -366,7 +374,7 @@ def _forward_phase(s: _Step, name: str) -> dict[str, float]:
     if name == "critic":
         terms["values"] = tokens * spec.hidden_size * 4
     else:
-        terms["logits"] = _logits_bytes(spec, tokens, resp, role.plan.compute_dtype, backward=False)
+        terms["logits"] = _logits_bytes(spec, resp // s.wl.response_length, resp, role.plan.compute_dtype, backward=False)
     return terms
 
 
@@ -383,7 +391,7 @@ def _update_phase(s: _Step, name: str) -> dict[str, float]:
     if name == "critic":
         fwd_bwd["values"] = tokens * spec.hidden_size * 4 * 2
     else:
-        fwd_bwd["logits"] = _logits_bytes(spec, tokens, resp, role.plan.compute_dtype, backward=True)
+        fwd_bwd["logits"] = _logits_bytes(spec, resp // s.wl.response_length, resp, role.plan.compute_dtype, backward=True)
     bwd_end = {"vocab grads (end of backward)": _vocab_grad_bytes(spec, role)}
     step = {"optimizer step": ADAM_STEP_SCRATCH * role.params * 4 / ws}
     if role.plan.optimizer_offload:
