@@ -5,9 +5,11 @@
 #   source .device-pack/install.sh && bash benchmarks/h200_session.sh speed         # the speed rows, one at a time
 #   source .device-pack/install.sh && bash benchmarks/h200_session.sh profile       # profile_step alone, then the
 #                                                        # memory model against the real workers, cases side by side
+#   source .device-pack/install.sh && bash benchmarks/h200_session.sh variants      # the quick start's forward and
+#                                                        # backward passes under other budgets/checkpointing (~5 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed or profile}
+mode=${1:?correctness, final, speed, profile or variants}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -40,7 +42,7 @@ elif [ "$mode" = final ]; then
       timeout 330 python3 benchmarks/speed.py --out "$W/speed" > "$W/speed.log" 2>&1
   echo "speed exit $?"; tail -22 "$W/speed.log"
 elif [ "$mode" = profile ]; then
-  timeout 240 python3 benchmarks/profile_step.py --model $MODEL --profiles h200 --settings quickstart,grpo \
+  timeout 240 python3 benchmarks/profile_step.py --model $MODEL --profiles h200 --settings quickstart,grpo --tgz-limit-mb 9 \
       --out "$W/profile" > "$W/profile.log" 2>&1; echo "profile_step exit $? at $(( $(date +%s) - t0 )) s"
   mm=(--model $MODEL --algos ppo,grpo --case-timeout 200)
   timeout 290 python3 benchmarks/memory_model.py "${mm[@]}" --profiles p40,p100,v100-16gb,t4,rtx3090,a100-40gb,h200 \
@@ -49,6 +51,16 @@ elif [ "$mode" = profile ]; then
       --out "$W/mm_field" > "$W/mm_field.log" 2>&1 &
   wait; echo "memory_model done at $(( $(date +%s) - t0 )) s"
   grep -A40 "summary\|families" "$W/profile.log" | head -80; tail -30 "$W/mm_matrix.log"; tail -12 "$W/mm_field.log"
+elif [ "$mode" = variants ]; then
+  # the quick start's forward and backward passes under other plans, to set beside the profile call's
+  # quickstart rows (the plan as planned): checkpointing on, larger token budgets
+  A=actor_rollout_ref; CKPT="$A.model.enable_gradient_checkpointing=True,critic.model.enable_gradient_checkpointing=True"
+  B32="$A.actor.ppo_max_token_len_per_gpu=32768,$A.rollout.log_prob_max_token_len_per_gpu=32768"
+  B32="$B32,critic.ppo_max_token_len_per_gpu=32768,critic.forward_max_token_len_per_gpu=32768"
+  timeout 500 python3 benchmarks/profile_step.py --model $MODEL --profiles h200 --settings quickstart --tgz-limit-mb 14 \
+      --phases compute_log_prob,compute_values,update_critic,update_actor --variant "ckpt=$CKPT" --variant "b32k=$B32" \
+      --variant "ckpt_b64k=${B32//32768/65536},$CKPT" --out "$W/variants" > "$W/variants.log" 2>&1
+  echo "variants exit $?"; sed -n '/^profile  setting/,/^$/p' "$W/variants/profile_step.txt"
 else
   SPEED_ROWS=${SPEED_ROWS:-quickstart,p40,grpo,p40_manual} QS_TIMEOUT=200 P40_STEPS=8 P40_TIMEOUT=110 \
       GRPO_TIMEOUT=150 MANUAL_TIMEOUT=80 timeout 560 python3 benchmarks/speed.py --out "$W" > "$W/speed.log" 2>&1

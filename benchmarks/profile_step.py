@@ -8,20 +8,29 @@ update_critic, update_actor (the ones the setting's algorithm runs).
   1. warm-up: every phase once (CUDA graphs captured, AdamW's states created, kernels autotuned);
   2. timed: `--steps` passes, each phase's wall time between device synchronisations (the median is
      reported, with upstream's perf/mfu/* of the updates);
-  3. profiled: one more pass, each phase under `torch.profiler` (CPU + CUDA activities). By default an
-     update is profiled on its first mini-batch only (one optimizer step; `--profile-update all` for
-     the whole batch), which keeps the traces small and the run short.
+  3. profiled: one more pass, each phase under `torch.profiler` (CPU + CUDA activities), on a slice of
+     the work by default, since the profiler's cost grows with every op and kernel it records (a whole
+     256 x 512-token generate is hundreds of thousands of kernels): scoring and updates on the first
+     mini-batch's rows (an update: one optimizer step), generate with `--profile-decode-steps` new
+     tokens (32; its graph captured first, outside the profile). `--profile-rows all` and
+     `--profile-decode-steps 0` profile whole phases.
 
 Per phase it prints the top ops/kernels by self device time (the profiler's key_averages table; self
-CPU time on a CPU-only run) and a summary: device time per family (gemm, attention, elementwise/other,
-optimizer, collectives, memcpy/memset), busy time (the union of kernel intervals), the device-idle
-fraction (1 - busy / wall: launch and host overhead, syncs), the kernel count and mean kernel time, and
-the host's synchronising calls. Writes `profile_step.json` and `profile_step.txt` (the tables) to `--out`
+CPU time on a CPU-only run), on a GPU also the top ops by self CPU time (the host's share: FSDP hooks,
+dispatch), and a summary: device time per family (gemm, attention, elementwise/other, optimizer,
+collectives, memcpy/memset), busy time (the union of kernel intervals), the device-idle fraction
+(1 - busy / wall: launch and host overhead, syncs), the kernel count and mean kernel time, the host's
+synchronising calls and the aten ops dispatched. Writes `profile_step.json` and `profile_step.txt` (the tables) to `--out`
 and packs them with the gzipped chrome traces into `--out/profile_step.tgz`.
 
     python benchmarks/profile_step.py --model /tmp/qwen05b-random --profiles h200 --settings quickstart,grpo \
         --out "$OUT"
+    python benchmarks/profile_step.py --settings quickstart --phases update_critic,update_actor \
+        --variant base= --variant budget64k=actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536 --out "$OUT"
     python benchmarks/profile_step.py --tiny --profiles cpu --out /tmp/prof     # CPU smoke (~20 s)
+
+`--variant NAME=KEY=VALUE[,KEY=VALUE]` (repeatable) runs each (profile, setting) once per variant with
+those overrides on top, so one call compares plans (token budgets, checkpointing) side by side.
 
 Prompts are random tokens, left-padded, with `--prompt-tokens LO:HI` real tokens per row (default 48:128,
 GSM8K-like: its prompts are 42-217 tokens with the Qwen chat template, median 79); responses run to full
@@ -168,6 +177,9 @@ def profile_phase(fn, device, trace_path: Path, limit: int) -> tuple[dict, str]:
     sort = ("self_device_time_total" if hasattr(averages[0], "self_device_time_total") else "self_cuda_time_total") \
         if cuda else "self_cpu_time_total"
     table = averages.table(sort_by=sort, row_limit=limit, max_name_column_width=70)
+    if cuda:     # where the host's time goes too (launch-bound phases show it here, not in kernel time)
+        table += "\nhost side, by self CPU time:\n" + averages.table(
+            sort_by="self_cpu_time_total", row_limit=max(limit // 2, 5), max_name_column_width=70)
     raw = trace_path.with_suffix("")        # the .json before gzip
     prof.export_chrome_trace(str(raw))
     trace = json.loads(raw.read_text())
@@ -175,7 +187,8 @@ def profile_phase(fn, device, trace_path: Path, limit: int) -> tuple[dict, str]:
         shutil.copyfileobj(src, dst)
     raw.unlink()
     summary = device_summary(trace, wall) if cuda else host_summary(averages, wall)
-    summary.update(wall_s=round(wall, 4), top=top_ops(averages, cuda, limit))
+    summary.update(wall_s=round(wall, 4), top=top_ops(averages, cuda, limit),
+                   host_ops=sum(e.count for e in averages if e.key.startswith("aten::")))
     del trace
     if cuda:
         torch.cuda.empty_cache()
@@ -193,13 +206,23 @@ def _release() -> None:
         torch.cuda.empty_cache()
 
 
-def run_setting(profile: str, name: str, model: str, args, work: Path) -> tuple[dict, str]:
-    """Build, warm up, time and profile one (profile, setting); its JSON row and its text report."""
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """`NAME=KEY=VALUE,KEY=VALUE` (or `NAME=` for no change): a variant's name and its Hydra overrides."""
+    name, _, rest = text.partition("=")
+    if not name or not all(c.isalnum() or c in "_-" for c in name):
+        raise argparse.ArgumentTypeError(f"--variant {text!r}: expected NAME=KEY=VALUE[,KEY=VALUE...]")
+    return name, [item for item in rest.split(",") if item]
+
+
+def run_setting(profile: str, name: str, model: str, args, work: Path,
+                variant: tuple[str, list[str]] = ("base", [])) -> tuple[dict, str]:
+    """Build, warm up, time and profile one (profile, setting, variant); its JSON row and its text report."""
     import torch
 
     spec = SETTINGS[name]
     shape = spec["tiny"] if args.tiny else spec["shape"]
-    overrides = stock_overrides(shape, profile, model) + [f"{ARR}.rollout.n={spec['n']}", *spec["algo"], *args.override]
+    overrides = stock_overrides(shape, profile, model) + [f"{ARR}.rollout.n={spec['n']}", *spec["algo"], *args.override,
+                                                          *variant[1]]
     clock = time.perf_counter()
     w = build_workers(overrides)
     build_s = time.perf_counter() - clock
@@ -210,7 +233,7 @@ def run_setting(profile: str, name: str, model: str, args, work: Path) -> tuple[
     available = step.available()
     wanted = [p for p in (args.phases.split(",") if args.phases else PHASES) if p in available]
     device = w.device
-    row = {"profile": profile, "setting": name, "shape": shape, "n": spec["n"], "rows": w.rows,
+    row = {"profile": profile, "setting": name, "variant": variant[0], "shape": shape, "n": spec["n"], "rows": w.rows,
            "mini_batch_rows": w.mini_rows, "prompt_tokens": args.prompt_tokens, "overrides": overrides,
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "torch": torch.__version__, "build_s": round(build_s, 1),
@@ -232,7 +255,7 @@ def run_setting(profile: str, name: str, model: str, args, work: Path) -> tuple[
             elif phase == "generate_sequences":    # later phases need this step's batch
                 step.call(phase)
 
-    lines = [f"=== {profile} / {name}: {w.rows} rows ({shape['batch']} prompts x n={spec['n']}), "
+    lines = [f"=== {profile} / {name} / {variant[0]}: {w.rows} rows ({shape['batch']} prompts x n={spec['n']}), "
              f"{shape['prompt']}+{shape['response']} tokens, prompt tokens {args.prompt_tokens}, on {row['device']}",
              plan_line(w.plan)]
     for phase in available:
@@ -241,12 +264,17 @@ def run_setting(profile: str, name: str, model: str, args, work: Path) -> tuple[
                 step.call(phase)
             continue
         part = "the whole phase"
-        if phase in ("update_actor", "update_critic") and args.profile_update == "mini":
-            step.update_rows = w.mini_rows
-            part = f"one mini-batch ({w.mini_rows} of {w.rows} rows: one optimizer step)"
-        summary, table = profile_phase(lambda: step.call(phase), device, work / f"{profile}_{name}_{phase}.json.gz",
-                                       args.top)
-        step.update_rows = None
+        if phase == "generate_sequences" and 0 < args.profile_decode_steps < shape["response"]:
+            step.decode_steps = args.profile_decode_steps
+            step.call(phase)                   # its decode graph captured outside the profile
+            part = f"prefill + {step.decode_steps} of {shape['response']} decode steps, {w.rows} rows"
+        elif phase != "generate_sequences" and args.profile_rows == "mini" and w.mini_rows < w.rows:
+            step.rows = w.mini_rows
+            part = f"one mini-batch ({w.mini_rows} of {w.rows} rows" + (
+                ": one optimizer step)" if phase.startswith("update") else ")")
+        summary, table = profile_phase(lambda: step.call(phase), device,
+                                       work / f"{profile}_{name}_{variant[0]}_{phase}.json.gz", args.top)
+        step.rows = step.decode_steps = None
         entry = row["phases"].setdefault(phase, {})
         entry.update(wall_s=round(statistics.median(runs[phase]), 4), wall_s_runs=[round(t, 4) for t in runs[phase]],
                      profiled=dict(summary, what=part))
@@ -278,12 +306,12 @@ def format_summary(s: dict) -> str:
     idle = s["device_idle_fraction"]
     return (f"families: {fams}\nbusy {s['device_busy_s']:.3f} s of {s['wall_s']:.3f} s wall; idle "
             f"{'-' if idle is None else f'{100 * idle:.0f}%'}; {s['kernels']} kernels (mean {s['mean_kernel_us']} us); "
-            f"{s['host_syncs']} host syncs ({s['host_sync_s']:.3f} s)")
+            f"{s['host_syncs']} host syncs ({s['host_sync_s']:.3f} s); {s['host_ops']} aten ops dispatched")
 
 
 def overview(rows: list[dict]) -> str:
     """One line per (profile, setting, phase): wall, busy, idle, the two largest families."""
-    head = f"{'profile':8s} {'setting':10s} {'phase':22s} {'wall s':>7s} {'prof s':>7s} {'busy s':>7s} {'idle':>5s}  top families"
+    head = f"{'profile':8s} {'setting':10s} {'variant':10s} {'phase':22s} {'wall s':>7s} {'prof s':>7s} {'busy s':>7s} {'idle':>5s}  top families"
     lines = [head, "-" * len(head)]
     for row in rows:
         for phase, e in row["phases"].items():
@@ -293,9 +321,20 @@ def overview(rows: list[dict]) -> str:
             fams = sorted(p["families_s"].items(), key=lambda kv: -kv[1])[:2]
             idle = "-" if p["device_idle_fraction"] is None else f"{100 * p['device_idle_fraction']:.0f}%"
             mfu = "".join(f"  {k}={v:.3f}" for k, v in e.items() if k.startswith("perf/mfu"))
-            lines.append(f"{row['profile']:8s} {row['setting']:10s} {phase:22s} {e['wall_s']:7.3f} {p['wall_s']:7.3f} "
+            lines.append(f"{row['profile']:8s} {row['setting']:10s} {row.get('variant', ''):10s} {phase:22s} {e['wall_s']:7.3f} {p['wall_s']:7.3f} "
                          f"{p['device_busy_s']:7.3f} {idle:>5s}  " + ", ".join(f"{k} {v:.3f}" for k, v in fams) + mfu)
     return "\n".join(lines)
+
+
+def write_results(rows: list[dict], reports: list[str], start: float, folders) -> str:
+    """profile_step.json and .txt with the cases so far (a run stopped at its time limit keeps them)."""
+    table = overview(rows)
+    text = table + "\n\n" + "\n\n".join(reports)
+    result = {"seconds": round(time.perf_counter() - start, 1), "cases": rows}
+    for folder in folders:
+        (folder / "profile_step.txt").write_text(text)
+        (folder / "profile_step.json").write_text(json.dumps(result, indent=1))
+    return table
 
 
 def pack(out: Path, work: Path, limit_mb: float) -> list[str]:
@@ -321,14 +360,19 @@ def main(argv=None) -> int:
     ap.add_argument("--settings", default="quickstart,grpo", help=f"comma-separated: {', '.join(SETTINGS)}")
     ap.add_argument("--phases", default="", help=f"comma-separated subset of {', '.join(PHASES)} (default: all)")
     ap.add_argument("--steps", type=int, default=1, help="timed passes per phase (median reported)")
-    ap.add_argument("--profile-update", choices=("mini", "all"), default="mini",
-                    help="profile an update on its first mini-batch (default) or on the whole batch")
+    ap.add_argument("--profile-rows", choices=("mini", "all"), default="mini",
+                    help="profile scoring and updates on the first mini-batch's rows (default) or the whole batch")
+    ap.add_argument("--profile-decode-steps", type=int, default=32,
+                    help="new tokens of the profiled generate (0: the whole response length)")
     ap.add_argument("--prompt-tokens", default="48:128", help="LO:HI real prompt tokens per row, or 'full'")
     ap.add_argument("--top", type=int, default=25, help="rows of each key_averages table")
     ap.add_argument("--model", default="/tmp/qwen05b-random", help="model folder (benchmarks/build_qwen_shaped.py)")
     ap.add_argument("--tiny", action="store_true", help="the tiny test model and shapes (CPU smoke runs)")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="one more Hydra override for every case (repeatable)")
+    ap.add_argument("--variant", action="append", type=parse_variant, metavar="NAME=KEY=VALUE[,KEY=VALUE]",
+                    help="run every (profile, setting) once per variant with these extra overrides (repeatable; "
+                         "NAME= is the unchanged plan); e.g. to compare token budgets or checkpointing")
     ap.add_argument("--tgz-limit-mb", type=float, default=15.0)
     args = ap.parse_args(argv)
     out = Path(args.out or os.environ.get("OUT") or ".")
@@ -346,23 +390,20 @@ def main(argv=None) -> int:
                                          intermediate_size=128, num_heads=4, num_kv_heads=2)
         for profile in args.profiles.split(","):
             for name in args.settings.split(","):
-                try:
-                    row, report = run_setting(profile, name, model, args, work)
-                except Exception as exc:  # noqa: BLE001 - one failed case must not lose the others' results
-                    import traceback
+                for variant in args.variant or [("base", [])]:
+                    try:
+                        row, report = run_setting(profile, name, model, args, work, variant)
+                    except Exception as exc:  # noqa: BLE001 - one failed case must not lose the others' results
+                        import traceback
 
-                    row, report = {"profile": profile, "setting": name, "error": repr(exc), "phases": {}}, \
-                        f"=== {profile} / {name}: FAILED\n{traceback.format_exc()}"
-                rows.append(row)
-                reports.append(report)
-                _release()
-                print(report, flush=True)
-        table = overview(rows)
-        text = table + "\n\n" + "\n\n".join(reports)
-        result = {"seconds": round(time.perf_counter() - start, 1), "cases": rows}
-        for folder in (work, out):
-            (folder / "profile_step.txt").write_text(text)
-            (folder / "profile_step.json").write_text(json.dumps(result, indent=1))
+                        row, report = ({"profile": profile, "setting": name, "variant": variant[0], "error": repr(exc),
+                                        "phases": {}},
+                                       f"=== {profile} / {name} / {variant[0]}: FAILED\n{traceback.format_exc()}")
+                    rows.append(row)
+                    reports.append(report)
+                    print(report, flush=True)
+                    _release()
+                    table = write_results(rows, reports, start, (work, out))   # each case as it ends
         left_out = pack(out, work, args.tgz_limit_mb)
     print("\n" + table)
     if left_out:

@@ -156,12 +156,16 @@ PHASES = ("generate_sequences", "compute_log_prob", "compute_ref_log_prob", "com
 @dataclass
 class StepPhases:
     """One step's phases on the workers, each a no-argument call; each phase feeds the next (the batch
-    generated is the one scored and trained on). `update_rows` limits the updates to the first rows
-    of the batch (e.g. one mini-batch); None trains on all of it."""
+    generated is the one scored and trained on).
+
+    For a cheaper look at a phase (the profiler's traces grow with every op): `rows` runs scoring and
+    updates on the first rows of the batch only (e.g. one mini-batch) and `decode_steps` generates that
+    many new tokens; those calls leave the step's batch as it is."""
     w: Workers
     prompt: int
     real_prompt: tuple[int, int] | None = None
-    update_rows: int | None = None
+    rows: int | None = None
+    decode_steps: int | None = None
     seed: int = 3
     batch: Any = field(default=None, init=False)
     metrics: dict = field(default_factory=dict, init=False)     # each phase's last meta_info["metrics"]
@@ -177,26 +181,32 @@ class StepPhases:
         self.metrics[phase] = dict(out.meta_info.get("metrics") or {})
 
     def generate_sequences(self):
-        self.batch = self.w.actor.generate_sequences(
-            prompts(self.w.rows, self.prompt, self.w.vocab, seed=self.seed, real=self.real_prompt))
+        p = prompts(self.w.rows, self.prompt, self.w.vocab, seed=self.seed, real=self.real_prompt)
+        if self.decode_steps is not None:
+            p.meta_info["response_length"] = self.decode_steps
+            return self.w.actor.generate_sequences(p)
+        self.batch = self.w.actor.generate_sequences(p)
         return self.batch
 
-    def _score(self, out, key: str):
+    def _score(self, method, key: str):
+        if self.rows is not None:
+            return method(self.batch[: self.rows])
+        out = method(self.batch)
         self.batch.batch.update({key: out.batch[key]})
         return out
 
     def compute_log_prob(self):
-        return self._score(self.w.actor.compute_log_prob(self.batch), "old_log_probs")
+        return self._score(self.w.actor.compute_log_prob, "old_log_probs")
 
     def compute_ref_log_prob(self):
-        return self._score(self.w.actor.compute_ref_log_prob(self.batch), "ref_log_prob")
+        return self._score(self.w.actor.compute_ref_log_prob, "ref_log_prob")
 
     def compute_values(self):
-        return self._score(self.w.critic.compute_values(self.batch), "values")
+        return self._score(self.w.critic.compute_values, "values")
 
     def _update_batch(self):
         batch = training_fields(self.batch, seed=self.seed + 1)
-        return batch if self.update_rows is None else batch[: self.update_rows]
+        return batch if self.rows is None else batch[: self.rows]
 
     def update_critic(self):
         return self.w.critic.update_critic(self._update_batch())

@@ -249,3 +249,73 @@ def test_lr_schedules():
     cos = lrs(lambda o: F.get_cosine_schedule_with_warmup(o, 2, 6, min_lr_ratio=0.1), 7)
     ref = [0.0, 0.5] + [0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - 2) / 4)) for s in range(2, 7)]
     assert cos == pytest.approx(ref)
+
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logprob_backward_at_qwen_vocab_equals_the_softmax_formula(monkeypatch, dtype):
+    """At Qwen's vocabulary width (151,936), several chunks forced: the log-prob's backward (softmax
+    rebuilt in place in one float32 buffer, cast as it is written) equals the plain float32 formula
+    g * (1[j=label] - exp(x - lse)) cast to the input dtype (to float32 rounding), and the float64
+    gradient to the input dtype's rounding."""
+    monkeypatch.setattr(F, "_ROWS_PER_CHUNK", 3)                         # 7 rows: three chunks, one short
+    vocab = 151_936
+    base = (_rand(7, vocab, seed=21) * 6).to(dtype)
+    labels = torch.randint(0, vocab, (7,), generator=torch.Generator().manual_seed(22))
+    weights = _rand(7, seed=23) * 3
+    x = base.clone().requires_grad_(True)
+    (F.logprobs_from_logits(x, labels) * weights).sum().backward()
+    assert x.grad.dtype == dtype
+
+    x32 = base.float()
+    lse = torch.logsumexp(x32, dim=-1, keepdim=True)
+    g = -torch.exp(x32 - lse) * weights.unsqueeze(-1)
+    g.scatter_add_(-1, labels.unsqueeze(-1), weights.unsqueeze(-1))
+    # float32: two roundings (CPU exp kernels may round a last bit differently in place); bfloat16: the
+    # same after the cast but where a float32 ulp straddles a bfloat16 rounding boundary
+    tol = 2 ** -22 if dtype == torch.float32 else 2 ** -8
+    torch.testing.assert_close(x.grad, g.to(dtype), rtol=tol, atol=0)
+    if dtype == torch.bfloat16:
+        assert (x.grad != g.to(dtype)).float().mean() < 1e-4
+
+    x64 = base.double()
+    lse64 = torch.logsumexp(x64, dim=-1, keepdim=True)
+    ref = weights.double().unsqueeze(-1) * (torch.nn.functional.one_hot(labels, vocab).double() - torch.exp(x64 - lse64))
+    rel = 1e-5 if dtype == torch.float32 else 2 ** -8
+    torch.testing.assert_close(x.grad.double(), ref, rtol=rel, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("entropy", [False, True])
+def test_chunked_logprob_scratch_is_two_float32_chunks(monkeypatch, dtype, entropy):
+    """The memory model (verl/compat/memory.py, `_logits_bytes`) counts two float32 chunks of scratch
+    for the log-prob pass and for its backward; the bytes of every tensor storage created (a
+    storage-counting dispatch mode, as benchmarks/memory_model.py measures phases on CPU) stay there."""
+    import gc
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "memory_benchmark", Path(__file__).resolve().parents[2] / "benchmarks" / "memory_model.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows_per_chunk, vocab = 16, 20_000
+    monkeypatch.setattr(F, "_ROWS_PER_CHUNK", rows_per_chunk)
+    chunk = rows_per_chunk * vocab * 4
+    x = (_rand(64, vocab, seed=31) * 5).to(dtype).requires_grad_(True)
+    labels = torch.randint(0, vocab, (64,), generator=torch.Generator().manual_seed(32))
+    resident = {x.untyped_storage().data_ptr()}
+    fwd = bench._live_bytes_mode(resident)
+    gc.disable()
+    try:
+        with fwd:
+            out = F.logprobs_and_entropy(x, labels) if entropy else (F.logprobs_from_logits(x, labels),)
+        loss = sum((o * (i + 1)).sum() for i, o in enumerate(out))
+        bwd = bench._live_bytes_mode(resident)
+        with bwd:
+            loss.backward()
+    finally:
+        gc.enable()
+    grad = x.numel() * x.element_size()
+    assert fwd.peak <= 2 * chunk + 64 * 1024, fwd.peak / chunk
+    assert bwd.peak - grad <= 2 * chunk + 64 * 1024, (bwd.peak - grad) / chunk

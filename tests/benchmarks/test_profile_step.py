@@ -14,13 +14,19 @@ _spec.loader.exec_module(ps)
 
 
 def test_cpu_smoke_profiles_every_phase(tmp_path, capsys):
-    """PPO with the KL penalty in the reward runs all six phases (critic and reference policy both)."""
+    """PPO with the KL penalty in the reward runs all six phases (critic and reference policy both); a
+    variant's overrides reach the plan."""
     rc = ps.main(["--tiny", "--profiles", "cpu", "--settings", "quickstart", "--override",
-                  "algorithm.use_kl_in_reward=True", "--out", str(tmp_path)])
+                  "algorithm.use_kl_in_reward=True", "--variant",
+                  "ckpt=actor_rollout_ref.model.enable_gradient_checkpointing=True", "--profile-decode-steps", "4",
+                  "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0, out
     report = json.loads((tmp_path / "profile_step.json").read_text())
     (case,) = report["cases"]
+    assert case["variant"] == "ckpt" and case["plan"]["actor"]["gradient_checkpointing"] is True
+    assert case["plan"]["reasons"]["actor.gradient_checkpointing"] == "set by the user"
+    assert case["plan"]["critic"]["gradient_checkpointing"] is False          # left to the fit: it fits without
     assert set(case["phases"]) == set(ps.PHASES)
     for phase, entry in case["phases"].items():
         prof = entry["profiled"]
@@ -28,12 +34,14 @@ def test_cpu_smoke_profiles_every_phase(tmp_path, capsys):
         assert set(prof["families_s"]) == set(ps.FAMILIES)
         assert prof["families_s"]["gemm"] > 0 and sum(prof["families_s"].values()) == pytest.approx(
             prof["device_busy_s"], abs=1e-3), phase
-        assert 0 <= prof["device_idle_fraction"] < 1 and prof["top"], phase
-    # the updates were profiled on one mini-batch: 2 of the 4 rows
-    assert "2 of 4 rows" in case["phases"]["update_actor"]["profiled"]["what"]
+        assert 0 <= prof["device_idle_fraction"] < 1 and prof["top"] and prof["host_ops"] > 0, phase
+    # scoring and updates were profiled on one mini-batch (2 of the 4 rows), generate on 4 of 8 new tokens
+    assert "2 of 4 rows: one optimizer step" in case["phases"]["update_actor"]["profiled"]["what"]
+    assert "2 of 4 rows" in case["phases"]["compute_values"]["profiled"]["what"]
+    assert "4 of 8 decode steps" in case["phases"]["generate_sequences"]["profiled"]["what"]
     with tarfile.open(tmp_path / "profile_step.tgz") as tar:
         names = set(tar.getnames())
-    assert {f"profile_step/cpu_quickstart_{p}.json.gz" for p in ps.PHASES} <= names
+    assert {f"profile_step/cpu_quickstart_ckpt_{p}.json.gz" for p in ps.PHASES} <= names
     assert "profile_step/profile_step.json" in names and "profile_step/profile_step.txt" in names
     assert "update_actor" in out and "families: gemm" in out
 
@@ -56,3 +64,10 @@ def test_device_summary_from_a_trace():
     assert s["device_busy_s"] == pytest.approx(250e-6)        # 0-150, 300-320, 400-430, 500-540, 600-610
     assert s["device_idle_fraction"] == pytest.approx(0.75)
     assert s["kernels"] == 5 and s["host_syncs"] == 1 and s["host_sync_s"] == pytest.approx(15e-6)
+
+
+def test_variant_argument():
+    assert ps.parse_variant("base=") == ("base", [])
+    assert ps.parse_variant("big=a.b=1,c.d=x=y") == ("big", ["a.b=1", "c.d=x=y"])
+    with pytest.raises(Exception, match="expected NAME"):
+        ps.parse_variant("a.b=1")

@@ -68,7 +68,9 @@ class _TokenLogProb(torch.autograd.Function):
 
     Autograd through a plain `logits.float().log_softmax()` keeps a float32 copy of the whole
     (tokens, vocab) tensor alive until backward. Here only the input logits (already held by the
-    model's graph) and one log-sum-exp per row are saved; the softmax is recomputed in chunks.
+    model's graph) and one log-sum-exp per row are saved; the softmax is recomputed in chunks, in
+    place in one float32 buffer per chunk (the update's backward runs this over every response
+    token and the whole vocabulary, so its memory passes count).
     """
 
     @staticmethod
@@ -87,12 +89,15 @@ class _TokenLogProb(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor):
         logits, labels, lse = ctx.saved_tensors
         grad = torch.empty_like(logits)
+        minus_one = torch.full((1, 1), -1.0, dtype=torch.float32, device=logits.device)
         for start in range(0, logits.shape[0], _ROWS_PER_CHUNK):
             rows = slice(start, start + _ROWS_PER_CHUNK)
-            g = torch.exp(logits[rows].float() - lse[rows].unsqueeze(-1))   # softmax, then in place to -p * grad
-            g.mul_(-grad_out[rows].unsqueeze(-1))
-            g.scatter_add_(-1, labels[rows].unsqueeze(-1), grad_out[rows].unsqueeze(-1).float())
-            grad[rows] = g.to(logits.dtype)
+            # g * (1[j=label] - p_j) = (p_j - 1[j=label]) * (-g): one float32 buffer (a copy even for
+            # float32 logits, which stay saved) turned into p in place, the result cast as it is written
+            p = logits[rows].to(torch.float32, copy=True).sub_(lse[rows].unsqueeze(-1)).exp_()
+            label = labels[rows].unsqueeze(-1)
+            p.scatter_add_(-1, label, minus_one.expand(label.shape))
+            torch.mul(p, grad_out[rows].float().neg().unsqueeze(-1), out=grad[rows])
         return grad, None
 
 
@@ -123,10 +128,10 @@ def entropy_chunk_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     a compiled copy of it to `entropy_from_logits` / `logprobs_and_entropy`.
     """
     top = x.amax(dim=-1, keepdim=True)
-    weights = torch.exp(x - top)
+    weights = torch.sub(x, top).exp_()            # one (rows, vocab) buffer, reused for p * x below
     total = weights.sum(dim=-1)
     lse = top.squeeze(-1) + torch.log(total)
-    return lse, (weights * x).sum(dim=-1) / total
+    return lse, weights.mul_(x).sum(dim=-1) / total
 
 
 class _TokenLogProbEntropy(torch.autograd.Function):
@@ -156,14 +161,15 @@ class _TokenLogProbEntropy(torch.autograd.Function):
         grad = torch.empty_like(logits)
         for start in range(0, logits.shape[0], _ROWS_PER_CHUNK):
             rows = slice(start, start + _ROWS_PER_CHUNK)
-            x = logits[rows].float()
             g_lp, g_ent = grad_logp[rows].unsqueeze(-1), grad_entropy[rows].unsqueeze(-1)
-            # -p * (g_lp + g_ent * (x - mean)), built in place in one fresh (rows, vocab) buffer
-            g = x - mean[rows].unsqueeze(-1)
-            g.mul_(-g_ent).sub_(g_lp)
-            g.mul_(torch.exp(x - lse[rows].unsqueeze(-1)))
+            # -p * (g_lp + g_ent * (x - mean)) in two float32 buffers: p, and g built in place over a
+            # copy of x (a copy even for float32 logits, which stay saved)
+            g = logits[rows].to(torch.float32, copy=True)
+            p = torch.sub(g, lse[rows].unsqueeze(-1)).exp_()
+            g.sub_(mean[rows].unsqueeze(-1)).mul_(-g_ent).sub_(g_lp).mul_(p)
+            del p
             g.scatter_add_(-1, labels[rows].unsqueeze(-1), g_lp.float())
-            grad[rows] = g.to(logits.dtype)
+            grad[rows].copy_(g)                                   # cast to the logits' dtype as it is written
         return grad, None, None
 
 
