@@ -49,6 +49,8 @@ SETTINGS = {
     "quickstart": dict(batch=256, mini=64, micro=4, log_prob_micro=8, ref_micro=4, prompt=512, response=512),
     # the GPU matrix's shape (benchmarks/gpu_matrix.sh)
     "matrix": dict(batch=8, mini=8, micro=4, log_prob_micro=8, ref_micro=8, prompt=256, response=128),
+    # CPU check of the formulas on a reduced Qwen shape (build_qwen_shaped.py --layers 2): real vocabulary
+    "qwen_cpu": dict(batch=2, mini=2, micro=1, log_prob_micro=2, ref_micro=2, prompt=128, response=32),
     # CPU smoke and tests: the tiny model
     "tiny": dict(batch=2, mini=2, micro=1, log_prob_micro=2, ref_micro=2, prompt=16, response=4),
 }
