@@ -286,14 +286,15 @@ def test_room_and_resident_during_rollout():
 
 def test_generation_gathers_the_whole_actor_in_its_gather_dtype():
     """The actor worker unshards the whole FSDP2 model to generate: a full copy next to the shards,
-    in the compute dtype when it casts on gather (bfloat16), else in float32 plus autocast's cast
-    copy (float16 compute, whose numerics guard may fall back at run time)."""
+    in the compute dtype when it casts on gather (bfloat16), else in float32 plus autocast's cast of
+    the output projection (float16 compute, whose numerics guard may fall back at run time)."""
     p = QWEN05.num_params
     bf16 = estimate(role()).phases["rollout"].terms
     assert bf16["rollout.gathered weights"] == pytest.approx(p * 2 / GiB) and bf16["rollout.weights"] == 0
     fp16 = estimate(role(compute="float16"), rollout=dataclasses.replace(HF, dtype="float16")).phases["rollout"].terms
     assert fp16["rollout.gathered weights"] == pytest.approx(p * 4 / GiB)
-    assert fp16["rollout.weights"] == pytest.approx(p * 2 / GiB)         # tied embeddings: all weights cast
+    # autocast without its weight cache: one weight cast at a time, the output projection the largest
+    assert fp16["rollout.weights"] == pytest.approx(QWEN05.vocab_size * QWEN05.hidden_size * 2 / GiB)
     fp32 = estimate(role(compute="float32"), rollout=dataclasses.replace(HF, dtype="float32")).phases["rollout"].terms
     assert fp32["rollout.gathered weights"] == pytest.approx(p * 4 / GiB) and fp32["rollout.weights"] == 0
 
@@ -340,3 +341,39 @@ def test_plan_peak_covers_validation_on_the_field_report():
                       SoftwareInfo(torch_version=torch.__version__), QWEN05)
     assert small.memory["phases_total"]["validation"]["total_gb"] < plan.memory["phases_total"]["validation"]["total_gb"]
     assert small.predicted_peak_gb < plan.predicted_peak_gb
+
+
+def test_builtin_engine_under_autocast_casts_one_weight_at_a_time():
+    """The built-in engine on float32 weights computing in bfloat16 (what a guarded float16 actor
+    does on a GPU; CPU autocast takes bfloat16): autocast runs without its weight cache, so generating
+    allocates the output projection's cast once, not a cast copy of every weight. Measured on the
+    real engine with the storage counter; the plan's generation terms within 25%."""
+    import types
+
+    from omegaconf import OmegaConf
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from verl.compat import memory
+    from verl.protocol import DataProto
+    from verl.workers.rollout import HFRollout
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=8192, hidden_size=128, intermediate_size=512, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(cfg).float().eval()
+    spec = ModelSpec.from_hf_config(cfg.to_dict())
+    rollout_plan = dataclasses.replace(HF, dtype="bfloat16")
+    engine = HFRollout(model, OmegaConf.create({"response_length": 4, "ignore_eos": True, "do_sample": False}),
+                       plan=types.SimpleNamespace(rollout=rollout_plan))
+    ids = torch.randint(1, 8192, (1, 64))
+    prompts = DataProto.from_dict({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                                   "position_ids": torch.arange(64)[None]}, meta_info={"eos_token_id": 0})
+    start, peak = bench.measure(lambda: engine.generate_sequences(prompts), torch.device("cpu"), [model])
+    measured = (peak - start) * GiB
+
+    actor = role(compute="float16")                   # float32 master weights, not cast on gather
+    weights = memory._generation_weights(spec, memory._Role("actor", actor, spec.num_params, True), rollout_plan)
+    predicted = weights["rollout.weights"] + memory.generation_bytes_per_sequence(spec, actor, rollout_plan, 64, 4)
+    assert weights["rollout.weights"] == spec.vocab_size * spec.hidden_size * 2
+    assert measured == pytest.approx(predicted, rel=0.25)
+    assert measured < 0.75 * spec.num_params * 2      # a cached cast of every weight would be more

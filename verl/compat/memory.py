@@ -221,13 +221,13 @@ def _builtin_rollout(m: ModelSpec, actor: _Role, wl: Workload, rollout: RolloutP
 
 
 def _generation_weights(m: ModelSpec, actor: _Role, rollout: RolloutPlan) -> dict[str, float]:
-    """The whole actor unsharded in its gather dtype (`fsdp_utils.full_params`), plus autocast's cast
-    copies when the engine computes in another dtype (they are cached for the whole generate call)."""
+    """The whole actor unsharded in its gather dtype (`fsdp_utils.full_params`), plus, when the
+    engine computes in another dtype, autocast's cast of the largest weight: the engine runs
+    autocast without its weight cache (a recorded CUDA graph must recast on every replay), so each
+    matmul casts its weight for that op only, and the output projection (vocab x hidden) is the
+    largest (measured on CPU, bfloat16 over float32 weights: one such copy, not the whole model)."""
     gather = gather_dtype(actor.plan)
-    cast = 0.0
-    if gather != rollout.dtype:
-        embedding = m.vocab_size * m.hidden_size if not m.tie_word_embeddings else 0
-        cast = (actor.params - embedding) * BYTES[rollout.dtype]
+    cast = m.vocab_size * m.hidden_size * BYTES[rollout.dtype] if gather != rollout.dtype else 0.0
     return {"rollout.gathered weights": actor.params * BYTES[gather], "rollout.weights": cast}
 
 
