@@ -377,3 +377,17 @@ def test_builtin_engine_under_autocast_casts_one_weight_at_a_time():
     assert weights["rollout.weights"] == spec.vocab_size * spec.hidden_size * 2
     assert measured == pytest.approx(predicted, rel=0.25)
     assert measured < 0.75 * spec.num_params * 2      # a cached cast of every weight would be more
+
+
+def test_prefill_transients_follow_the_weights_the_engine_computes_with():
+    """The prefill formula was measured with float32 weights under bfloat16 autocast (4H*4 + 3I*2 + 4I
+    per prompt token). A plan that casts on gather generates with bfloat16 weights and no autocast:
+    4H*2 + 3I*2. A guarded float16 actor (float32 gathered, autocast) keeps the autocast form."""
+    from verl.compat.memory import _generation_terms
+
+    m, bf16, fp16 = QWEN05, dataclasses.replace(HF, dtype="bfloat16"), dataclasses.replace(HF, dtype="float16")
+    h, i = m.hidden_size, m.intermediate_size
+    cast_on_gather = _generation_terms(m, role(), bf16, 256, 128)[0]["rollout.prefill"]
+    assert role().cast_on_gather and cast_on_gather == 256 * (4 * h * 2 + 3 * i * 2)
+    guarded = _generation_terms(m, role(compute="float16"), fp16, 256, 128)[0]["rollout.prefill"]
+    assert not role(compute="float16").cast_on_gather and guarded == 256 * (4 * h * 4 + 3 * i * 2 + 4 * i)

@@ -183,13 +183,16 @@ def _generation_terms(m: ModelSpec, actor: RolePlan, rollout: RolloutPlan, promp
     transients over the prompt) and the end of decoding (full KV, float32 sampling over the last
     position's logits).
 
-    Prefill transients per token (measured on an H200): 4H*r + 3I*c, plus 4I under autocast,
-    with r the residual width (float32 when the weights are) and c the rollout dtype."""
+    Prefill transients per token (measured on an H200, float32 weights under bfloat16 autocast):
+    4H*r + 3I*c, plus 4I under autocast, with c the rollout dtype and r the residual width: that of
+    the weights the engine computes with, the gathered ones (`gather_dtype`), so a plan that casts
+    on gather generates in the rollout dtype without autocast (r = c)."""
     c = BYTES[rollout.dtype]
-    r = max(c, BYTES[actor.param_dtype])
+    weights = gather_dtype(actor)
+    r = max(c, BYTES[weights])
     h, inter = m.hidden_size, m.intermediate_size
     kv_per_token = 2 * m.num_layers * m.num_kv_heads * m.head_dim * c
-    autocast = rollout.dtype != actor.param_dtype
+    autocast = rollout.dtype != weights
     per_token = 4 * h * r + 3 * inter * c + (4 * inter if autocast else 0)
     if rollout.attn_implementation == "eager":
         per_token += m.num_heads * prompt_length * (4 + c)
