@@ -39,7 +39,6 @@ next to its shards for the phase, on one device too (FSDP2 copies even at world 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from verl.compat.model_spec import ModelSpec
@@ -293,7 +292,7 @@ def _compute_copy(m: ModelSpec, role: _Role, dtype: str) -> float:
 
 def _tokens(plan: RolePlan, wl: Workload, role: str, forward: bool) -> tuple[int, int, int]:
     """(tokens, response tokens, sequences) in the largest micro-batch of this role: its size, or
-    the balanced share of full-length sequences its token budget splits the batch into, never more than the
+    as many full-length sequences as its token budget holds, but never more sequences than the
     role is handed at once (`Workload.sequences_seen`). Full length (prompt + response) is the
     worst case of both splitters: the padded one trims each micro-batch to its longest prompt and
     response, the packed one counts real tokens."""
@@ -306,9 +305,7 @@ def _tokens(plan: RolePlan, wl: Workload, role: str, forward: bool) -> tuple[int
         rows = min(mbs, seen)
         return rows * seq_len, rows * response_len, rows
     budget = (plan.forward_max_token_len_per_gpu if forward else None) or plan.max_token_len_per_gpu or seq_len
-    # the splitter (seqlen_balancing.rearrange_micro_batches) makes ceil(total / budget) balanced parts
-    parts = max(math.ceil(seen * seq_len / max(budget, seq_len)), 1)
-    rows = math.ceil(seen / parts)
+    rows = min(max(budget // seq_len, 1), seen)
     return rows * seq_len, rows * response_len, rows
 
 
@@ -390,21 +387,16 @@ def _forward_phase(s: _Step, name: str) -> dict[str, float]:
 def _update_phase(s: _Step, name: str) -> dict[str, float]:
     """Forward + backward + optimizer step of a trained role, at the largest of three candidate
     peaks: end of forward / start of backward, end of backward, the optimizer step. Gradients
-    exist from the first backward of a mini-batch to its optimizer step (which frees them), so
-    the end of forward holds them only when the mini-batch takes more than one micro-batch."""
+    exist from the first backward of a mini-batch to its optimizer step (which frees them): the
+    first micro-batch (the largest: token-budgeted splits take the longest rows first) reaches the
+    end of its forward without them, the later ones (at most the rows left) with them."""
     role, spec, ws = s.roles[name], s.spec(name), s.wl.world_size
     terms = s.idle(name)
     terms.update(s.on_device(role, optimizer=not role.plan.optimizer_offload))
     tokens, resp, rows = _tokens(role.plan, s.wl, name, forward=False)
     grads = role.grads(ws)
-    accumulating = rows < s.wl.sequences_seen(name, forward=False)
-    fwd_bwd = {f"{name}.grads": grads if accumulating else 0.0,
-               f"{name}.compute_copy": _compute_copy(spec, role, role.plan.compute_dtype)}
-    fwd_bwd.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=True))
-    if name == "critic":
-        fwd_bwd["values"] = tokens * spec.hidden_size * 4 * 2
-    else:
-        fwd_bwd["logits"] = _logits_bytes(spec, resp, role.plan.compute_dtype, backward=True)
+    later = min(rows, s.wl.sequences_seen(name, forward=False) - rows)
+    forwards = [_forward_end(s, name, rows, 0.0)] + ([_forward_end(s, name, later, grads)] if later > 0 else [])
     # the root unit stays gathered until its gradients are reduced, at the very end of backward
     bwd_end = {f"{name}.grads": grads,
                f"{name}.compute_copy": _root_unit(spec, role) * BYTES[gather_dtype(role.plan)],
@@ -412,7 +404,21 @@ def _update_phase(s: _Step, name: str) -> dict[str, float]:
     step = {f"{name}.grads": grads, "optimizer step": ADAM_STEP_SCRATCH * role.params * 4 / ws}
     if role.plan.optimizer_offload:
         step[f"{name}.optimizer"] = role.optimizer(ws)
-    terms.update(max((fwd_bwd, bwd_end, step), key=lambda t: sum(t.values())))
+    terms.update(max((*forwards, bwd_end, step), key=lambda t: sum(t.values())))
+    return terms
+
+
+def _forward_end(s: _Step, name: str, rows: int, grads: float) -> dict[str, float]:
+    """The end of a training forward over `rows` full-length sequences (`grads`: bytes of gradients
+    already accumulated by earlier micro-batches of the mini-batch)."""
+    role, spec = s.roles[name], s.spec(name)
+    tokens, resp = rows * s.wl.seq_len, rows * s.wl.response_length
+    terms = {f"{name}.grads": grads, f"{name}.compute_copy": _compute_copy(spec, role, role.plan.compute_dtype)}
+    terms.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=True))
+    if name == "critic":
+        terms["values"] = tokens * spec.hidden_size * 4 * 2
+    else:
+        terms["logits"] = _logits_bytes(spec, resp, role.plan.compute_dtype, backward=True)
     return terms
 
 
