@@ -393,3 +393,46 @@ def test_prefill_transients_follow_the_weights_the_engine_computes_with():
     assert role().cast_on_gather and cast_on_gather == 256 * (4 * h * 2 + 3 * i * 2)
     guarded = _generation_terms(m, role(compute="float16"), fp16, 256, 128)[0]["rollout.prefill"]
     assert not role(compute="float16").cast_on_gather and guarded == 256 * (4 * h * 4 + 3 * i * 2 + 4 * i)
+
+
+def test_autocast_caches_the_casts_of_trained_weights_only():
+    """torch's autocast caches the cast of a leaf weight that requires grad (in grad mode or not), and
+    casts a frozen weight op by op: measured here with the storage counter. So under float16 autocast
+    over float32 weights (a guarded t4/v100 plan) the actor's forward holds a cast copy of its weights,
+    the frozen reference's only the largest weight's cast (the output projection)."""
+    from verl.compat import memory
+
+    def transient(requires_grad):
+        layers = torch.nn.Sequential(*[torch.nn.Linear(256, 256, bias=False) for _ in range(8)])
+        layers.requires_grad_(requires_grad)
+        x = torch.randn(2, 256)
+
+        def forward():
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+                layers(x)
+        start, peak = bench.measure(forward, torch.device("cpu"), [layers])
+        return (peak - start) * GiB
+
+    one_weight = 256 * 256 * 2
+    assert transient(True) >= 8 * one_weight and transient(False) < 2 * one_weight
+
+    guarded = role(compute="float16")
+    actor = memory._Role("actor", guarded, QWEN05.num_params, True)
+    ref = memory._Role("ref", guarded, QWEN05.num_params, False)
+    vh = QWEN05.vocab_size * QWEN05.hidden_size
+    cached = memory._compute_copy(QWEN05, actor, "float16") - memory._compute_copy(QWEN05, ref, "float16")
+    assert cached == pytest.approx((QWEN05.num_params - vh) * 2)
+
+
+def test_few_wide_layers_and_a_small_vocabulary_peak_inside_backward():
+    """The test model of `test_real_workers_every_phase_within_tolerance` (2 layers, vocab 512): each layer
+    is half the model, so a layer's backward (its unsharded gradients and FSDP2's flat copy of them,
+    next to the gathered units) is the update's peak, not the vocabulary-sized end of backward."""
+    small = ModelSpec.from_hf_config({"model_type": "qwen2", "hidden_size": 256, "intermediate_size": 1024,
+                                      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                      "vocab_size": 512, "tie_word_embeddings": True})
+    fp32 = role(compute="float32")
+    terms = estimate_memory(small, Workload(16, 4, 2), fp32, HF, device_memory_gb=8).phases["actor_update"].terms
+    per_layer = (small.num_params - 512 * 256) / 2
+    assert terms["layer grads (backward)"] == pytest.approx(2 * per_layer * 4 / GiB)
+    assert terms["actor.grads"] == pytest.approx(small.num_params * 4 / GiB)

@@ -26,8 +26,9 @@ A micro-batch holds its configured size, or as many full-length sequences as its
 (`use_dynamic_bsz`) holds, but never more than its role is handed at once: an update one
 mini-batch (`ppo_mini_batch_size` x `rollout.n` / world size sequences), a forward (log-probs,
 values) the device's whole rollout batch. An update peaks at the largest of: the end of forward
-(gathered units, activations, logits), the end of backward (the root unit, still gathered, and
-the vocabulary-sized gradients), and the optimizer step.
+(gathered units, activations, logits), a layer's backward (its unsharded gradients and the flat
+copy FSDP2 reduces from), the end of backward (the root unit, still gathered, and the
+vocabulary-sized gradients), and the optimizer step.
 
 The built-in rollout engine generates `rollout.micro_batch_size` sequences at a time. Its memory
 is linear in that count (`generation_bytes_per_sequence`), so a generation phase is predicted for
@@ -277,14 +278,18 @@ def _root_unit(m: ModelSpec, role: _Role) -> int:
 def _compute_copy(m: ModelSpec, role: _Role, dtype: str) -> float:
     """Weights materialised for compute: the FSDP2 all-gathered units (root plus two prefetched
     layers) in the gather dtype, at every world size (FSDP2 copies on one device too); plus
-    autocast's cast copy of the (unsharded) weights when they are gathered in another dtype than
-    `dtype` (autocast caches the casts of leaf weights for the whole forward)."""
+    autocast's casts when the weights are gathered in another dtype than `dtype`. Autocast caches
+    the cast of a leaf weight that requires grad for the whole forward: a trained role holds a cast
+    copy of its weights; a frozen one (the reference) casts op by op, the output projection the
+    largest at once."""
     gather = gather_dtype(role.plan)
     root = _root_unit(m, role)
     per_layer = (role.params - root) / m.num_layers
     units = (root + 2 * per_layer) * BYTES[gather]
     if gather == dtype:
         return units
+    if not role.trainable:
+        return units + m.vocab_size * m.hidden_size * BYTES[dtype]
     embedding = m.vocab_size * m.hidden_size
     casted = role.params - (embedding if (role.name == "critic" or not m.tie_word_embeddings) else 0)
     return units + casted * BYTES[dtype]
@@ -385,11 +390,11 @@ def _forward_phase(s: _Step, name: str) -> dict[str, float]:
 
 
 def _update_phase(s: _Step, name: str) -> dict[str, float]:
-    """Forward + backward + optimizer step of a trained role, at the largest of three candidate
-    peaks: end of forward / start of backward, end of backward, the optimizer step. Gradients
-    exist from the first backward of a mini-batch to its optimizer step (which frees them): the
-    first micro-batch (the largest: token-budgeted splits take the longest rows first) reaches the
-    end of its forward without them, the later ones (at most the rows left) with them."""
+    """Forward + backward + optimizer step of a trained role, at the largest of its candidate peaks:
+    the end of a forward / start of backward, a layer's backward, the end of backward, the optimizer
+    step. Gradients exist from the first backward of a mini-batch to its optimizer step (which frees
+    them): the first micro-batch (the largest: token-budgeted splits take the longest rows first)
+    reaches the end of its forward without them, the later ones (at most the rows left) with them."""
     role, spec, ws = s.roles[name], s.spec(name), s.wl.world_size
     terms = s.idle(name)
     terms.update(s.on_device(role, optimizer=not role.plan.optimizer_offload))
@@ -397,6 +402,11 @@ def _update_phase(s: _Step, name: str) -> dict[str, float]:
     grads = role.grads(ws)
     later = min(rows, s.wl.sequences_seen(name, forward=False) - rows)
     forwards = [_forward_end(s, name, rows, 0.0)] + ([_forward_end(s, name, later, grads)] if later > 0 else [])
+    # mid-backward: a layer unit's gradients, unsharded and in the flat copy FSDP2 reduces from, next
+    # to the gathered units (what bounds a model of few wide layers and a small vocabulary)
+    per_layer = (role.params - _root_unit(spec, role)) / spec.num_layers
+    layer_bwd = {f"{name}.grads": grads, f"{name}.compute_copy": forwards[0][f"{name}.compute_copy"],
+                 "layer grads (backward)": 2 * per_layer * BYTES[role.plan.param_dtype]}
     # the root unit stays gathered until its gradients are reduced, at the very end of backward
     bwd_end = {f"{name}.grads": grads,
                f"{name}.compute_copy": _root_unit(spec, role) * BYTES[gather_dtype(role.plan)],
@@ -404,7 +414,7 @@ def _update_phase(s: _Step, name: str) -> dict[str, float]:
     step = {f"{name}.grads": grads, "optimizer step": ADAM_STEP_SCRATCH * role.params * 4 / ws}
     if role.plan.optimizer_offload:
         step[f"{name}.optimizer"] = role.optimizer(ws)
-    terms.update(max((*forwards, bwd_end, step), key=lambda t: sum(t.values())))
+    terms.update(max((*forwards, layer_bwd, bwd_end, step), key=lambda t: sum(t.values())))
     return terms
 
 
