@@ -4,6 +4,9 @@ No weights can be downloaded here, so the GPU benchmarks train this stand-in: th
 shapes give realistic token counts and memory, while rewards on GSM8K stay near 0 (random weights).
 
     python benchmarks/build_qwen_shaped.py OUT_DIR --tokenizer ../shared/data/qwen-tokenizer [--layers 24]
+
+`--layers 2 --hidden 64` gives a CPU-sized model with the same vocabulary and tokenizer (the cold-start
+benchmark uses it on CPU: start-up work that scales with the vocabulary or the data stays realistic).
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ def main() -> None:
     parser.add_argument("out_dir")
     parser.add_argument("--tokenizer", required=True, help="folder with tokenizer.json + tokenizer_config.json")
     parser.add_argument("--layers", type=int, default=QWEN25_05B["num_hidden_layers"])
+    parser.add_argument("--hidden", type=int, default=None,
+                        help="hidden size (heads, KV heads and MLP width shrink with it); default: the real one")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -37,7 +42,13 @@ def main() -> None:
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(Path(args.tokenizer) / name, out / name)
     tokenizer = AutoTokenizer.from_pretrained(out)
-    config = Qwen2Config(**{**QWEN25_05B, "num_hidden_layers": args.layers},
+    shape = {**QWEN25_05B, "num_hidden_layers": args.layers}
+    if args.hidden is not None:
+        head_dim = QWEN25_05B["hidden_size"] // QWEN25_05B["num_attention_heads"]
+        heads = max(2, args.hidden // head_dim)
+        shape.update(hidden_size=args.hidden, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
+                     intermediate_size=4 * args.hidden)
+    config = Qwen2Config(**shape,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(args.seed)
     model = Qwen2ForCausalLM(config)

@@ -39,7 +39,7 @@ elif [ "$mode" = final ]; then
       --out "$W/matrix_b" > "$W/matrix_b.log" 2>&1 &
   wait; echo "matrix done at $(( $(date +%s) - t0 )) s"; grep -h "exit" "$W"/matrix_*.log
   SPEED_ROWS=p40,quickstart,grpo P40_STEPS=8 P40_TIMEOUT=80 QS_TIMEOUT=160 GRPO_TIMEOUT=120 \
-      timeout 330 python3 benchmarks/speed.py --out "$W/speed" > "$W/speed.log" 2>&1
+      timeout 260 python3 benchmarks/speed.py --out "$W/speed" > "$W/speed.log" 2>&1
   echo "speed exit $?"; tail -22 "$W/speed.log"
 elif [ "$mode" = profile ]; then
   timeout 240 python3 benchmarks/profile_step.py --model $MODEL --profiles h200 --settings quickstart,grpo --tgz-limit-mb 9 \
@@ -51,6 +51,16 @@ elif [ "$mode" = profile ]; then
       --out "$W/mm_field" > "$W/mm_field.log" 2>&1 &
   wait; echo "memory_model done at $(( $(date +%s) - t0 )) s"
   grep -A40 "summary\|families" "$W/profile.log" | head -80; tail -30 "$W/mm_matrix.log"; tail -12 "$W/mm_field.log"
+elif [ "$mode" = speed2 ]; then
+  # the update phases under the profiler (quick start, alone), then the main speed rows one at a time
+  timeout 120 python3 benchmarks/profile_step.py --model $MODEL --profiles h200 --settings quickstart \
+      --phases update_actor --tgz-limit-mb 9 --out "$W/profile" > "$W/profile.log" 2>&1
+  echo "profile_step exit $? at $(( $(date +%s) - t0 )) s"
+  SPEED_ROWS=quickstart,grpo QS_STEPS=3 GRPO_STEPS=3 QS_TIMEOUT=130 GRPO_TIMEOUT=120 \
+      timeout 260 python3 benchmarks/speed.py --out "$W/speed" > "$W/speed.log" 2>&1
+  echo "speed exit $? at $(( $(date +%s) - t0 )) s"; tail -22 "$W/speed.log"
+  grep -h "startup" "$W"/speed/*.log | head -30
+  head -8 "$W/profile/profile_step.txt"; grep -E "^(===|---|families|busy|plan)" "$W/profile/profile_step.txt" | cut -c1-400 | head -30
 elif [ "$mode" = variants ]; then
   # the quick start's forward and backward passes under other plans, to set beside the profile call's
   # quickstart rows (the plan as planned): checkpointing on, larger token budgets

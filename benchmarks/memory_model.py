@@ -19,7 +19,11 @@ ends with the calibration hints: per term family, how far measured is from predi
 
     python benchmarks/memory_model.py --model /tmp/qwen05b-random --profiles p40,t4,a100-40gb,h200 \
         --settings field_report --algos ppo,grpo --jobs 3 --out "$OUT"
+    python benchmarks/memory_model.py --model /tmp/qwen05b-random --settings matrix --val-rows 256 \
+        --profiles p40,p100,v100-16gb,t4,rtx3090,a100-40gb,h200 --algos ppo,grpo --jobs 3 --out "$OUT"
     python benchmarks/memory_model.py --tiny --profiles cpu --settings tiny --out /tmp/mm   # CPU smoke
+    python benchmarks/memory_model.py --model QWEN_2_LAYERS --profiles cpu --settings qwen_cpu \
+        --val-rows 32 --out /tmp/mm        # CPU check of the vocabulary-sized terms (~6 min, ~7 GB)
 """
 from __future__ import annotations
 
@@ -51,6 +55,8 @@ SETTINGS = {
     "quickstart": dict(batch=256, mini=64, micro=4, log_prob_micro=8, ref_micro=4, prompt=512, response=512),
     # the GPU matrix's shape (benchmarks/gpu_matrix.sh)
     "matrix": dict(batch=8, mini=8, micro=4, log_prob_micro=8, ref_micro=8, prompt=256, response=128),
+    # CPU check of the formulas on a reduced Qwen shape (build_qwen_shaped.py --layers 2): real vocabulary
+    "qwen_cpu": dict(batch=2, mini=2, micro=1, log_prob_micro=2, ref_micro=2, prompt=128, response=32),
     # CPU smoke and tests: the tiny model
     "tiny": dict(batch=2, mini=2, micro=1, log_prob_micro=2, ref_micro=2, prompt=16, response=4),
 }
@@ -241,7 +247,8 @@ def _run_child(case: tuple[str, str, str], args, workdir: Path) -> dict:
 def format_table(rows: list[dict]) -> str:
     """One line per (case, phase): predicted, measured, error %; a failed case gets one line with why."""
     head = (f"{'profile':10s} {'setting':12s} {'algo':5s} {'phase':14s} {'predicted':>9s} {'measured':>9s} "
-            f"{'diff':>7s}   (GiB, max_memory_allocated)")
+            f"{'diff':>7s} {'transient pred/meas':>19s}   (GiB, max_memory_allocated; transient: above the "
+            f"phase's start)")
     lines = [head, "-" * len(head)]
     for row in rows:
         tag = f"{row['profile']:10s} {row['setting']:12s} {row['algo']:5s}"
@@ -255,7 +262,9 @@ def format_table(rows: list[dict]) -> str:
             if meas is None:
                 lines.append(f"{tag} {phase:14s} {pred:9.3f} {'-':>9s} {row['errors'].get(phase, 'not run')}")
                 continue
-            lines.append(f"{tag} {phase:14s} {pred:9.3f} {meas:9.3f} {100 * (pred - meas) / meas:+6.1f}%")
+            start = row["at_start"][phase]
+            lines.append(f"{tag} {phase:14s} {pred:9.3f} {meas:9.3f} {100 * (pred - meas) / meas:+6.1f}% "
+                         f"{pred - start:9.3f}/{meas - start:<9.3f}")
     return "\n".join(lines)
 
 

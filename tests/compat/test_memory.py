@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from verl.compat.memory import GiB, Workload, estimate_memory, layer_activation_bytes
+from verl.compat.memory import GiB, Workload, _activations, _tokens, estimate_memory, layer_activation_bytes
 from verl.compat.model_spec import BUILTIN_MODELS, ModelSpec
 from verl.compat.plan import RolePlan, RolloutPlan
 
@@ -82,9 +82,8 @@ def test_checkpointing_and_attention_kernels():
     full = layer_activation_bytes(QWEN05, "bfloat16", "float32", "sdpa", 1024)
     eager = layer_activation_bytes(QWEN05, "bfloat16", "float32", "eager", 1024)
     assert eager - full == QWEN05.num_heads * 1024 * (4 + 2)          # the saved T x T scores
-    wl = Workload(512, 512, 4)
-    on = estimate(role(ckpt=True, micro=4), workload=wl).phases["actor_update"].terms
-    off = estimate(role(ckpt=False, micro=4), workload=wl).phases["actor_update"].terms
+    on = _activations(QWEN05, role(ckpt=True), 4096, 1024, train=True)
+    off = _activations(QWEN05, role(ckpt=False), 4096, 1024, train=True)
     assert on["activations (checkpointed)"] < off["activations"] / 5
 
 
@@ -92,7 +91,9 @@ def test_logits_dominate_with_a_large_vocab():
     wl = Workload(512, 512, 4)
     terms = estimate(role(micro=4), workload=wl).phases["log_prob"].terms
     assert terms["logits"] > 4 * terms["activations (1 layer)"]
-    assert terms["logits"] >= 4 * 1024 * QWEN05.vocab_size * 2 / GiB     # B x T x V in compute dtype
+    # B x R x V in compute dtype (only response positions reach the LM head) + two float32 chunks
+    v = QWEN05.vocab_size
+    assert terms["logits"] == pytest.approx((4 * 512 * v * 2 + 2 * 1024 * v * 4) / GiB)
 
 
 def test_offloaded_roles_leave_the_device_when_idle():
@@ -112,6 +113,34 @@ def test_vllm_share_and_context():
     assert estimate_memory(QWEN05, WL, role(compute="float32"), HF, device_memory_gb=32,
                            backend="cpu").context_gb == 0
     assert "<- peak" in est.table() and est.to_dict()["peak_phase"] == est.peak_phase
+
+
+def test_end_of_backward_keeps_the_root_unit_gathered_next_to_the_vocab_gradients():
+    """Measured on CPU with the real workers (Qwen shape, 2 layers, float32): backward ends with the
+    root unit (the tied embedding) still gathered, the actor's output-projection and embedding
+    gradients plus their sum (3x), the critic's embedding gradient plus the copy FSDP2 reduces
+    from (2x)."""
+    two_layers = ModelSpec.from_hf_config({**BUILTIN_MODELS["qwen2.5-0.5b"], "num_hidden_layers": 2})
+    fp32 = role(compute="float32")
+    est = estimate_memory(two_layers, Workload(16, 16, 1), fp32, HF, fp32, device_memory_gb=80)
+    vh = two_layers.vocab_size * two_layers.hidden_size * 4 / GiB
+    actor, critic = est.phases["actor_update"].terms, est.phases["critic_update"].terms
+    assert actor["actor.compute_copy"] == pytest.approx(vh) and critic["critic.compute_copy"] == pytest.approx(vh)
+    assert actor["vocab grads (end of backward)"] == pytest.approx(3 * vh)
+    assert critic["vocab grads (end of backward)"] == pytest.approx(2 * vh)
+    assert "logits" not in actor and "optimizer step" not in actor
+
+
+def test_gradients_exist_at_the_end_of_forward_only_when_a_mini_batch_accumulates():
+    """The optimizer step frees the gradients (zero_grad(set_to_none=True)): a mini-batch in one
+    micro-batch reaches the end of its forward without them; the second micro-batch of a mini-batch
+    of two has them."""
+    wl = Workload(256, 128, 8, update_batch_per_gpu=8)
+    one = estimate(role(micro=8), workload=wl).phases["actor_update"].terms
+    two = estimate(role(micro=4), workload=wl).phases["actor_update"].terms
+    assert "activations" in one and "activations" in two          # the end of forward is the peak in both
+    assert one["actor.grads"] == 0
+    assert two["actor.grads"] == pytest.approx(QWEN05.num_params * 4 / GiB)
 
 
 def budgeted(plan, tokens=16384):
@@ -138,7 +167,9 @@ def test_a_token_budget_never_holds_more_than_the_role_is_handed():
     for phase in ("log_prob", "values"):
         assert transients(big.phases[phase].terms) == transients(whole_batch.phases[phase].terms)
     # 8 full-length sequences' activations in every layer (plus the one recomputed), not 16384 tokens'
-    per_token = layer_activation_bytes(QWEN05, "bfloat16", "float32", "sdpa", 384)
+    # (the residual stream is as wide as the weights compute: bfloat16 when they are gathered in it)
+    residual = "bfloat16" if role().cast_on_gather else "float32"
+    per_token = layer_activation_bytes(QWEN05, "bfloat16", residual, "sdpa", 384)
     assert big.phases["actor_update"].terms["activations"] == pytest.approx(8 * 384 * per_token * 25 / GiB)
 
 
@@ -156,8 +187,9 @@ def test_a_fixed_micro_batch_larger_than_the_mini_batch_holds_the_mini_batch():
 
 def test_the_critic_is_bounded_by_its_own_mini_batch():
     wl = Workload(256, 128, 16, update_batch_per_gpu=8, critic_update_batch_per_gpu=4)
-    terms = estimate(role(), critic=budgeted(role()), workload=wl).phases["critic_update"].terms
-    assert terms["values"] == pytest.approx(4 * 384 * QWEN05.hidden_size * 4 * 2 / GiB)
+    assert _tokens(budgeted(role()), wl, "critic", forward=False) == (4 * 384, 4 * 128, 4)
+    assert _tokens(budgeted(role()), wl, "actor", forward=False) == (8 * 384, 8 * 128, 8)
+    assert _tokens(budgeted(role()), wl, "critic", forward=True) == (16 * 384, 16 * 128, 16)
     assert Workload(256, 128, 16, update_batch_per_gpu=8).sequences_seen("critic", forward=False) == 8
     assert Workload(256, 128, 6, update_batch_per_gpu=8).sequences_seen("actor", forward=False) == 6
 
@@ -256,14 +288,15 @@ def test_room_and_resident_during_rollout():
 
 def test_generation_gathers_the_whole_actor_in_its_gather_dtype():
     """The actor worker unshards the whole FSDP2 model to generate: a full copy next to the shards,
-    in the compute dtype when it casts on gather (bfloat16), else in float32 plus autocast's cast
-    copy (float16 compute, whose numerics guard may fall back at run time)."""
+    in the compute dtype when it casts on gather (bfloat16), else in float32 plus autocast's cast of
+    the output projection (float16 compute, whose numerics guard may fall back at run time)."""
     p = QWEN05.num_params
     bf16 = estimate(role()).phases["rollout"].terms
     assert bf16["rollout.gathered weights"] == pytest.approx(p * 2 / GiB) and bf16["rollout.weights"] == 0
     fp16 = estimate(role(compute="float16"), rollout=dataclasses.replace(HF, dtype="float16")).phases["rollout"].terms
     assert fp16["rollout.gathered weights"] == pytest.approx(p * 4 / GiB)
-    assert fp16["rollout.weights"] == pytest.approx(p * 2 / GiB)         # tied embeddings: all weights cast
+    # autocast without its weight cache: one weight cast at a time, the output projection the largest
+    assert fp16["rollout.weights"] == pytest.approx(QWEN05.vocab_size * QWEN05.hidden_size * 2 / GiB)
     fp32 = estimate(role(compute="float32"), rollout=dataclasses.replace(HF, dtype="float32")).phases["rollout"].terms
     assert fp32["rollout.gathered weights"] == pytest.approx(p * 4 / GiB) and fp32["rollout.weights"] == 0
 
@@ -310,3 +343,96 @@ def test_plan_peak_covers_validation_on_the_field_report():
                       SoftwareInfo(torch_version=torch.__version__), QWEN05)
     assert small.memory["phases_total"]["validation"]["total_gb"] < plan.memory["phases_total"]["validation"]["total_gb"]
     assert small.predicted_peak_gb < plan.predicted_peak_gb
+
+
+def test_builtin_engine_under_autocast_casts_one_weight_at_a_time():
+    """The built-in engine on float32 weights computing in bfloat16 (what a guarded float16 actor
+    does on a GPU; CPU autocast takes bfloat16): autocast runs without its weight cache, so generating
+    allocates the output projection's cast once, not a cast copy of every weight. Measured on the
+    real engine with the storage counter; the plan's generation terms within 25%."""
+    import types
+
+    from omegaconf import OmegaConf
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from verl.compat import memory
+    from verl.protocol import DataProto
+    from verl.workers.rollout import HFRollout
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=8192, hidden_size=128, intermediate_size=512, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(cfg).float().eval()
+    spec = ModelSpec.from_hf_config(cfg.to_dict())
+    rollout_plan = dataclasses.replace(HF, dtype="bfloat16")
+    engine = HFRollout(model, OmegaConf.create({"response_length": 4, "ignore_eos": True, "do_sample": False}),
+                       plan=types.SimpleNamespace(rollout=rollout_plan))
+    ids = torch.randint(1, 8192, (1, 64))
+    prompts = DataProto.from_dict({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                                   "position_ids": torch.arange(64)[None]}, meta_info={"eos_token_id": 0})
+    start, peak = bench.measure(lambda: engine.generate_sequences(prompts), torch.device("cpu"), [model])
+    measured = (peak - start) * GiB
+
+    actor = role(compute="float16")                   # float32 master weights, not cast on gather
+    weights = memory._generation_weights(spec, memory._Role("actor", actor, spec.num_params, True), rollout_plan)
+    predicted = weights["rollout.weights"] + memory.generation_bytes_per_sequence(spec, actor, rollout_plan, 64, 4)
+    assert weights["rollout.weights"] == spec.vocab_size * spec.hidden_size * 2
+    assert measured == pytest.approx(predicted, rel=0.25)
+    assert measured < 0.75 * spec.num_params * 2      # a cached cast of every weight would be more
+
+
+def test_prefill_transients_follow_the_weights_the_engine_computes_with():
+    """The prefill formula was measured with float32 weights under bfloat16 autocast (4H*4 + 3I*2 + 4I
+    per prompt token). A plan that casts on gather generates with bfloat16 weights and no autocast:
+    4H*2 + 3I*2. A guarded float16 actor (float32 gathered, autocast) keeps the autocast form."""
+    from verl.compat.memory import _generation_terms
+
+    m, bf16, fp16 = QWEN05, dataclasses.replace(HF, dtype="bfloat16"), dataclasses.replace(HF, dtype="float16")
+    h, i = m.hidden_size, m.intermediate_size
+    cast_on_gather = _generation_terms(m, role(), bf16, 256, 128)[0]["rollout.prefill"]
+    assert role().cast_on_gather and cast_on_gather == 256 * (4 * h * 2 + 3 * i * 2)
+    guarded = _generation_terms(m, role(compute="float16"), fp16, 256, 128)[0]["rollout.prefill"]
+    assert not role(compute="float16").cast_on_gather and guarded == 256 * (4 * h * 4 + 3 * i * 2 + 4 * i)
+
+
+def test_autocast_caches_the_casts_of_trained_weights_only():
+    """torch's autocast caches the cast of a leaf weight that requires grad (in grad mode or not), and
+    casts a frozen weight op by op: measured here with the storage counter. So under float16 autocast
+    over float32 weights (a guarded t4/v100 plan) the actor's forward holds a cast copy of its weights,
+    the frozen reference's only the largest weight's cast (the output projection)."""
+    from verl.compat import memory
+
+    def transient(requires_grad):
+        layers = torch.nn.Sequential(*[torch.nn.Linear(256, 256, bias=False) for _ in range(8)])
+        layers.requires_grad_(requires_grad)
+        x = torch.randn(2, 256)
+
+        def forward():
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+                layers(x)
+        start, peak = bench.measure(forward, torch.device("cpu"), [layers])
+        return (peak - start) * GiB
+
+    one_weight = 256 * 256 * 2
+    assert transient(True) >= 8 * one_weight and transient(False) < 2 * one_weight
+
+    guarded = role(compute="float16")
+    actor = memory._Role("actor", guarded, QWEN05.num_params, True)
+    ref = memory._Role("ref", guarded, QWEN05.num_params, False)
+    vh = QWEN05.vocab_size * QWEN05.hidden_size
+    cached = memory._compute_copy(QWEN05, actor, "float16") - memory._compute_copy(QWEN05, ref, "float16")
+    assert cached == pytest.approx((QWEN05.num_params - vh) * 2)
+
+
+def test_few_wide_layers_and_a_small_vocabulary_peak_inside_backward():
+    """The test model of `test_real_workers_every_phase_within_tolerance` (2 layers, vocab 512): each layer
+    is half the model, so a layer's backward (its unsharded gradients and FSDP2's flat copy of them,
+    next to the gathered units) is the update's peak, not the vocabulary-sized end of backward."""
+    small = ModelSpec.from_hf_config({"model_type": "qwen2", "hidden_size": 256, "intermediate_size": 1024,
+                                      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                      "vocab_size": 512, "tie_word_embeddings": True})
+    fp32 = role(compute="float32")
+    terms = estimate_memory(small, Workload(16, 4, 2), fp32, HF, device_memory_gb=8).phases["actor_update"].terms
+    per_layer = (small.num_params - 512 * 256) / 2
+    assert terms["layer grads (backward)"] == pytest.approx(2 * per_layer * 4 / GiB)
+    assert terms["actor.grads"] == pytest.approx(small.num_params * 4 / GiB)

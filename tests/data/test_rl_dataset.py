@@ -280,3 +280,30 @@ def test_processed_gsm8k_test_split(tokenizer, tmp_path):
     sample = dataset[0]
     assert sample["reward_model"]["ground_truth"] == "18"
     assert tokenizer.decode(sample["raw_prompt_ids"]).endswith('after "####".<|im_end|>\n<|im_start|>assistant\n')
+
+
+def test_filter_counts_equal_each_samples_own_tokenization_on_real_gsm8k(tokenizer, tmp_path):
+    """The over-long filter counts tokens with the fast tokenizer's backend in batches; on the real GSM8K
+    test split (Qwen tokenizer) every count equals what `__getitem__` tokenises for that row, so a limit
+    keeps exactly the rows whose prompt fits."""
+    import importlib.util
+
+    script_path = Path(__file__).resolve().parents[2] / "examples" / "data_preprocess" / "gsm8k.py"
+    spec = importlib.util.spec_from_file_location("gsm8k_preprocess_for_filter", script_path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(["--local_dataset_path", str(GSM8K), "--local_save_dir", str(tmp_path)])
+    path = str(tmp_path / "test.parquet")
+
+    every = RLHFDataset(path, tokenizer, config(max_prompt_length=4096))
+    counts = every._prompt_lengths()
+    messages = pd.read_parquet(path)["prompt"].tolist()
+    reference = [len(tokenizer(tokenizer.apply_chat_template(list(m), add_generation_prompt=True, tokenize=False),
+                               add_special_tokens=False)["input_ids"]) for m in messages]
+    assert counts.tolist() == reference
+
+    limit = int(np.median(reference))
+    kept = RLHFDataset(path, tokenizer, config(max_prompt_length=limit, filter_overlong_prompts=True))
+    assert len(kept) == sum(n <= limit for n in reference) and 0 < len(kept) < len(reference)
+    for i in range(0, len(kept), 97):   # kept rows load without truncation and fit the limit
+        assert int(kept[i]["attention_mask"].sum()) <= limit

@@ -29,3 +29,22 @@ def test_bad_data_and_logger_fail_before_ray_in_one_message(demo_task, tmp_path)
     assert "examples/data_preprocess/gsm8k.py" in message
     if "wandb" in loggers:
         assert "pip install wandb" in message
+
+
+def test_an_error_only_reading_the_data_finds_stops_the_run_once_ray_is_up(demo_task):
+    """Over-long prompts (no filter, no truncation) are found while Ray and the workers start, on the
+    data thread: the run still ends with the input error's message and status, Ray shut down."""
+    model, train, test = demo_task
+    proc, _ = run_main_ppo([f"data.train_files={train}", f"data.val_files={test}",
+                            f"actor_rollout_ref.model.path={model}", f"critic.model.path={model}",
+                            "trainer.logger=[console]", "trainer.n_gpus_per_node=1", "data.max_prompt_length=4",
+                            "data.max_response_length=4", "data.filter_overlong_prompts=False",
+                            "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+                            "critic.ppo_micro_batch_size_per_gpu=8",
+                            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"], timeout=180)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    message = proc.stderr[proc.stderr.index("verl: input error (found before training started)"):]
+    assert "over data.max_prompt_length=4" in message and "data.filter_overlong_prompts=True" in message
+    assert "Training Progress" not in proc.stdout + proc.stderr

@@ -84,6 +84,15 @@ def check_run(proc, expect_critic: bool):
     assert "val-core/openai/gsm8k/reward/mean@1" in steps[2] and "timing_s/testing" in steps[2]
     for metric in ("critic/vf_loss", "critic/values/mean", "timing_s/values", "timing_s/update_critic"):
         assert (metric in steps[1]) == expect_critic, metric
+    # the start-up breakdown (verl/utils/startup.py) rides on the first step's record only
+    assert "verl start-up:" in proc.stdout and "timing_s/startup" not in steps[2]
+    assert steps[1]["timing_s/startup"] > steps[1]["timing_s/startup/ray_init"] > 0
+    for stage in ("config", "plan", "spawn_workers", "init_models", "datasets"):
+        assert f"timing_s/startup/{stage}" in steps[1], stage
+    actor_role = "actor_rollout" if expect_critic else "actor_rollout_ref"   # the GRPO run has a reference model
+    for piece in ("process_start", "actor_load", "ref_load"):
+        assert (f"timing_s/startup/{actor_role}/{piece}" in steps[1]) == (piece != "ref_load" or not expect_critic)
+    assert ("timing_s/startup/critic/critic_load" in steps[1]) == expect_critic
     return steps
 
 

@@ -177,6 +177,29 @@ def test_ppo_step_order_metrics_and_validation(tmp_path, monkeypatch):
     assert wg.seen["values_has_old_log_probs"] and wg.seen["critic_has_returns"]
 
 
+def test_first_step_record_carries_the_startup_breakdown(tmp_path, monkeypatch, capsys):
+    """timing_s/startup (process start to the first step) and its stages in step 1's record only; the
+    table is printed once, before that step."""
+    from verl.utils import startup
+
+    log = tmp_path / "log.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(log))
+    monkeypatch.setattr(startup, "_CLOCK", None)
+    monkeypatch.setattr(startup, "_ENDED", True)   # this run's clock starts now, not at pytest's start
+    clock = startup.startup_clock()
+    clock.mark("config")
+    trainer, _ = make_trainer(make_config(tmp_path), [])
+    trainer.fit()
+    records = read_log(log)
+    first, last = records[1]["data"], records[2]["data"]
+    stages = ("config", "logger_checkpoint", "validation")
+    assert sum(first[f"timing_s/startup/{s}"] for s in stages) == pytest.approx(first["timing_s/startup"])
+    assert not any(k.startswith("timing_s/startup") for k in last)
+    assert not any(k.startswith("timing_s/startup") for k in records[0]["data"])   # the validation record
+    assert capsys.readouterr().out.count("verl start-up:") == 1
+    assert startup.startup_clock() is not clock   # a later run in this process gets its own clock
+
+
 def test_grpo_groups_by_prompt_and_critic_warmup(tmp_path, monkeypatch):
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "log.jsonl"))
     cfg = make_config(tmp_path, **{"algorithm.adv_estimator": "grpo", "trainer.val_before_train": False,

@@ -318,3 +318,25 @@ def test_planned_torch_compile_compiles_the_entropy_with_equal_results(model_dir
         assert mb[key] == pytest.approx(ma[key], rel=1e-5, abs=1e-7), key
     for pa, pb in zip(eager.actor_module.parameters(), compiled.actor_module.parameters()):
         torch.testing.assert_close(pb.full_tensor(), pa.full_tensor(), atol=1e-6, rtol=1e-5)
+
+
+def test_init_model_sizes_the_schedule_of_workers_started_before_the_data(model_dir):
+    """Workers spawned while the driver still filters the data get no total_training_steps in their
+    config; init_model(total_training_steps=N) sizes the cosine schedule, and reports its set-up pieces."""
+    schedule = {"lr": 1.0, "lr_scheduler_type": "cosine", "total_training_steps": -1}
+    actor_optim = {**actor_rollout_ref_config(model_dir).actor.optim, **schedule}
+    actor = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir, optim=actor_optim), role="actor_rollout",
+                                  plan=cpu_plan(model_dir))
+    pieces = actor.init_model(total_training_steps=4)
+    critic = CriticWorker(critic_config(model_dir, optim={**critic_config(model_dir).optim, **schedule}),
+                          plan=cpu_plan(model_dir))
+    critic_pieces = critic.init_model(total_training_steps=4)
+    for optimizer, scheduler in ((actor.actor_optimizer, actor.actor_lr_scheduler),
+                                 (critic.critic_optimizer, critic.critic_lr_scheduler)):
+        optimizer.step()
+        scheduler.step()
+        assert scheduler.get_last_lr()[0] == pytest.approx(0.5 * (1 + 0.5 ** 0.5))  # cos(pi/4): step 1 of 4
+    assert {"process_start", "constructor", "tokenizer", "actor_load", "actor_shard", "actor_optimizer",
+            "rollout_engine"} <= set(pieces)
+    assert {"critic_load", "critic_shard", "critic_optimizer"} <= set(critic_pieces)
+    assert critic.tokenizer is actor.tokenizer   # one tokenizer per process and path

@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from worker_setup import PROMPT_LEN, RESPONSE_LEN, actor_rollout_ref_config, cpu_plan, optim, ppo_batch, tiny_model  # noqa: E402,I001
 
 from verl.protocol import DataProto  # noqa: E402
+from verl.utils import packing  # noqa: E402
 from verl.utils.packing import padding_windows  # noqa: E402
 from verl.utils.seqlen_balancing import make_micro_batches, padded_micro_batches, restore_dynamic_batch  # noqa: E402
 from verl.workers.actor.dp_actor import _reduce_micro_metrics  # noqa: E402
@@ -54,7 +55,8 @@ def _float64_reference(model_dir, data: DataProto):
     return logp.gather(-1, data.batch["responses"].unsqueeze(-1)).squeeze(-1), entropy
 
 
-def test_padding_windows_keep_exactly_the_columns_with_a_real_token():
+def test_padding_windows_keep_exactly_the_columns_with_a_real_token(monkeypatch):
+    monkeypatch.setattr(packing, "WIDTH_STEP", 1)   # exact windows; the rounding is tested below
     mask = torch.zeros(3, 10, dtype=torch.long)   # prompt 6 + response 4
     mask[0, 3:8] = 1
     mask[1, 4:7] = 1
@@ -64,7 +66,21 @@ def test_padding_windows_keep_exactly_the_columns_with_a_real_token():
     assert padding_windows([mask, full, empty_response], response_length=4) == [(3, 8), (0, 10), (5, 7)]
 
 
-def test_trimmed_forward_equals_untrimmed_and_float64(model_dir):
+def test_padding_windows_round_widths_up_into_the_prompt_padding():
+    """Widths are multiples of WIDTH_STEP (so a run meets few shapes), widened leftwards into prompt
+    padding while it lasts, and still cover every real column."""
+    step = packing.WIDTH_STEP
+    mask = torch.zeros(2, 4 * step, dtype=torch.long)    # prompt 3*step + response step
+    mask[0, 3 * step - 5 : 3 * step + 7] = 1              # 12 real columns
+    short = torch.zeros(1, 4 * step, dtype=torch.long)
+    short[0, 2:3 * step + step // 2] = 1                  # almost the whole width: rounds to all of it
+    (a, b), (c, d) = padding_windows([mask, short], response_length=step)
+    assert (b - a) == step and a <= 3 * step - 5 and b >= 3 * step + 7
+    assert (c, d) == (0, 4 * step)
+
+
+def test_trimmed_forward_equals_untrimmed_and_float64(model_dir, monkeypatch):
+    monkeypatch.setattr(packing, "WIDTH_STEP", 1)   # the tiny batch's exact window (rounding adds padding back)
     worker = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir), role="actor_rollout", plan=cpu_plan(model_dir))
     worker.init_model()
     actor, data = worker.actor, _padded_batch()
@@ -95,7 +111,8 @@ def test_trimmed_forward_equals_untrimmed_and_float64(model_dir):
     worker.actor_module.zero_grad(set_to_none=True)
 
 
-def test_trimmed_critic_values_equal_untrimmed(model_dir):
+def test_trimmed_critic_values_equal_untrimmed(model_dir, monkeypatch):
+    monkeypatch.setattr(packing, "WIDTH_STEP", 1)   # the tiny batch's exact window
     from worker_setup import critic_config
 
     from verl.workers.fsdp_workers import CriticWorker
@@ -113,7 +130,8 @@ def test_trimmed_critic_values_equal_untrimmed(model_dir):
     assert (trimmed[:, -2:] == 0).all()   # slots past the window read 0
 
 
-def test_padded_budget_bounds_rows_times_width_and_restores_order():
+def test_padded_budget_bounds_rows_times_width_and_restores_order(monkeypatch):
+    monkeypatch.setattr(packing, "WIDTH_STEP", 1)   # the grouping itself; rounded widths are bounded below
     width = 16
     prompt, response = [3, 8, 2, 8, 5, 1, 6, 2], [4, 8, 1, 2, 8, 3, 1, 1]
     mask = torch.zeros(len(prompt), width, dtype=torch.long)

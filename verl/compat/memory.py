@@ -18,9 +18,17 @@ autocast) and `c` the compute width:
     mlp     4I*c                        gate, act(gate), up, act(gate)*up
 Eager attention adds heads*T*(4 + c) per token (float32 softmax and its cast, saved for the
 value matmul); sdpa/flash keep O(T). With gradient checkpointing only the layer input (H*r per
-token per layer) is kept, plus one layer recomputed during backward. Logits: the micro-batch
-(tokens x vocab) in compute dtype, plus the float32 log-prob scratch of verl's chunked
-`logprobs_from_logits` and the logits' gradient.
+token per layer) is kept, plus one layer recomputed during backward. Logits: the micro-batch's
+response positions only (response tokens x vocab; the actor passes `logits_to_keep`) in compute
+dtype, plus two float32 chunks of the chunked log-prob pass and, in backward, the logits' gradient.
+
+A micro-batch holds its configured size, or as many full-length sequences as its token budget
+(`use_dynamic_bsz`) holds, but never more than its role is handed at once: an update one
+mini-batch (`ppo_mini_batch_size` x `rollout.n` / world size sequences), a forward (log-probs,
+values) the device's whole rollout batch. An update peaks at the largest of: the end of forward
+(gathered units, activations, logits), a layer's backward (its unsharded gradients and the flat
+copy FSDP2 reduces from), the end of backward (the root unit, still gathered, and the
+vocabulary-sized gradients), and the optimizer step.
 
 The built-in rollout engine generates `rollout.micro_batch_size` sequences at a time. Its memory
 is linear in that count (`generation_bytes_per_sequence`), so a generation phase is predicted for
@@ -143,27 +151,27 @@ def layer_activation_bytes(m: ModelSpec, compute: str, residual: str, attn: str,
     return norms + attention + mlp
 
 
-def _logits_bytes(m: ModelSpec, tokens: int, response_tokens: int, compute: str, backward: bool) -> float:
-    """Logits of a micro-batch plus the float32 scratch of chunked log-probs (and their grads)."""
+def _logits_bytes(m: ModelSpec, response_tokens: int, compute: str, backward: bool) -> float:
+    """Logits of a micro-batch's response positions (the actor asks the model for those only,
+    `logits_to_keep`) in compute dtype, the float32 scratch of the chunked log-prob pass
+    (`verl.utils.torch_functional`: an upcast chunk and its exponential), and in backward the
+    logits' gradient next to the saved logits."""
     c, v = BYTES[compute], m.vocab_size
     chunk = min(response_tokens, LOGPROB_CHUNK_ROWS) * v * 4
-    fwd = tokens * v * c + response_tokens * v * c + 2 * chunk
-    if not backward:
-        return fwd
-    return tokens * v * c * 2 + response_tokens * v * c * 2 + 2 * chunk
+    return response_tokens * v * c * (2 if backward else 1) + 2 * chunk
 
 
 def _vocab_grad_bytes(m: ModelSpec, role: _Role) -> float:
-    """Backward materialises (vocab x hidden) gradients whole before accumulating them into .grad.
+    """Backward materialises (vocab x hidden) gradients whole before FSDP2 reduces them into .grad.
 
     Tied embeddings get two (output projection and dense embedding gradient) plus their sum,
     all in the master dtype (measured: 3x). Untied, the output projection's gradient exists in
-    compute dtype and then in the master dtype, one matrix at a time; a critic has only the
-    embedding's."""
+    compute dtype and then in the master dtype, one matrix at a time. A critic has only the
+    embedding's, plus the copy FSDP2 reduces from (measured on CPU: 2x)."""
     vh = m.vocab_size * m.hidden_size
     master, compute = BYTES[role.plan.param_dtype], BYTES[role.plan.compute_dtype]
     if role.name == "critic":
-        return vh * master
+        return 2 * vh * master
     if m.tie_word_embeddings:
         return 3 * vh * master
     return vh * (master + (compute if compute != master else 0))
@@ -176,13 +184,16 @@ def _generation_terms(m: ModelSpec, actor: RolePlan, rollout: RolloutPlan, promp
     transients over the prompt) and the end of decoding (full KV, float32 sampling over the last
     position's logits).
 
-    Prefill transients per token (measured on an H200): 4H*r + 3I*c, plus 4I under autocast,
-    with r the residual width (float32 when the weights are) and c the rollout dtype."""
+    Prefill transients per token (measured on an H200, float32 weights under bfloat16 autocast):
+    4H*r + 3I*c, plus 4I under autocast, with c the rollout dtype and r the residual width: that of
+    the weights the engine computes with, the gathered ones (`gather_dtype`), so a plan that casts
+    on gather generates in the rollout dtype without autocast (r = c)."""
     c = BYTES[rollout.dtype]
-    r = max(c, BYTES[actor.param_dtype])
+    weights = gather_dtype(actor)
+    r = max(c, BYTES[weights])
     h, inter = m.hidden_size, m.intermediate_size
     kv_per_token = 2 * m.num_layers * m.num_kv_heads * m.head_dim * c
-    autocast = rollout.dtype != actor.param_dtype
+    autocast = rollout.dtype != weights
     per_token = 4 * h * r + 3 * inter * c + (4 * inter if autocast else 0)
     if rollout.attn_implementation == "eager":
         per_token += m.num_heads * prompt_length * (4 + c)
@@ -214,13 +225,13 @@ def _builtin_rollout(m: ModelSpec, actor: _Role, wl: Workload, rollout: RolloutP
 
 
 def _generation_weights(m: ModelSpec, actor: _Role, rollout: RolloutPlan) -> dict[str, float]:
-    """The whole actor unsharded in its gather dtype (`fsdp_utils.full_params`), plus autocast's cast
-    copies when the engine computes in another dtype (they are cached for the whole generate call)."""
+    """The whole actor unsharded in its gather dtype (`fsdp_utils.full_params`), plus, when the
+    engine computes in another dtype, autocast's cast of the largest weight: the engine runs
+    autocast without its weight cache (a recorded CUDA graph must recast on every replay), so each
+    matmul casts its weight for that op only, and the output projection (vocab x hidden) is the
+    largest (measured on CPU, bfloat16 over float32 weights: one such copy, not the whole model)."""
     gather = gather_dtype(actor.plan)
-    cast = 0.0
-    if gather != rollout.dtype:
-        embedding = m.vocab_size * m.hidden_size if not m.tie_word_embeddings else 0
-        cast = (actor.params - embedding) * BYTES[rollout.dtype]
+    cast = m.vocab_size * m.hidden_size * BYTES[rollout.dtype] if gather != rollout.dtype else 0.0
     return {"rollout.gathered weights": actor.params * BYTES[gather], "rollout.weights": cast}
 
 
@@ -258,28 +269,38 @@ def gather_dtype(plan: RolePlan) -> str:
     return plan.compute_dtype if plan.cast_on_gather else plan.param_dtype
 
 
+def _root_unit(m: ModelSpec, role: _Role) -> int:
+    """Parameters in FSDP2's root unit: the vocabulary-sized ones (embedding; output projection
+    unless tied or a critic's)."""
+    return m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings or role.name == "critic" else 2)
+
+
 def _compute_copy(m: ModelSpec, role: _Role, dtype: str) -> float:
     """Weights materialised for compute: the FSDP2 all-gathered units (root plus two prefetched
     layers) in the gather dtype, at every world size (FSDP2 copies on one device too); plus
-    autocast's cast copy of the (unsharded) weights when they are gathered in another dtype than
-    `dtype` (autocast caches the casts of leaf weights for the whole forward)."""
+    autocast's casts when the weights are gathered in another dtype than `dtype`. Autocast caches
+    the cast of a leaf weight that requires grad for the whole forward: a trained role holds a cast
+    copy of its weights; a frozen one (the reference) casts op by op, the output projection the
+    largest at once."""
     gather = gather_dtype(role.plan)
-    vocab = m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings or role.name == "critic" else 2)
-    per_layer = (role.params - vocab) / m.num_layers
-    units = (vocab + 2 * per_layer) * BYTES[gather]
+    root = _root_unit(m, role)
+    per_layer = (role.params - root) / m.num_layers
+    units = (root + 2 * per_layer) * BYTES[gather]
     if gather == dtype:
         return units
+    if not role.trainable:
+        return units + m.vocab_size * m.hidden_size * BYTES[dtype]
     embedding = m.vocab_size * m.hidden_size
     casted = role.params - (embedding if (role.name == "critic" or not m.tie_word_embeddings) else 0)
     return units + casted * BYTES[dtype]
 
 
-def _tokens(plan: RolePlan, wl: Workload, role: str, forward: bool) -> tuple[int, int]:
-    """(tokens, response tokens) in the largest micro-batch of this role: its size, or as many
-    full-length sequences as its token budget holds, but never more sequences than the role is
-    handed at once (`Workload.sequences_seen`). Full length (prompt + response) is the worst case
-    of both splitters: the padded one trims each micro-batch to its longest prompt and response,
-    the packed one counts real tokens."""
+def _tokens(plan: RolePlan, wl: Workload, role: str, forward: bool) -> tuple[int, int, int]:
+    """(tokens, response tokens, sequences) in the largest micro-batch of this role: its size, or
+    as many full-length sequences as its token budget holds, but never more sequences than the
+    role is handed at once (`Workload.sequences_seen`). Full length (prompt + response) is the
+    worst case of both splitters: the padded one trims each micro-batch to its longest prompt and
+    response, the packed one counts real tokens."""
     seq_len, response_len = wl.seq_len, wl.response_length
     seen = wl.sequences_seen(role, forward)
     mbs = plan.forward_micro_batch_size_per_gpu if forward else plan.micro_batch_size_per_gpu
@@ -287,16 +308,14 @@ def _tokens(plan: RolePlan, wl: Workload, role: str, forward: bool) -> tuple[int
         mbs = plan.micro_batch_size_per_gpu
     if mbs is not None:
         rows = min(mbs, seen)
-        return rows * seq_len, rows * response_len
+        return rows * seq_len, rows * response_len, rows
     budget = (plan.forward_max_token_len_per_gpu if forward else None) or plan.max_token_len_per_gpu or seq_len
-    rows = max(budget // seq_len, 1)
-    if rows >= seen:
-        return seen * seq_len, seen * response_len
-    return max(budget, seq_len), rows * response_len
+    rows = min(max(budget // seq_len, 1), seen)
+    return rows * seq_len, rows * response_len, rows
 
 
 def _activations(m: ModelSpec, plan: RolePlan, tokens: int, seq_len: int, train: bool) -> dict[str, float]:
-    residual = plan.param_dtype if train else plan.compute_dtype
+    residual = gather_dtype(plan) if train else plan.compute_dtype   # the weights compute in the gather dtype
     per_layer = layer_activation_bytes(m, plan.compute_dtype, residual, plan.attn_implementation, seq_len)
     layer = tokens * per_layer
     if not train:
@@ -361,34 +380,55 @@ def _forward_phase(s: _Step, name: str) -> dict[str, float]:
     terms = s.idle(name)
     terms.update(s.on_device(role, optimizer=not role.plan.optimizer_offload and role.trainable))
     terms[f"{name}.compute_copy"] = _compute_copy(spec, role, role.plan.compute_dtype)
-    tokens, resp = _tokens(role.plan, s.wl, name, forward=True)
+    tokens, resp, _ = _tokens(role.plan, s.wl, name, forward=True)
     terms.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=False))
     if name == "critic":
         terms["values"] = tokens * spec.hidden_size * 4
     else:
-        terms["logits"] = _logits_bytes(spec, tokens, resp, role.plan.compute_dtype, backward=False)
+        terms["logits"] = _logits_bytes(spec, resp, role.plan.compute_dtype, backward=False)
     return terms
 
 
 def _update_phase(s: _Step, name: str) -> dict[str, float]:
-    """Forward + backward + optimizer step of a trained role, at the largest of three candidate
-    peaks: end of forward / start of backward, end of backward, the optimizer step."""
+    """Forward + backward + optimizer step of a trained role, at the largest of its candidate peaks:
+    the end of a forward / start of backward, a layer's backward, the end of backward, the optimizer
+    step. Gradients exist from the first backward of a mini-batch to its optimizer step (which frees
+    them): the first micro-batch (the largest: token-budgeted splits take the longest rows first)
+    reaches the end of its forward without them, the later ones (at most the rows left) with them."""
     role, spec, ws = s.roles[name], s.spec(name), s.wl.world_size
     terms = s.idle(name)
     terms.update(s.on_device(role, optimizer=not role.plan.optimizer_offload))
-    terms[f"{name}.grads"] = role.grads(ws)
-    tokens, resp = _tokens(role.plan, s.wl, name, forward=False)
-    fwd_bwd = {f"{name}.compute_copy": _compute_copy(spec, role, role.plan.compute_dtype)}
-    fwd_bwd.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=True))
-    if name == "critic":
-        fwd_bwd["values"] = tokens * spec.hidden_size * 4 * 2
-    else:
-        fwd_bwd["logits"] = _logits_bytes(spec, tokens, resp, role.plan.compute_dtype, backward=True)
-    bwd_end = {"vocab grads (end of backward)": _vocab_grad_bytes(spec, role)}
-    step = {"optimizer step": ADAM_STEP_SCRATCH * role.params * 4 / ws}
+    tokens, resp, rows = _tokens(role.plan, s.wl, name, forward=False)
+    grads = role.grads(ws)
+    later = min(rows, s.wl.sequences_seen(name, forward=False) - rows)
+    forwards = [_forward_end(s, name, rows, 0.0)] + ([_forward_end(s, name, later, grads)] if later > 0 else [])
+    # mid-backward: a layer unit's gradients, unsharded and in the flat copy FSDP2 reduces from, next
+    # to the gathered units (what bounds a model of few wide layers and a small vocabulary)
+    per_layer = (role.params - _root_unit(spec, role)) / spec.num_layers
+    layer_bwd = {f"{name}.grads": grads, f"{name}.compute_copy": forwards[0][f"{name}.compute_copy"],
+                 "layer grads (backward)": 2 * per_layer * BYTES[role.plan.param_dtype]}
+    # the root unit stays gathered until its gradients are reduced, at the very end of backward
+    bwd_end = {f"{name}.grads": grads,
+               f"{name}.compute_copy": _root_unit(spec, role) * BYTES[gather_dtype(role.plan)],
+               "vocab grads (end of backward)": _vocab_grad_bytes(spec, role)}
+    step = {f"{name}.grads": grads, "optimizer step": ADAM_STEP_SCRATCH * role.params * 4 / ws}
     if role.plan.optimizer_offload:
         step[f"{name}.optimizer"] = role.optimizer(ws)
-    terms.update(max((fwd_bwd, bwd_end, step), key=lambda t: sum(t.values())))
+    terms.update(max((*forwards, layer_bwd, bwd_end, step), key=lambda t: sum(t.values())))
+    return terms
+
+
+def _forward_end(s: _Step, name: str, rows: int, grads: float) -> dict[str, float]:
+    """The end of a training forward over `rows` full-length sequences (`grads`: bytes of gradients
+    already accumulated by earlier micro-batches of the mini-batch)."""
+    role, spec = s.roles[name], s.spec(name)
+    tokens, resp = rows * s.wl.seq_len, rows * s.wl.response_length
+    terms = {f"{name}.grads": grads, f"{name}.compute_copy": _compute_copy(spec, role, role.plan.compute_dtype)}
+    terms.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=True))
+    if name == "critic":
+        terms["values"] = tokens * spec.hidden_size * 4 * 2
+    else:
+        terms["logits"] = _logits_bytes(spec, resp, role.plan.compute_dtype, backward=True)
     return terms
 
 

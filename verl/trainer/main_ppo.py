@@ -43,6 +43,9 @@ def _task(config) -> None:
         _warn(validate(config))
     except ConfigError as error:
         _fail(error)
+    from verl.utils.startup import startup_clock
+
+    startup_clock().mark("config")
     import signal
 
     from verl.trainer.ppo.task_runner import Interrupted, interruption_line, stop_on_sigterm
@@ -52,7 +55,7 @@ def _task(config) -> None:
     try:
         run_ppo(config)
     except InputError as error:
-        print(f"verl: input error (found before starting Ray):\n{error}", file=sys.stderr)
+        print(f"verl: input error (found before training started):\n{error}", file=sys.stderr)
         raise SystemExit(CONFIG_ERROR_EXIT) from None
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM as Interrupted; Ray is already shut down
         signum = Interrupted.signum if isinstance(stop, Interrupted) else signal.SIGINT
@@ -82,6 +85,9 @@ def __getattr__(name: str):
 
 def main() -> None:
     """Check the overrides in sys.argv, then let Hydra compose `config/ppo_trainer.yaml` and run."""
+    from verl.utils.startup import startup_clock
+
+    startup_clock().mark("python")   # interpreter start-up and this module's imports
     try:
         args, warnings = check_overrides(sys.argv[1:])
     except ConfigError as error:

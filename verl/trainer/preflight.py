@@ -1,10 +1,10 @@
-"""Checks of the run's inputs, made in the driver before Ray starts, reported together in one message.
+"""Checks of the run's inputs, made in the driver before training starts, reported together in one message.
 
 A missing or misnamed data file, an unreadable format, raw (unprocessed) data, an empty set, an
 over-long prompt or a logger whose package is missing would otherwise surface one at a time, each
 after a cluster start-up or some steps in. `input_problems(config)` finds what it can from the
-config and the files alone; `task_runner.build_trainer` adds what building the data sets finds and
-raises `InputError` with everything at once.
+config and the files alone, before Ray starts; `task_runner.build_inputs` adds what building the data
+sets finds (on a thread, while Ray starts) and raises `InputError` with everything at once.
 """
 from __future__ import annotations
 

@@ -77,5 +77,22 @@ def padding_windows(attention_masks: list[torch.Tensor], response_length: int) -
         first = torch.where(real[:prompt_length], column[:prompt_length], prompt_length - 1).min()
         last = torch.where(real[prompt_length:], column[prompt_length:], prompt_length).max()
         ends.append(torch.stack([first, last]))
-    return [(min(first, prompt_length - 1), max(last + 1, prompt_length + 1))
+    return [_round_width(min(first, prompt_length - 1), max(last + 1, prompt_length + 1), seq_len)
             for first, last in torch.stack(ends).tolist()]
+
+
+# Attention (cuDNN builds a plan per shape), GEMM heuristics and compiled kernels are set up once per
+# width met; trimmed widths rounded up to a multiple of this bound a run to seq_len / WIDTH_STEP shapes.
+WIDTH_STEP = 64
+
+
+def rounded_width(width: int, seq_len: int) -> int:
+    """The columns a micro-batch of `width` real columns is run with (see WIDTH_STEP)."""
+    return min(-(-width // WIDTH_STEP) * WIDTH_STEP, seq_len)
+
+
+def _round_width(start: int, end: int, seq_len: int) -> tuple[int, int]:
+    """Widen [start, end) to its rounded width, into the leading (prompt) padding first."""
+    width = rounded_width(end - start, seq_len)
+    start = max(min(start, end - width), 0)
+    return start, start + width

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
+from verl.utils.packing import rounded_width
 
 
 def ceildiv(a: int, b: int) -> int:
@@ -123,7 +124,9 @@ def padded_micro_batches(
 
     A padded micro-batch costs rows x width, where width is the longest prompt plus the longest
     response in it (the columns `verl.utils.packing.padding_windows` keeps), so that is what the
-    budget bounds; its response rows are also kept within those of budget // seq_len full rows. Rows are taken longest first and a micro-batch grows while its padded size fits,
+    budget bounds (that width rounded as `packing.rounded_width` runs it); its response rows are also kept
+    within those of budget // seq_len full rows. Rows are taken longest first and a micro-batch grows while
+    its padded size fits,
     which groups similar lengths and puts many short sequences in one pass. With `dp_group`, every
     rank splits its largest micro-batches until all ranks have the same count.
     """
@@ -133,6 +136,7 @@ def padded_micro_batches(
     prompt_len, response_len = torch.stack([prompt, response]).tolist()
     # A row needs at least its last prompt column and one response column (the window keeps them).
     widths = [(max(p, 1), max(r, 1)) for p, r in zip(prompt_len, response_len)]
+    seq_len = mask.shape[1]
     widest = max(p + r for p, r in widths)
     if widest > max_token_len:
         raise ValueError(
@@ -149,7 +153,7 @@ def padded_micro_batches(
     for i in order:
         p, r = widths[i]
         rows = len(groups[-1]) + 1 if groups else 0
-        if groups and rows * (max(top_p, p) + max(top_r, r)) <= max_token_len \
+        if groups and rows * rounded_width(max(top_p, p) + max(top_r, r), seq_len) <= max_token_len \
                 and rows * max(top_r, r) <= response_budget:
             groups[-1].append(i)
             top_p, top_r = max(top_p, p), max(top_r, r)

@@ -8,6 +8,7 @@ counts prompts, is multiplied by `rollout.n` and divided by the data-parallel si
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -24,6 +25,7 @@ from verl.utils import fsdp_utils
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.flops import training_flops
 from verl.utils.model_loading import build_model, load_tokenizer
+from verl.utils.startup import Laps
 from verl.utils.torch_functional import (
     get_constant_schedule_with_warmup,
     get_cosine_schedule_with_warmup,
@@ -37,6 +39,14 @@ ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 
 
 # ---------------------------------------------------------------------------------------- helpers
+
+
+@functools.lru_cache(maxsize=8)
+def _process_tokenizer(path: str, trust_remote_code: bool):
+    """One tokenizer per path and process: the colocated roles of a worker process (actor, critic)
+    share it instead of each parsing tokenizer.json again (a second or more for a 150k vocabulary).
+    Nothing in a worker changes a tokenizer after loading."""
+    return load_tokenizer(path, trust_remote_code)
 
 
 def _copy_config(config):
@@ -262,6 +272,7 @@ class ActorRolloutRefWorker(Worker):
 
     def __init__(self, config, role: str, plan=None):
         super().__init__()
+        self._laps = Laps(from_process_start=True)
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         if plan is None:
@@ -279,6 +290,7 @@ class ActorRolloutRefWorker(Worker):
         _, self.dp_size = fsdp_utils.init_distributed(plan.dist_backend)
         self.config = _copy_config(config)
         self._normalize_batch_sizes()
+        self._laps("constructor")
 
     def _normalize_batch_sizes(self) -> None:
         cfg, dp, n = self.config, self.dp_size, int(self.config.rollout.get("n", 1))
@@ -305,7 +317,7 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ building
 
-    def _load(self, planned: _PlannedModel, train: bool) -> torch.nn.Module:
+    def _load(self, planned: _PlannedModel, train: bool, laps: Laps) -> torch.nn.Module:
         model_cfg = self.config.model
         module = build_model(
             model_cfg.path,
@@ -314,21 +326,34 @@ class ActorRolloutRefWorker(Worker):
             override_config=model_cfg.get("override_config") or {},
             train=train,
         )
-        return planned.shard(module)
+        laps(f"{planned.name}_load")
+        module = planned.shard(module)
+        laps(f"{planned.name}_shard")
+        return module
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self) -> None:
+    def init_model(self, total_training_steps: int | None = None) -> dict[str, float]:
+        """Load, shard and wrap every model of this role; returns the seconds each piece took.
+
+        `total_training_steps` sizes the LR schedule when the worker was started before the driver knew
+        it (the data set is filtered while the workers start); else the config's value is used."""
+        laps = self._laps
+        laps.restart()
+        if total_training_steps is not None and self._is_actor:
+            self.config.actor.optim.total_training_steps = int(total_training_steps)
         model_cfg = self.config.model
-        self.tokenizer = load_tokenizer(model_cfg.get("tokenizer_path") or model_cfg.path,
-                                        bool(model_cfg.get("trust_remote_code", False)))
+        self.tokenizer = _process_tokenizer(model_cfg.get("tokenizer_path") or model_cfg.path,
+                                            bool(model_cfg.get("trust_remote_code", False)))
+        laps("tokenizer")
         self.actor = self.rollout = self.ref_policy = None
         self.actor_optimizer = self.actor_lr_scheduler = None
         if self._is_actor or self._is_rollout:
             self._actor_model = _PlannedModel("actor", self.plan.actor, self.plan.device_type)
-            self.actor_module = self._load(self._actor_model, train=self._is_actor)
+            self.actor_module = self._load(self._actor_model, train=self._is_actor, laps=laps)
             if self._is_actor:
                 self.actor_optimizer, self.actor_lr_scheduler = _build_optimizer(
                     self.actor_module, self.config.actor.optim, self.plan.actor.fused_optimizer)
+                laps("actor_optimizer")
             actor_cfg = self.config.actor if self._is_actor else self.config.rollout
             self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.actor_optimizer,
                                               precision=self._actor_model.precision,
@@ -338,17 +363,20 @@ class ActorRolloutRefWorker(Worker):
                 self.checkpoint_manager = _checkpoint_manager(self._actor_model, self.actor_module,
                                                               self.actor_optimizer, self.actor_lr_scheduler,
                                                               self.tokenizer, self.config.actor.get("checkpoint"))
+            laps("actor_wrap")
         if self._is_rollout:
             self.rollout = self._build_rollout()
             if self._is_actor and hasattr(self.rollout, "get_rng_state"):
                 # an engine with its own sampling stream: checkpoint it, so a resumed run samples alike
                 self.checkpoint_manager.sampling_streams["rollout"] = self.rollout
+            laps("rollout_engine")
         if self._is_ref:
             self._ref_model = _PlannedModel("ref", self.plan.ref or self.plan.actor, self.plan.device_type)
-            self.ref_module = self._load(self._ref_model, train=False)
+            self.ref_module = self._load(self._ref_model, train=False, laps=laps)
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module, precision=self._ref_model.precision,
                                                    use_remove_padding=self._ref_model.role_plan.use_remove_padding,
                                                    use_torch_compile=self.plan.torch_compile)
+        return laps.seconds
 
     def _build_rollout(self):
         from verl.workers.rollout import ENGINES
@@ -474,6 +502,7 @@ class CriticWorker(Worker):
 
     def __init__(self, config, plan=None):
         super().__init__()
+        self._laps = Laps(from_process_start=True)
         if plan is None:
             raise ValueError("CriticWorker needs the compat plan: pass plan=verl.compat.build_plan(config)")
         if plan.critic is None:
@@ -493,24 +522,36 @@ class CriticWorker(Worker):
         _fill(c, "ppo_max_token_len_per_gpu", p.max_token_len_per_gpu)
         _fill(c, "forward_max_token_len_per_gpu", p.forward_max_token_len_per_gpu or c.get("ppo_max_token_len_per_gpu"))
         _normalize_mini_batch(c, int(c.get("rollout_n", 1) or 1), dp, "critic")
+        self._laps("constructor")
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self) -> None:
+    def init_model(self, total_training_steps: int | None = None) -> dict[str, float]:
+        """Load, shard and wrap the value model; returns the seconds each piece took.
+        `total_training_steps`: as ActorRolloutRefWorker.init_model."""
+        laps = self._laps
+        laps.restart()
+        if total_training_steps is not None:
+            self.config.optim.total_training_steps = int(total_training_steps)
         model_cfg = self.config.model
         trust = bool(model_cfg.get("trust_remote_code", False))
-        self.tokenizer = load_tokenizer(model_cfg.get("tokenizer_path") or model_cfg.path, trust)
+        self.tokenizer = _process_tokenizer(model_cfg.get("tokenizer_path") or model_cfg.path, trust)
+        laps("tokenizer")
         self._critic_model = _PlannedModel("critic", self.plan.critic, self.plan.device_type)
         module = build_model(model_cfg.path, self.plan.critic, value_head=True, trust_remote_code=trust,
                              override_config=model_cfg.get("override_config") or {}, train=True)
+        laps("critic_load")
         self.critic_module = self._critic_model.shard(module)
+        laps("critic_shard")
         self.critic_optimizer, self.critic_lr_scheduler = _build_optimizer(
             self.critic_module, self.config.optim, self.plan.critic.fused_optimizer)
+        laps("critic_optimizer")
         self.critic = DataParallelPPOCritic(self.config, self.critic_module, self.critic_optimizer,
                                             precision=self._critic_model.precision,
                                             use_remove_padding=self.plan.critic.use_remove_padding)
         self.checkpoint_manager = _checkpoint_manager(self._critic_model, self.critic_module, self.critic_optimizer,
                                                       self.critic_lr_scheduler, self.tokenizer,
                                                       self.config.get("checkpoint"))
+        return laps.seconds
 
     def _meta(self, metrics: dict) -> dict:
         metrics.update(fsdp_utils.memory_metrics(self.plan.device_type))

@@ -75,12 +75,24 @@ def placement_timeout() -> float:
 # ---- resource pools ---------------------------------------------------------------------------
 
 
-@ray.remote(num_cpus=0)
-def _node_addr_and_free_port() -> tuple[str, str]:
+def _addr_and_free_port() -> tuple[str, str]:
+    """This node's address and a port free on it now (for the process group's rendezvous)."""
     with socket.socket() as sock:
         sock.bind(("", 0))
         port = sock.getsockname()[1]
     return ray.util.get_node_ip_address().strip("[]"), str(port)
+
+
+_node_addr_and_free_port = ray.remote(num_cpus=0)(_addr_and_free_port)
+
+
+def _on_this_node(pg: PlacementGroup, bundle_index: int = 0) -> bool:
+    """Whether the bundle was placed on the driver's own node."""
+    try:
+        node = ray.util.placement_group_table(pg).get("bundles_to_node_id", {}).get(bundle_index)
+    except Exception:  # noqa: BLE001 - an unexpected table layout: ask the node itself instead
+        return False
+    return node is not None and node == ray.get_runtime_context().get_node_id()
 
 
 class RayResourcePool(ResourcePool):
@@ -335,7 +347,10 @@ class RayWorkerGroup(WorkerGroup):
 
     def _init_with_resource_pool(self, resource_pool, ray_cls_with_init, bin_pack, detached) -> None:
         pgs = resource_pool.get_placement_groups(strategy="STRICT_PACK" if bin_pack else "PACK")
-        if self._master_addr is None:
+        if self._master_addr is None and _on_this_node(pgs[0]):
+            # rank 0 runs on the driver's node: no task (and no worker process started for it) needed
+            self._master_addr, self._master_port = _addr_and_free_port()
+        elif self._master_addr is None:
             task = _node_addr_and_free_port.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pgs[0], placement_group_bundle_index=0)
             ).remote()

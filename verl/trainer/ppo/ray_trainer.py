@@ -48,6 +48,7 @@ from verl.utils.checkpoint.checkpoint_manager import (
 )
 from verl.utils.checkpoint.plain_state import host_rng_state, load_plain, set_host_rng_state
 from verl.utils.dataset.resumable_sampler import ResumableSampler
+from verl.utils.startup import end_startup, startup_clock
 from verl.utils.timer import marked_timer
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking
@@ -147,6 +148,44 @@ _MUST_BE_FINITE = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "critic/vf
                    "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/values/mean")
 
 
+def _uses_reference_policy(config) -> bool:
+    return bool(config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
+
+
+def spawn_worker_groups(config, role_worker_mapping: dict, resource_pool_manager: ResourcePoolManager, plan=None,
+                        worker_group_cls=RayWorkerGroup) -> dict[str, RayWorkerGroup]:
+    """Start the worker processes, one per device holding every colocated role (actor+rollout(+ref),
+    critic); their constructors run, no model is loaded yet. Returns one group per role name.
+
+    Needs no data set, so `run_ppo` calls it while the driver is still reading and filtering the data.
+    """
+    resource_pool_manager.create_resource_pool()
+    pool_to_classes = {pool: {} for pool in resource_pool_manager.resource_pool_dict.values()}
+
+    def add(group: Role, **init_kwargs) -> None:
+        if plan is not None:
+            init_kwargs["plan"] = plan
+        pool = resource_pool_manager.get_resource_pool(group)
+        pool_to_classes[pool][str(group)] = RayClassWithInitArgs(cls=role_worker_mapping[group], **init_kwargs)
+
+    actor_role = Role.ActorRolloutRef if Role.ActorRolloutRef in role_worker_mapping else Role.ActorRollout
+    add(actor_role, config=config.actor_rollout_ref, role=str(actor_role))
+    if Role.Critic in role_worker_mapping:
+        add(Role.Critic, config=config.critic)
+    if _uses_reference_policy(config) and Role.RefPolicy in role_worker_mapping:
+        add(Role.RefPolicy, config=config.actor_rollout_ref, role="ref")
+
+    all_wg = {}
+    for pool, class_dict in pool_to_classes.items():
+        if not class_dict:
+            continue
+        colocated = create_colocated_worker_cls(class_dict=class_dict)
+        group = worker_group_cls(resource_pool=pool, ray_cls_with_init=colocated)
+        all_wg.update(group.spawn(prefix_set=class_dict.keys()))
+        print(f"Worker processes: {group.world_size}, each holding roles: {', '.join(class_dict)}", flush=True)
+    return all_wg
+
+
 class RayPPOTrainer:
     """PPO/GRPO over Ray worker groups; `init_workers()` then `fit()`."""
 
@@ -166,6 +205,7 @@ class RayPPOTrainer:
         train_sampler: Sampler | None = None,
         device_name: str | None = None,
         plan=None,
+        worker_groups: dict | None = None,
     ):
         self.config = config
         self.tokenizer = tokenizer
@@ -176,6 +216,7 @@ class RayPPOTrainer:
         self.resource_pool_manager = resource_pool_manager
         self.ray_worker_group_cls = ray_worker_group_cls
         self.plan = plan
+        self._worker_groups = worker_groups   # from spawn_worker_groups, when started before this trainer
         self._plan_lines: set[str] = set()
         self.device_name = device_name or (plan.device_type if plan is not None else config.trainer.get("device"))
 
@@ -186,7 +227,7 @@ class RayPPOTrainer:
 
         algo = config.algorithm
         self.use_critic = Role.Critic in role_worker_mapping
-        self.use_reference_policy = bool(algo.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
+        self.use_reference_policy = _uses_reference_policy(config)
         self.kl_ctrl_in_reward = core_algos.get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
         if reward_fn is None:
             raise ValueError("RayPPOTrainer needs reward_fn (see verl.trainer.ppo.reward.load_reward_manager).")
@@ -259,44 +300,42 @@ class RayPPOTrainer:
                 self.config.critic.optim.total_training_steps = total_steps
 
     def init_workers(self) -> None:
-        """Start one process per device holding every colocated role (actor+rollout(+ref), critic)."""
-        self.resource_pool_manager.create_resource_pool()
-        pool_to_classes = {pool: {} for pool in self.resource_pool_manager.resource_pool_dict.values()}
+        """Start one process per device holding every colocated role (actor+rollout(+ref), critic) and
+        load the models; worker groups handed in at construction (started while the driver was still
+        reading the data) only load."""
+        clock = startup_clock()
+        spawned_early = self._worker_groups is not None
+        if spawned_early:
+            all_wg = self._worker_groups
+        else:
+            all_wg = spawn_worker_groups(self.config, self.role_worker_mapping, self.resource_pool_manager,
+                                         self.plan, self.ray_worker_group_cls)
+            clock.mark("spawn_workers")
+        # Workers started before the data set was filtered got a config without the schedule's length.
+        init_kwargs = {"total_training_steps": self.total_training_steps} if spawned_early else {}
 
         actor_role = Role.ActorRolloutRef if Role.ActorRolloutRef in self.role_worker_mapping else Role.ActorRollout
-        self._add_class(pool_to_classes, actor_role, config=self.config.actor_rollout_ref, role=str(actor_role))
-        if self.use_critic:
-            self._add_class(pool_to_classes, Role.Critic, config=self.config.critic)
-        if self.use_reference_policy and Role.RefPolicy in self.role_worker_mapping:
-            self._add_class(pool_to_classes, Role.RefPolicy, config=self.config.actor_rollout_ref, role="ref")
-
-        all_wg = {}
-        for pool, class_dict in pool_to_classes.items():
-            if not class_dict:
-                continue
-            colocated = create_colocated_worker_cls(class_dict=class_dict)
-            group = self.ray_worker_group_cls(resource_pool=pool, ray_cls_with_init=colocated)
-            all_wg.update(group.spawn(prefix_set=class_dict.keys()))
-            print(f"Worker processes: {group.world_size}, each holding roles: {', '.join(class_dict)}", flush=True)
-
         if self.use_critic:
             self.critic_wg = all_wg[str(Role.Critic)]
-            self.critic_wg.init_model()
+            self._record_init(Role.Critic, self.critic_wg.init_model(**init_kwargs))
         if self.use_reference_policy:
             if str(Role.RefPolicy) in all_wg:
                 self.ref_policy_wg = all_wg[str(Role.RefPolicy)]
-                self.ref_policy_wg.init_model()
+                self._record_init(Role.RefPolicy, self.ref_policy_wg.init_model(**init_kwargs))
             else:
                 self.ref_policy_wg = all_wg[str(actor_role)]
         # The actor+rollout starts last, so its memory estimate sees everything else already loaded.
         self.actor_rollout_wg = all_wg[str(actor_role)]
-        self.actor_rollout_wg.init_model()
+        self._record_init(actor_role, self.actor_rollout_wg.init_model(**init_kwargs))
+        clock.mark("init_models")
 
-    def _add_class(self, pool_to_classes, group: Role, **init_kwargs) -> None:
-        pool = self.resource_pool_manager.get_resource_pool(group)
-        if self.plan is not None:
-            init_kwargs["plan"] = self.plan
-        pool_to_classes[pool][str(group)] = RayClassWithInitArgs(cls=self.role_worker_mapping[group], **init_kwargs)
+    @staticmethod
+    def _record_init(role: Role, per_rank: list) -> None:
+        """Rank 0's pieces of a role's model set-up, for the start-up table (a custom worker may return
+        nothing)."""
+        laps = per_rank[0] if per_rank else None
+        for piece, seconds in (laps.items() if isinstance(laps, dict) else ()):
+            startup_clock().detail(f"{role}/{piece}", seconds)
 
     def _pop_metrics(self, output: DataProto) -> dict[str, float]:
         """The workers' metrics; first, the plan is re-issued for each numerics-guard fallback they
@@ -336,6 +375,8 @@ class RayPPOTrainer:
             logger.finish()
             return
         progress_bar = None
+        clock = startup_clock()
+        clock.mark("logger_checkpoint")
         try:
             if config.trainer.get("val_before_train", True):
                 val_metrics = self._validate()
@@ -343,6 +384,10 @@ class RayPPOTrainer:
                 logger.log(data=val_metrics, step=self.global_steps)
                 if config.trainer.get("val_only", False):
                     return
+                clock.mark("validation")
+            startup_metrics = clock.metrics()
+            print(clock.table(), flush=True)
+            end_startup()
 
             progress_bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training Progress")
             self.global_steps += 1
@@ -350,7 +395,8 @@ class RayPPOTrainer:
             for epoch in range(start_epoch, config.trainer.total_epochs):
                 for batches_done, batch_dict in enumerate(self.train_dataloader, start=first_batch):
                     is_last_step = self.global_steps >= self.total_training_steps
-                    metrics, timing_raw = {}, {}
+                    metrics, timing_raw = startup_metrics, {}
+                    startup_metrics = {}  # the first step's record carries the start-up breakdown
                     with marked_timer("step", timing_raw):
                         batch = self._train_step(batch_dict, metrics, timing_raw)
                     if config.trainer.test_freq > 0 and (is_last_step or self.global_steps % config.trainer.test_freq == 0):

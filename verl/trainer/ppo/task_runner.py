@@ -6,12 +6,15 @@ the compat plan says CPU.
 """
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import threading
 from contextlib import contextmanager
 
 from omegaconf import OmegaConf
+
+from verl.utils.startup import startup_clock
 
 # Environment every Ray worker starts with (upstream sets the same ones).
 WORKER_ENV = {
@@ -24,30 +27,79 @@ RAY_INIT_TIMEOUT_S = float(os.environ.get("VERL_RAY_INIT_TIMEOUT_S", "180"))
 
 
 def run_ppo(config) -> None:
-    """Plan, start Ray (unless already running), build everything and train."""
+    """Plan, start Ray and the worker processes while the data sets are read on a thread, then train.
+
+    Problems visible from the config and the files alone stop the run before Ray starts; what only
+    reading the data finds (an over-long prompt, a missing column) arrives while Ray starts, which is
+    then shut down again, with the same message and exit status.
+    """
     import ray
 
     from verl import compat
+    from verl.trainer.ppo.ray_trainer import spawn_worker_groups
+    from verl.trainer.preflight import input_problems
 
     plan = compat.build_plan(config)
     print(compat.format_plan(plan), flush=True)
     compat.resolve_config(config, plan)
     OmegaConf.resolve(config)
+    clock = startup_clock()
+    clock.mark("plan")
 
-    # Data, tokenizer and rewards are built (and checked) here in the driver, before Ray starts.
-    trainer = build_trainer(config, plan)
+    roles, pools = worker_layout(config, plan)
+    clock.mark("imports")
+    if input_problems(config):
+        build_inputs(config)  # raises InputError with these and whatever the data sets add, before Ray
+    # the thread reads its own copy: this thread hands the config to the workers meanwhile
+    inputs = _Background(build_inputs, copy.deepcopy(config))
     started_ray = False
-    if not ray.is_initialized():
-        _init_ray(config, plan)
-        started_ray = True
-        stop_on_sigterm()  # ray.init installs a SIGTERM handler of its own in the driver
     try:
+        if not ray.is_initialized():
+            _init_ray(config, plan)
+            started_ray = True
+            stop_on_sigterm()  # ray.init installs a SIGTERM handler of its own in the driver
+            clock.mark("ray_init")
+        inputs.raise_if_failed()  # an input error found meanwhile: no worker needs to start
+        groups = spawn_worker_groups(config, roles, pools, plan)
+        clock.mark("spawn_workers")
+        ready = inputs.result()
+        clock.mark("wait_for_data")
+        for stage, seconds in ready["seconds"].items():
+            clock.record(stage, seconds)
+        trainer = build_trainer(config, plan, inputs=ready, layout=(roles, pools), worker_groups=groups)
+        clock.mark("dataloaders")
         trainer.init_workers()
         print(trainer.actor_rollout_wg.describe_placement(), flush=True)
         trainer.fit()
     finally:
         if started_ray:
             ray.shutdown()
+
+
+class _Background:
+    """`fn(*args)` on a daemon thread (a Ctrl-C in the main thread need not wait for it); `result()`
+    waits and re-raises what it raised."""
+
+    def __init__(self, fn, *args):
+        self._value = self._error = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args), name="verl-inputs", daemon=True)
+        self._thread.start()
+
+    def _run(self, fn, args) -> None:
+        try:
+            self._value = fn(*args)
+        except BaseException as err:  # noqa: BLE001 - handed to the main thread by result()
+            self._error = err
+
+    def raise_if_failed(self) -> None:
+        if not self._thread.is_alive() and self._error is not None:
+            raise self._error
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 class Interrupted(KeyboardInterrupt):
@@ -149,23 +201,15 @@ def _time_limit(seconds: float, message: str):
         signal.signal(signal.SIGALRM, previous)
 
 
-def build_trainer(config, plan):
-    """Everything `RayPPOTrainer` needs, from the config alone."""
+def worker_layout(config, plan):
+    """The worker classes per role (actor+rollout, +ref when a KL term needs the reference policy,
+    critic for GAE) and the resource pool they share: (role_worker_mapping, resource_pool_manager)."""
     import ray
 
     from verl.single_controller.ray import ResourcePoolManager
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-    from verl.trainer.ppo.reward import load_reward_manager
     from verl.trainer.ppo.utils import Role, need_critic, need_reference_policy
-    from verl.utils.dataset.rl_dataset import collate_fn, create_rl_sampler
-    from verl.utils.model_loading import load_tokenizer
     from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
-    model_cfg = config.actor_rollout_ref.model
-    tokenizer = load_tokenizer(model_cfg.get("tokenizer_path") or model_cfg.path,
-                               trust_remote_code=model_cfg.get("trust_remote_code", False))
-
-    # Roles: actor+rollout (+ref when a KL term needs the reference policy), critic for GAE.
     actor_role = Role.ActorRolloutRef if need_reference_policy(config) else Role.ActorRollout
     role_worker_mapping = {actor_role: ray.remote(ActorRolloutRefWorker)}
     if need_critic(config):
@@ -177,32 +221,67 @@ def build_trainer(config, plan):
         use_gpu=plan.device_type != "cpu",
         max_colocate_count=1,   # one process per device holds every role (create_colocated_worker_cls)
     )
+    return role_worker_mapping, resource_pool_manager
 
+
+def build_inputs(config) -> dict:
+    """Tokenizer, reward managers, checked train/val sets and the sampler: everything the trainer
+    needs from the config and the data (no Ray). "seconds" holds how long each piece took."""
+    import time
+
+    from verl.trainer.ppo.reward import load_reward_manager
+    from verl.utils.dataset.rl_dataset import create_rl_sampler
+    from verl.utils.model_loading import load_tokenizer
+
+    seconds, start = {}, time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal start
+        now = time.perf_counter()
+        seconds[name], start = now - start, now
+
+    model_cfg = config.actor_rollout_ref.model
+    tokenizer = load_tokenizer(model_cfg.get("tokenizer_path") or model_cfg.path,
+                               trust_remote_code=model_cfg.get("trust_remote_code", False))
+    lap("tokenizer")
     reward_kwargs = OmegaConf.select(config, "reward_model.reward_kwargs", default=None) or {}
     reward_kwargs = OmegaConf.to_container(reward_kwargs, resolve=True) if OmegaConf.is_config(reward_kwargs) else dict(reward_kwargs)
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **reward_kwargs)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, **reward_kwargs)
-
+    lap("reward")
     train_dataset, val_dataset = _checked_datasets(config, tokenizer)
     train_sampler = create_rl_sampler(config.data, train_dataset)
+    lap("datasets")
+    return {"tokenizer": tokenizer, "reward_fn": reward_fn, "val_reward_fn": val_reward_fn,
+            "train_dataset": train_dataset, "val_dataset": val_dataset, "train_sampler": train_sampler,
+            "seconds": seconds}
 
+
+def build_trainer(config, plan, inputs: dict | None = None, layout=None, worker_groups=None):
+    """The `RayPPOTrainer` for `config`; `inputs` (build_inputs), `layout` (worker_layout) and already
+    started `worker_groups` (spawn_worker_groups) are made here when not given."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.preflight import InputError
+    from verl.utils.dataset.rl_dataset import collate_fn
 
+    roles, pools = layout or worker_layout(config, plan)
+    inputs = inputs or build_inputs(config)
     try:
         return RayPPOTrainer(
             config=config,
-            tokenizer=tokenizer,
-            role_worker_mapping=role_worker_mapping,
-            resource_pool_manager=resource_pool_manager,
-            reward_fn=reward_fn,
-            val_reward_fn=val_reward_fn,
-            train_dataset=train_dataset,
-            val_dataset=val_dataset,
+            tokenizer=inputs["tokenizer"],
+            role_worker_mapping=roles,
+            resource_pool_manager=pools,
+            reward_fn=inputs["reward_fn"],
+            val_reward_fn=inputs["val_reward_fn"],
+            train_dataset=inputs["train_dataset"],
+            val_dataset=inputs["val_dataset"],
             collate_fn=collate_fn,
-            train_sampler=train_sampler,
+            train_sampler=inputs["train_sampler"],
             plan=plan,
+            worker_groups=worker_groups,
         )
-    except ValueError as err:  # batch size vs data set size, and the like: still before Ray starts
+    except ValueError as err:  # batch size vs data set size, and the like
         raise InputError([str(err)]) from err
 
 

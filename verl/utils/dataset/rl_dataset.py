@@ -136,7 +136,7 @@ class RLHFDataset(Dataset):
         """Raise if a prompt is over data.max_prompt_length while neither filtering nor truncation is on.
 
         Such a prompt would stop training at the batch that holds it (and again after a resume); the
-        driver calls this before Ray starts, so they are all found at once instead.
+        driver calls this before training starts, so they are all found at once instead.
         """
         if self.filter_overlong_prompts or self.truncation != "error":
             return
@@ -170,14 +170,21 @@ class RLHFDataset(Dataset):
         )
 
     def _prompt_lengths(self) -> np.ndarray:
-        """Token count of every chat-formatted prompt, tokenised in batches (the fast tokenizer is threaded)."""
+        """Token count of every chat-formatted prompt, tokenised in batches (the fast tokenizer is threaded).
+
+        Only the counts are needed, so a fast tokenizer's Rust backend is called directly: the same
+        encoding `__getitem__` makes, without building Python lists of every prompt's ids."""
         lengths = np.empty(len(self), dtype=np.int64)
         prompts = self.table.column(self.prompt_key)
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
         for start in range(0, len(self), _LENGTH_BATCH):
             chunk = prompts.slice(start, _LENGTH_BATCH).to_pylist()
             texts = [self._render(messages, start + offset) for offset, messages in enumerate(chunk)]
-            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-            lengths[start : start + len(chunk)] = [len(x) for x in ids]
+            if backend is not None:
+                counts = [len(encoding.ids) for encoding in backend.encode_batch(texts, add_special_tokens=False)]
+            else:
+                counts = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+            lengths[start : start + len(chunk)] = counts
         return lengths
 
     # ------------------------------------------------------------------ samples
