@@ -16,6 +16,7 @@ MODEL=/tmp/qwen05b-random
 [ -f $MODEL/config.json ] || python3 benchmarks/build_qwen_shaped.py $MODEL --tokenizer .gpu-assets/tok > "$W/build.log" 2>&1
 pack() { tar czf "${OUT:-/tmp}/$mode.tgz" -C /tmp/h200 "$mode"; }
 trap pack EXIT
+trap 'exit 143' TERM
 t0=$(date +%s)
 if [ "$mode" = correctness ]; then
   timeout 170 python3 benchmarks/rollout_speed.py --skip-old --out "$W/rollout" > "$W/rollout.log" 2>&1; echo "rollout_speed exit $?"
@@ -51,6 +52,14 @@ elif [ "$mode" = profile ]; then
       --out "$W/mm_field" > "$W/mm_field.log" 2>&1 &
   wait; echo "memory_model done at $(( $(date +%s) - t0 )) s"
   grep -A40 "summary\|families" "$W/profile.log" | head -80; tail -30 "$W/mm_matrix.log"; tail -12 "$W/mm_field.log"
+elif [ "$mode" = final2 ]; then
+  # the matrix with the calibrated planner (3 steps, validation at steps 2 and 3), then the p40 and quick-start rows alone
+  timeout 270 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --steps 3 --test-freq 2 --jobs 8 --budget-gb 136 \
+      --cell-timeout 200 --out "$W/matrix" > "$W/matrix.log" 2>&1
+  echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -32
+  SPEED_ROWS=p40,quickstart P40_STEPS=6 QS_STEPS=5 P40_TIMEOUT=80 QS_TIMEOUT=140 \
+      timeout 230 python3 benchmarks/speed.py --out "$W/speed" > "$W/speed.log" 2>&1
+  echo "speed exit $? at $(( $(date +%s) - t0 )) s"; tail -16 "$W/speed.log"
 elif [ "$mode" = speed2 ]; then
   # the update phases under the profiler (quick start, alone), then the main speed rows one at a time
   timeout 120 python3 benchmarks/profile_step.py --model $MODEL --profiles h200 --settings quickstart \

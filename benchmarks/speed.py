@@ -127,11 +127,15 @@ def run_main_ppo(name: str, overrides: list[str], steps: int, timeout: int, out:
             row[key] = round(statistics.median(values), 4) if values else None
         row["max_memory_allocated_gb_per_step"] = [round(s.get("perf/max_memory_allocated_gb", 0.0), 2)
                                                    for s in steps_logged]
+        # the trainer's start-up breakdown rides on the first step's record (verl/utils/startup.py)
+        row["startup_s"] = {k.removeprefix("timing_s/startup").lstrip("/") or "total": round(v, 2)
+                            for k, v in (steps_logged[0] if steps_logged else {}).items()
+                            if k.startswith("timing_s/startup")}
     except SystemExit as err:   # no step logged: keep the log's tail for the report
         row["error"] = str(err)
         row["log_tail"] = log.read_text()[-3000:]
-    print(f"{name}: exit {row['exit']}, {row.get('s_per_step')} s/step, cold start {row['cold_start_to_first_step_s']} s",
-          flush=True)
+    print(f"{name}: exit {row['exit']}, {row.get('s_per_step')} s/step, cold start {row['cold_start_to_first_step_s']} s "
+          f"(start-up {row.get('startup_s', {}).get('total')} s, first step {row.get('first_step_s')} s)", flush=True)
     return row
 
 

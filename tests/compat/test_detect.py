@@ -279,6 +279,20 @@ def test_xformers_probe_reports_why_it_cannot_run():
     assert isinstance(reason, str) and reason and "\n" not in reason
 
 
+def test_xformers_probe_verdict_is_kept_on_disk_per_versions_and_gpu(tmp_path, monkeypatch):
+    """The child process costs 10-15 s of start-up on a GPU host: a second run reads the verdict."""
+    monkeypatch.setenv("VERL_CACHE_DIR", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(detect, "_run_xformers_probe", lambda dtype: calls.append(dtype) or f"no kernels for {dtype}")
+    for _ in range(2):
+        detect._xformers_probe.cache_clear()
+        assert detect._xformers_probe("float16") == "no kernels for float16"
+    detect._xformers_probe.cache_clear()
+    assert detect._xformers_probe("bfloat16") == "no kernels for bfloat16"   # another dtype: probed again
+    assert calls == ["float16", "bfloat16"]
+    detect._xformers_probe.cache_clear()
+
+
 # ----------------------------------------------------------------------------- a simulated GPU with no GPU
 
 SIM_RUN = ["data.train_batch_size=256", "actor_rollout_ref.actor.ppo_mini_batch_size=64",

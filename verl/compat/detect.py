@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import importlib.metadata
 import importlib.util
 import logging
@@ -17,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
@@ -251,9 +253,38 @@ sys.exit(0 if ok else "non-finite output")
 """
 
 
+def _probe_cache_path() -> Path:
+    root = os.environ.get("VERL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "verl")
+    return Path(root) / "kernel_probes.json"
+
+
 @functools.cache
 def _xformers_probe(dtype: str) -> str | None:
-    """One tiny causal memory-efficient attention on GPU 0 in `dtype`: None if it ran, else why not."""
+    """One tiny causal memory-efficient attention on GPU 0 in `dtype`: None if it ran, else why not.
+
+    The child process costs 10-15 s (a fresh torch, CUDA context, xformers import), so its verdict is
+    kept on disk per (xformers, torch, GPU, dtype): later runs on the machine start without it."""
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    key = "|".join((_version("xformers") or "?", torch.__version__, gpu, dtype))
+    path = _probe_cache_path()
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if key in cached:
+        return cached[key]
+    verdict = _run_xformers_probe(dtype)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({**cached, key: verdict}, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass   # a read-only home only costs the probe again next time
+    return verdict
+
+
+def _run_xformers_probe(dtype: str) -> str | None:
     try:
         proc = subprocess.run([sys.executable, "-c", _XFORMERS_PROBE, dtype], capture_output=True,
                               text=True, timeout=300, check=False)

@@ -46,12 +46,13 @@ def run_ppo(config) -> None:
     clock = startup_clock()
     clock.mark("plan")
 
-    roles, pools = worker_layout(config, plan)
-    clock.mark("imports")
     if input_problems(config):
         build_inputs(config)  # raises InputError with these and whatever the data sets add, before Ray
-    # the thread reads its own copy: this thread hands the config to the workers meanwhile
-    inputs = _Background(build_inputs, copy.deepcopy(config))
+    # Beside ray.init, one thread after the other: the worker classes' imports, then tokenizer and data
+    # sets (never two imports at once). They read their own copy of the config.
+    own = copy.deepcopy(config)
+    layout = _Background(worker_layout, own, plan)
+    inputs = _Background(_after, layout, build_inputs, own)
     started_ray = False
     try:
         if not ray.is_initialized():
@@ -59,6 +60,9 @@ def run_ppo(config) -> None:
             started_ray = True
             stop_on_sigterm()  # ray.init installs a SIGTERM handler of its own in the driver
             clock.mark("ray_init")
+        roles, pools = layout.result()
+        clock.mark("wait_for_imports")
+        clock.record("imports", layout.seconds)
         inputs.raise_if_failed()  # an input error found meanwhile: no worker needs to start
         groups = spawn_worker_groups(config, roles, pools, plan)
         clock.mark("spawn_workers")
@@ -78,18 +82,23 @@ def run_ppo(config) -> None:
 
 class _Background:
     """`fn(*args)` on a daemon thread (a Ctrl-C in the main thread need not wait for it); `result()`
-    waits and re-raises what it raised."""
+    waits and re-raises what it raised; `seconds` is how long `fn` ran."""
 
     def __init__(self, fn, *args):
         self._value = self._error = None
-        self._thread = threading.Thread(target=self._run, args=(fn, args), name="verl-inputs", daemon=True)
+        self.seconds = 0.0
+        self._thread = threading.Thread(target=self._run, args=(fn, args), name="verl-start-up", daemon=True)
         self._thread.start()
 
     def _run(self, fn, args) -> None:
+        import time
+
+        start = time.perf_counter()
         try:
             self._value = fn(*args)
         except BaseException as err:  # noqa: BLE001 - handed to the main thread by result()
             self._error = err
+        self.seconds = time.perf_counter() - start
 
     def raise_if_failed(self) -> None:
         if not self._thread.is_alive() and self._error is not None:
@@ -100,6 +109,12 @@ class _Background:
         if self._error is not None:
             raise self._error
         return self._value
+
+
+def _after(first: _Background, fn, *args):
+    """`fn(*args)` once `first` has finished (so two threads never import at the same time)."""
+    first.result()
+    return fn(*args)
 
 
 class Interrupted(KeyboardInterrupt):
