@@ -258,11 +258,7 @@ def run_setting(profile: str, name: str, model: str, args, work: Path,
     lines = [f"=== {profile} / {name} / {variant[0]}: {w.rows} rows ({shape['batch']} prompts x n={spec['n']}), "
              f"{shape['prompt']}+{shape['response']} tokens, prompt tokens {args.prompt_tokens}, on {row['device']}",
              plan_line(w.plan)]
-    for phase in available:
-        if phase not in wanted:
-            if phase == "generate_sequences":
-                step.call(phase)
-            continue
+    for phase in wanted:              # on the timed pass's batch
         part = "the whole phase"
         if phase == "generate_sequences" and 0 < args.profile_decode_steps < shape["response"]:
             step.decode_steps = args.profile_decode_steps
