@@ -27,12 +27,12 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from launch import launch_main_ppo  # noqa: E402
 from speed import P40, QUICKSTART, common  # noqa: E402
 
 STARTUP = "timing_s/startup"
@@ -54,26 +54,8 @@ def shape_overrides(name: str, gpu: bool, response_length: int | None) -> list[s
 def run_once(name: str, overrides: list[str], out: Path, timeout: int) -> dict:
     """One main_ppo run to the end of its first step; the cold start and the first record's breakdown."""
     jsonl, log = out / f"{name}.jsonl", out / f"{name}.log"
-    jsonl.unlink(missing_ok=True)
-    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(jsonl), "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides, "trainer.total_training_steps=1"]
-    start = time.perf_counter()
-    cold = None
-    with open(log, "w") as fp:
-        proc = subprocess.Popen(cmd, stdout=fp, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        while proc.poll() is None:
-            if cold is None and jsonl.exists() and '"timing_s/step"' in jsonl.read_text():
-                cold = time.perf_counter() - start
-            if time.perf_counter() - start > timeout:
-                proc.kill()
-                break
-            time.sleep(0.1)
-        proc.wait()
-    if cold is None and jsonl.exists() and '"timing_s/step"' in jsonl.read_text():
-        cold = time.perf_counter() - start  # the step landed between the last poll and the exit
-    row = {"exit": proc.returncode, "cold_start_to_first_step_s": None if cold is None else round(cold, 2),
-           "command": " ".join(cmd[1:])}
+    row = launch_main_ppo([*overrides, "trainer.total_training_steps=1"], jsonl, log, timeout)
+    row.pop("wall_s")
     records = [json.loads(line)["data"] for line in jsonl.read_text().splitlines()] if jsonl.exists() else []
     first = next((r for r in records if "timing_s/step" in r), None)
     if first is None:

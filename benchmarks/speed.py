@@ -34,12 +34,12 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from launch import launch_main_ppo  # noqa: E402
 from summarize_run import summarize  # noqa: E402
 
 ALL_ROWS = ("quickstart", "p40", "p40_manual", "grpo", "trl", "rollout")
@@ -98,25 +98,8 @@ def _env(name: str, default):
 def run_main_ppo(name: str, overrides: list[str], steps: int, timeout: int, out: Path, base: list[str]) -> dict:
     """One stock main_ppo run; its summary plus the cold start read off the JSONL as it is written."""
     jsonl, log = out / f"{name}.jsonl", out / f"{name}.log"
-    jsonl.unlink(missing_ok=True)
-    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(jsonl), "PYTHONUNBUFFERED": "1",
-           "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *base, *overrides, f"trainer.total_training_steps={steps}"]
-    start = time.perf_counter()
-    first_step_s = None
-    with open(log, "w") as fp:
-        proc = subprocess.Popen(cmd, stdout=fp, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        while proc.poll() is None:
-            if first_step_s is None and jsonl.exists() and '"timing_s/step"' in jsonl.read_text():
-                first_step_s = time.perf_counter() - start
-            if time.perf_counter() - start > timeout:
-                proc.kill()
-                break
-            time.sleep(0.2)
-        proc.wait()
-    wall = time.perf_counter() - start
-    row = {"name": name, "exit": proc.returncode, "wall_s": round(wall, 1), "command": " ".join(cmd[1:]),
-           "cold_start_to_first_step_s": round(first_step_s, 1) if first_step_s else None}
+    row = {"name": name, **launch_main_ppo([*base, *overrides, f"trainer.total_training_steps={steps}"], jsonl, log,
+                                           timeout)}
     try:
         row.update(summarize(str(jsonl)))
         steps_logged = [json.loads(line)["data"] for line in jsonl.read_text().splitlines() if line.strip()]
