@@ -11,8 +11,9 @@ reports. `required_gb` adds what the allocator does not count as allocated: the 
 and a fragmentation margin. The planner fits `required_gb` into the device.
 
 Per-layer activation formula (bytes per token, one decoder layer, saved for backward), with
-`r` the residual-stream width in bytes (4 when master weights are float32, even under
-autocast) and `c` the compute width:
+`r` the residual-stream width in bytes (the dtype the weights are gathered in: 4 for float32
+weights under autocast, 2 when FSDP gathers them in bf16/fp16; calibrated on the H200) and `c`
+the compute width:
     norms   2 x (2H*r + H*c)           input and normalised copy kept in float32, cast input of the next matmul
     attn    (2q + 2kv + 2q)*c + 4*heads   q, k, v, output and its contiguous copy, log-sum-exp
     mlp     4I*c                        gate, act(gate), up, act(gate)*up
