@@ -162,10 +162,9 @@ def offload_optimizer_state(optimizer: torch.optim.Optimizer, device) -> None:
     activations are the largest transient) never share the device with it, which is what the memory
     model assumes. Held for a whole update instead, from the second step of training on (once the
     state exists) it sat next to the update's activations: +3.7 GiB over the plan on a T4 for
-    Qwen2.5-0.5B. A step a grad scaler skips moves nothing. With param offload FSDP2's
-    CPUOffloadPolicy keeps shards and gradients in host memory and steps them there, so their state
-    never moves to `device`. State the optimizer creates lazily (its first step) is made beside the
-    shard by torch and sent to the host after that step.
+    Qwen2.5-0.5B. With param offload FSDP2's CPUOffloadPolicy keeps shards and gradients in host
+    memory and steps them there, so their state never moves to `device`. State the optimizer creates
+    lazily (its first step) is made beside the shard by torch and sent to the host after that step.
     """
     def to_device(opt, args, kwargs) -> None:   # a pre-hook's return value would replace the step's arguments
         move_optimizer_state(opt, device, keep_host_shards=True)
