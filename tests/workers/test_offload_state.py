@@ -78,9 +78,10 @@ class _Role:
         self.checkpoint = fw._checkpoint_manager(self.planned, self.module, self.optimizer, self.scheduler, None,
                                                  {"save_contents": ["model", "optimizer"]})
         self.at_step = records
+        self.device = ACCELERATOR if device_type == "meta" else HOST
+        self.planned.place_optimizer(self.optimizer, self.device)   # as the worker does, before the records
         self.optimizer.register_step_pre_hook(self._record("before"))
         self.optimizer.register_step_post_hook(self._record("after"))
-        self.device = ACCELERATOR if device_type == "meta" else HOST
 
     def _record(self, when):
         def hook(optimizer, args, kwargs):
@@ -91,9 +92,8 @@ class _Role:
         return hook
 
     def update(self, fn, data):
-        """The worker's update: the optimizer state is held per the plan around the PPO epochs."""
-        with fsdp_utils.optimizer_state_on(self.optimizer, self.device, self.planned.optimizer_offload):
-            metrics = fn(data)
+        """The worker's update: PPO epochs (the optimizer state placed per the plan at each step), then the LR."""
+        metrics = fn(data)
         self.scheduler.step()
         return metrics
 
@@ -209,14 +209,16 @@ def test_param_offload_keeps_shards_grads_and_state_in_host_memory(model_dir, tm
 
 
 def test_offload_leaves_the_state_of_host_shards_in_host_memory():
-    """Optimizer offload moves the state to the update's device (`meta` here: the move would be real)
-    except the state of shards held in host memory, which is where their step runs."""
+    """Optimizer offload moves the state to the step's device (`meta` here: the move would be real, and
+    AdamW would refuse meta state for a host shard) except the state of shards held in host memory, which
+    is where their step runs; after every step the state is in host memory."""
     param = torch.nn.Parameter(torch.ones(3))
     optimizer = torch.optim.AdamW([param], lr=0.1)
-    param.grad = torch.ones(3)
-    optimizer.step()
-    with fsdp_utils.optimizer_state_on(optimizer, ACCELERATOR, offload=True):
-        assert _devices(_state_tensors(optimizer)) == {"cpu"}
+    fsdp_utils.offload_optimizer_state(optimizer, ACCELERATOR)
+    at_step = []
+    optimizer.register_step_pre_hook(lambda opt, *_: at_step.append(_devices(_state_tensors(opt))))
+    for _ in range(2):
         param.grad = torch.ones(3)
         optimizer.step()
-    assert _devices(_state_tensors(optimizer)) == {"cpu"}
+        assert _devices(_state_tensors(optimizer)) == {"cpu"}
+    assert at_step == [set(), {"cpu"}]    # none before the first step creates it

@@ -253,23 +253,28 @@ def test_move_optimizer_state_moves_every_per_element_state_tensor():
     assert {v.device.type for k, v in states if k == "step"} == {"cpu"}
 
 
-def test_update_loads_the_optimizer_state_only_around_the_step(model_dir, monkeypatch):
-    """An accelerator plan's optimizer offload, with the CPU as the stand-in accelerator."""
+def test_update_loads_the_optimizer_state_only_for_each_step(model_dir, monkeypatch):
+    """An accelerator plan's optimizer offload, with the CPU as the stand-in accelerator: the state comes to
+    the worker's device for each optimizer step and leaves right after it, so no forward or backward of the
+    update shares the device with it (the memory model counts it in the step only)."""
     from verl.utils import fsdp_utils
 
-    worker = _actor(model_dir, cpu_plan(model_dir), role="actor")
-    worker._actor_model.optimizer_offload = True   # what a cuda plan's optimizer offload gives (tested above)
     events = []
     real_move = fsdp_utils.move_optimizer_state
     monkeypatch.setattr(fsdp_utils, "move_optimizer_state",
                         lambda opt, device, **kw: (events.append(("move", str(device))), real_move(opt, device, **kw)))
-    real_step = worker.actor_optimizer.step
-    monkeypatch.setattr(worker.actor_optimizer, "step", lambda *a, **k: (events.append(("step",)), real_step())[1])
+    worker = _actor(model_dir, cpu_plan(model_dir, actor=role_plan(optimizer_offload=True)), role="actor")
+    worker.actor_module.register_forward_pre_hook(lambda *_: events.append(("forward",)))
+    worker.actor_optimizer.register_step_pre_hook(lambda *_: events.append(("step",)))
     data = ppo_batch()
     data.batch["old_log_probs"] = worker.compute_log_prob(data).batch["old_log_probs"]
-    worker.update_actor(data)
-    # load to the worker's device, two optimizer steps (two mini-batches), back to host memory
-    assert events == [("move", str(worker.device)), ("step",), ("step",), ("move", "cpu")]
+    for _ in range(2):      # the first update creates the state, the second finds it
+        events.clear()
+        worker.update_actor(data)
+        runs = [e for i, e in enumerate(events) if e != ("forward",) or events[i - 1] != ("forward",)]
+        # two mini-batches: the forwards (and backwards) of each, then its step with the state on the device
+        mini_batch = [("forward",), ("move", str(worker.device)), ("step",), ("move", "cpu")]
+        assert runs == mini_batch * 2
 
 
 # ------------------------------------------------------------------------------------ precision is applied, not decided

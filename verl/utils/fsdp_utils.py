@@ -154,23 +154,26 @@ def move_optimizer_state(optimizer: torch.optim.Optimizer, device, *, keep_host_
                     state[key] = value.to(target)
 
 
-@contextlib.contextmanager
-def optimizer_state_on(optimizer: torch.optim.Optimizer, device, offload: bool):
-    """With `offload`, hold the optimizer state on `device` only for the update inside, in host memory otherwise.
+def offload_optimizer_state(optimizer: torch.optim.Optimizer, device) -> None:
+    """Keep the optimizer's state in host memory except while `optimizer.step()` runs on `device`.
 
-    The state (two float32 tensors per parameter for AdamW) is needed only by `optimizer.step()`, so
-    keeping it off the accelerator between updates leaves that memory to rollout and forward passes.
-    The step runs where each parameter's shard lives: with param offload FSDP2's CPUOffloadPolicy
-    keeps shards and gradients in host memory and steps them there, so their state never moves to
-    `device`. State the optimizer creates lazily (its first step) is made beside the shard by torch.
+    The state (two float32 tensors per parameter for AdamW) is read only by the step, so it comes to
+    `device` right before each step and goes back right after it: forwards and backwards (whose
+    activations are the largest transient) never share the device with it, which is what the memory
+    model assumes. Held for a whole update instead, from the second step of training on (once the
+    state exists) it sat next to the update's activations: +3.7 GiB over the plan on a T4 for
+    Qwen2.5-0.5B. With param offload FSDP2's CPUOffloadPolicy keeps shards and gradients in host
+    memory and steps them there, so their state never moves to `device`. State the optimizer creates
+    lazily (its first step) is made beside the shard by torch and sent to the host after that step.
     """
-    if offload:
-        move_optimizer_state(optimizer, device, keep_host_shards=True)
-    try:
-        yield optimizer
-    finally:
-        if offload:
-            move_optimizer_state(optimizer, "cpu")
+    def to_device(opt, args, kwargs) -> None:   # a pre-hook's return value would replace the step's arguments
+        move_optimizer_state(opt, device, keep_host_shards=True)
+
+    def to_host(opt, args, kwargs) -> None:
+        move_optimizer_state(opt, "cpu")
+
+    optimizer.register_step_pre_hook(to_device)
+    optimizer.register_step_post_hook(to_host)
 
 
 def memory_metrics(device_type: str) -> dict[str, float]:

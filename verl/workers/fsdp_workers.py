@@ -166,6 +166,11 @@ class _PlannedModel:
             device_type=self.device_type,
         )
 
+    def place_optimizer(self, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+        """With the plan's optimizer offload, the state is on `device` only during each optimizer step."""
+        if self.optimizer_offload:
+            fsdp_utils.offload_optimizer_state(optimizer, device)
+
     def check_numerics(self, module: torch.nn.Module, batch: dict) -> str | None:
         """On the first real batch, compare the compute dtype with float32 on a few of its rows (that
         batch may be the whole validation set); the reason when it fails (None otherwise). Every
@@ -353,6 +358,7 @@ class ActorRolloutRefWorker(Worker):
             if self._is_actor:
                 self.actor_optimizer, self.actor_lr_scheduler = _build_optimizer(
                     self.actor_module, self.config.actor.optim, self.plan.actor.fused_optimizer)
+                self._actor_model.place_optimizer(self.actor_optimizer, self.device)
                 laps("actor_optimizer")
             actor_cfg = self.config.actor if self._is_actor else self.config.rollout
             self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.actor_optimizer,
@@ -467,8 +473,7 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info.setdefault("temperature", float(self.config.rollout.get("temperature", 1.0)))
         self._guard(self._actor_model, self.actor_module, data)
         start = time.perf_counter()
-        with fsdp_utils.optimizer_state_on(self.actor_optimizer, self.device, self._actor_model.optimizer_offload):
-            metrics = self.actor.update_policy(data)
+        metrics = self.actor.update_policy(data)
         metrics.update(_mfu("actor", self.actor_module, self.plan, self._actor_model.compute_dtype, data,
                             int(self.config.actor.get("ppo_epochs", 1)), time.perf_counter() - start, lm_head=True))
         metrics["actor/lr"] = self.actor_lr_scheduler.get_last_lr()[0]
@@ -544,6 +549,7 @@ class CriticWorker(Worker):
         laps("critic_shard")
         self.critic_optimizer, self.critic_lr_scheduler = _build_optimizer(
             self.critic_module, self.config.optim, self.plan.critic.fused_optimizer)
+        self._critic_model.place_optimizer(self.critic_optimizer, self.device)
         laps("critic_optimizer")
         self.critic = DataParallelPPOCritic(self.config, self.critic_module, self.critic_optimizer,
                                             precision=self._critic_model.precision,
@@ -578,8 +584,7 @@ class CriticWorker(Worker):
         data = data.to(self.device)
         self._guard(data)
         start = time.perf_counter()
-        with fsdp_utils.optimizer_state_on(self.critic_optimizer, self.device, self._critic_model.optimizer_offload):
-            metrics = self.critic.update_critic(data)
+        metrics = self.critic.update_critic(data)
         metrics.update(_mfu("critic", self.critic_module, self.plan, self._critic_model.compute_dtype, data,
                             int(self.config.get("ppo_epochs", 1)), time.perf_counter() - start, lm_head=False))
         metrics["critic/lr"] = self.critic_lr_scheduler.get_last_lr()[0]
