@@ -52,6 +52,13 @@ elif [ "$mode" = profile ]; then
       --out "$W/mm_field" > "$W/mm_field.log" 2>&1 &
   wait; echo "memory_model done at $(( $(date +%s) - t0 )) s"
   grep -A40 "summary\|families" "$W/profile.log" | head -80; tail -30 "$W/mm_matrix.log"; tail -12 "$W/mm_field.log"
+elif [ "$mode" = next ]; then
+  # what this session could not run: the offload fix on a GPU, then the fp16 matrix cells it changes
+  timeout 90 python3 -m pytest -q --noconftest -p no:cacheprovider tests/workers/test_offload_gpu.py > "$W/offload_gpu.log" 2>&1
+  echo "offload GPU test exit $?"; tail -3 "$W/offload_gpu.log"
+  timeout 300 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --profiles t4,v100-16gb --algos ppo,grpo --steps 3 \
+      --test-freq 2 --jobs 4 --budget-gb 120 --cell-timeout 240 --out "$W/matrix_fp16" > "$W/matrix_fp16.log" 2>&1
+  echo "fp16 matrix exit $?"; tail -12 "$W/matrix_fp16.log"
 elif [ "$mode" = final2 ]; then
   # the matrix with the calibrated planner (3 steps, validation at steps 2 and 3), then the p40 and quick-start rows alone
   timeout 270 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --steps 3 --test-freq 2 --jobs 8 --budget-gb 136 \
