@@ -7,9 +7,12 @@
 #                                                        # memory model against the real workers, cases side by side
 #   source .device-pack/install.sh && bash benchmarks/h200_session.sh variants      # the quick start's forward and
 #                                                        # backward passes under other budgets/checkpointing (~5 min)
+#   ... speed2   update_actor profiled, then the quick-start and GRPO rows (~5.5 min)
+#   ... final2   the whole matrix (3 steps, two validations), then the p40 and quick-start rows (~7.5 min)
+#   ... next     the offload fix's GPU test, then the t4/v100 matrix cells (not run yet)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile or variants}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2 or next}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
