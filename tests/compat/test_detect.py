@@ -138,6 +138,8 @@ def test_simulated_gpu_on_a_real_gpu_takes_the_smaller_memory_and_real_count(mon
     p40 = detect_profile("p40")
     assert (p40.memory_gb, p40.free_memory_gb, p40.count, p40.compute_capability) == (23.9, 23.9, 8, (6, 1))
     assert p40.host_memory_gb == 2000.0 and p40.simulated
+    # MFU's denominator is the GPU doing the work (the plan's dtype rules stay the P40's)
+    assert (p40.fp32_tflops, p40.fp16_tflops, p40.bf16_tflops) == (real.fp32_tflops, real.fp16_tflops, 0.0)
     small = dataclasses.replace(real, memory_gb=79.1, free_memory_gb=70.0)
     monkeypatch.setattr(detect, "detect_real_profile", lambda: small)
     h200 = detect_profile("h200")

@@ -173,8 +173,10 @@ def simulate_name(config_value: str | None = None) -> str | None:
 def detect_profile(simulate: str | None = None) -> DeviceProfile:
     """Profile the real device, or the catalog device `simulate` (falls back to $VERL_COMPAT_DEVICE).
 
-    A simulated GPU on a real GPU keeps the smaller of the two memories (the cap `apply` enforces)
-    and the real GPU count; on a host without a GPU it is the catalog entry as is.
+    A simulated GPU on a real GPU keeps the smaller of the two memories (the cap `apply` enforces),
+    the real GPU count and the real GPU's peak rates (the denominator of perf/mfu/*: the real GPU does
+    the arithmetic, so an H200 running the P40 plan must not report 150% MFU); on a host without a GPU
+    it is the catalog entry as is.
     """
     real = detect_real_profile()
     name = simulate_name(simulate)
@@ -190,7 +192,8 @@ def detect_profile(simulate: str | None = None) -> DeviceProfile:
     free = memory if real.free_memory_gb is None else min(memory, real.free_memory_gb)
     return dataclasses.replace(sim, memory_gb=memory, free_memory_gb=free, count=real.count,
                                host_memory_gb=real.host_memory_gb, host_cpu_count=real.host_cpu_count,
-                               simulated=True)
+                               fp32_tflops=real.fp32_tflops, fp16_tflops=real.fp16_tflops,
+                               bf16_tflops=real.bf16_tflops if sim.native_bf16 else 0.0, simulated=True)
 
 
 def check_can_run(profile: DeviceProfile) -> None:
