@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 from omegaconf import OmegaConf
 
-from verl.utils.startup import startup_clock
+from verl.utils.startup import Laps, startup_clock
 
 # Environment every Ray worker starts with (upstream sets the same ones).
 WORKER_ENV = {
@@ -242,19 +242,11 @@ def worker_layout(config, plan):
 def build_inputs(config) -> dict:
     """Tokenizer, reward managers, checked train/val sets and the sampler: everything the trainer
     needs from the config and the data (no Ray). "seconds" holds how long each piece took."""
-    import time
-
     from verl.trainer.ppo.reward import load_reward_manager
     from verl.utils.dataset.rl_dataset import create_rl_sampler
     from verl.utils.model_loading import load_tokenizer
 
-    seconds, start = {}, time.perf_counter()
-
-    def lap(name: str) -> None:
-        nonlocal start
-        now = time.perf_counter()
-        seconds[name], start = now - start, now
-
+    lap = Laps()
     model_cfg = config.actor_rollout_ref.model
     tokenizer = load_tokenizer(model_cfg.get("tokenizer_path") or model_cfg.path,
                                trust_remote_code=model_cfg.get("trust_remote_code", False))
@@ -269,7 +261,7 @@ def build_inputs(config) -> dict:
     lap("datasets")
     return {"tokenizer": tokenizer, "reward_fn": reward_fn, "val_reward_fn": val_reward_fn,
             "train_dataset": train_dataset, "val_dataset": val_dataset, "train_sampler": train_sampler,
-            "seconds": seconds}
+            "seconds": lap.seconds}
 
 
 def build_trainer(config, plan, inputs: dict | None = None, layout=None, worker_groups=None):
