@@ -9,7 +9,7 @@
 #                                                        # backward passes under other budgets/checkpointing (~5 min)
 #   ... speed2   update_actor profiled, then the quick-start and GRPO rows (~5.5 min)
 #   ... final2   the whole matrix (3 steps, two validations), then the p40 and quick-start rows (~7.5 min)
-#   ... next     the offload fix's GPU test, then the t4/v100 matrix cells (not run yet)
+#   ... next     generate/log-prob profiled, the offload fix's GPU test, then the t4/v100 matrix cells (~8 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
 mode=${1:?correctness, final, speed, profile, variants, speed2, final2 or next}
@@ -56,7 +56,12 @@ elif [ "$mode" = profile ]; then
   wait; echo "memory_model done at $(( $(date +%s) - t0 )) s"
   grep -A40 "summary\|families" "$W/profile.log" | head -80; tail -30 "$W/mm_matrix.log"; tail -12 "$W/mm_field.log"
 elif [ "$mode" = next ]; then
-  # what this session could not run: the offload fix on a GPU, then the fp16 matrix cells it changes
+  # generation and the log-prob forward under the profiler (alone), then the offload fix on a GPU,
+  # then the fp16 matrix cells it changes
+  timeout 150 python3 benchmarks/profile_step.py --model $MODEL --profiles h200 --settings quickstart \
+      --phases generate_sequences,compute_log_prob,compute_values --profile-decode-steps 32 --tgz-limit-mb 9 \
+      --out "$W/profile" > "$W/profile.log" 2>&1
+  echo "profile_step exit $? at $(( $(date +%s) - t0 )) s"; grep -A14 "summary" "$W/profile.log" | head -50
   timeout 90 python3 -m pytest -q --noconftest -p no:cacheprovider tests/workers/test_offload_gpu.py > "$W/offload_gpu.log" 2>&1
   echo "offload GPU test exit $?"; tail -3 "$W/offload_gpu.log"
   timeout 300 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --profiles t4,v100-16gb --algos ppo,grpo --steps 3 \
