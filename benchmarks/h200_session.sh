@@ -9,10 +9,11 @@
 #                                                        # backward passes under other budgets/checkpointing (~5 min)
 #   ... speed2   update_actor profiled, then the quick-start and GRPO rows (~5.5 min)
 #   ... final2   the whole matrix (3 steps, two validations), then the p40 and quick-start rows (~7.5 min)
-#   ... next     generate/log-prob profiled, the offload fix's GPU test, then the t4/v100 matrix cells (~8 min)
+#   ... next     generate/log-prob profiled, the offload fix's GPU test, then the t4/v100 matrix cells (~4 min)
+#   ... decode   the rollout GPU tests, then compiled vs eager decode (rollout_speed h200,h200_eager; ~3 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2 or next}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next or decode}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -67,6 +68,11 @@ elif [ "$mode" = next ]; then
   timeout 300 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --profiles t4,v100-16gb --algos ppo,grpo --steps 3 \
       --test-freq 2 --jobs 4 --budget-gb 120 --cell-timeout 240 --out "$W/matrix_fp16" > "$W/matrix_fp16.log" 2>&1
   echo "fp16 matrix exit $?"; tail -12 "$W/matrix_fp16.log"
+elif [ "$mode" = decode ]; then
+  # the compiled decode step: GPU tests, then compiled vs eager decode on the quick-start rollout shape
+  timeout 150 python3 -m pytest -q -m gpu tests/rollout > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -3 "$W/gpu_tests.log"
+  timeout 330 python3 benchmarks/rollout_speed.py --skip-old --cases h200,h200_eager --out "$W/rollout" > "$W/rollout.log" 2>&1
+  echo "rollout_speed exit $? at $(( $(date +%s) - t0 )) s"; tail -8 "$W/rollout.log"
 elif [ "$mode" = final2 ]; then
   # the matrix with the calibrated planner (3 steps, validation at steps 2 and 3), then the p40 and quick-start rows alone
   timeout 270 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --steps 3 --test-freq 2 --jobs 8 --budget-gb 136 \

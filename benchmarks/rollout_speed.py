@@ -5,12 +5,13 @@ Two cases on a Qwen2.5-0.5B-shaped model with random weights, each planned by ve
         memory cap, TF32 off): decode ms/token.
   h200  256 sequences, 512 prompt (left-padded, 256..512 real tokens) + 512 new tokens, under the
         real device's plan (bfloat16): tokens/s.
+  h200_eager  the same with torch.compile off in the plan (decode step not compiled, still a graph).
 "new" is the static-cache decoder (CUDA graphs where the plan allows them); "old" is the HF forward
 per token with its growing cache (the path models the static decoder cannot run still take).
 Sampling is upstream's default (temperature 1, no top-k/top-p), with ignore_eos so every row runs to
 full length. Each case runs in its own process (a simulated profile caps that process's memory).
 
-    python benchmarks/rollout_speed.py [--out DIR] [--skip-old] [--cases p40,h200]
+    python benchmarks/rollout_speed.py [--out DIR] [--skip-old] [--cases p40,h200,h200_eager]
 
 Prints a table and writes rollout_speed.json to --out (default $OUT, else the current directory).
 """
@@ -31,6 +32,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 CASES = {
     "p40": {"simulate": "p40", "batch": 1, "prompt": 256, "response": 256},
     "h200": {"simulate": None, "batch": 256, "prompt": 512, "response": 512},
+    # the same with torch.compile off in the plan: the decode step replayed as a graph but not compiled
+    "h200_eager": {"simulate": None, "batch": 256, "prompt": 512, "response": 512, "use_torch_compile": False},
 }
 EOS = PAD = 151643  # Qwen's <|endoftext|>; the random model's prompts are random ids below it
 GREEDY_CHECK_TOKENS = 64
@@ -49,7 +52,8 @@ def _plan_and_model(case: dict):
     hf_config = Qwen2Config(**QWEN25_05B, eos_token_id=EOS, pad_token_id=PAD)
     config = {"data": {"train_batch_size": case["batch"], "max_prompt_length": case["prompt"],
                        "max_response_length": case["response"]},
-              "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": case["batch"], "ppo_micro_batch_size_per_gpu": 1},
+              "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": case["batch"], "ppo_micro_batch_size_per_gpu": 1,
+                                              "use_torch_compile": case.get("use_torch_compile", "auto")},
                                     "rollout": {"name": "hf", "log_prob_micro_batch_size_per_gpu": 1},
                                     "ref": {"log_prob_micro_batch_size_per_gpu": 1}},
               "critic": {"ppo_micro_batch_size_per_gpu": 1},
@@ -111,17 +115,19 @@ def run_case(name: str, skip_old: bool) -> dict:
     plan, model, device = _plan_and_model(case)
     batch = _prompts(case, device)
     result = {"case": name, **case, "dtype": plan.rollout.dtype, "cuda_graphs": plan.rollout.cuda_graphs,
+              "compile_backend": plan.rollout.compile_backend,
               "micro_batch_size": plan.rollout.micro_batch_size, "device": torch.cuda.get_device_name(device),
               "torch": torch.__version__, "reasons": {k: v for k, v in plan.reasons.items() if k.startswith("rollout")}}
     tokens = case["batch"] * case["response"]
     for path in ("new",) if skip_old else ("new", "old"):
         engine = _engine(model, plan, case["response"], path)
-        _timed(engine, batch, 4)  # warm-up: kernels, cuBLAS handles, allocator
+        # warm-up at full length: the decode step's compile (when planned), graph capture, kernels, allocator
+        warm, _ = _timed(engine, batch, case["response"])
         torch.cuda.reset_peak_memory_stats(device)
         full, _ = _timed(engine, batch, case["response"])
         first, _ = _timed(engine, batch, 1)  # prefill and the first token only
         result[path] = {"wall_s": round(full, 3), "tokens_per_s": round(tokens / full, 1),
-                        "prefill_s": round(first, 3),
+                        "prefill_s": round(first, 3), "first_call_s": round(warm, 3),
                         "decode_ms_per_step": round(1000 * (full - first) / (case["response"] - 1), 3),
                         "max_memory_allocated_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 2)}
     if not skip_old:  # the two paths should pick the same greedy tokens (exactly so in float32)
@@ -151,7 +157,7 @@ def main() -> None:
         part = out / f"rollout_speed.{name}.json"
         cmd = [sys.executable, __file__, "--case", name, "--json", str(part)]
         cmd += ["--skip-old"] if args.skip_old else []
-        proc = subprocess.run(cmd, timeout=170, capture_output=True, text=True)
+        proc = subprocess.run(cmd, timeout=240, capture_output=True, text=True)
         if proc.returncode != 0:
             print(f"{name}: failed (exit {proc.returncode})\n{proc.stderr[-3000:]}")
             results.append({"case": name, "error": proc.stderr[-3000:]})
@@ -163,8 +169,9 @@ def main() -> None:
 
 
 def print_table(results: list) -> None:
-    print("\n| case | shape | dtype | graphs | path | wall s | tok/s | decode ms/step | prefill s | peak GiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| case | shape | dtype | graphs | compiled | path | wall s | tok/s | decode ms/step | prefill s | "
+          "first call s | peak GiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if "error" in r:
             continue
@@ -173,9 +180,10 @@ def print_table(results: list) -> None:
             if path in r:
                 m = r[path]
                 graphs = "yes" if r["cuda_graphs"] and path == "new" else "no"
-                print(f"| {r['case']} | {shape} | {r['dtype']} | {graphs} "
+                compiled = r.get("compile_backend") if path == "new" else None
+                print(f"| {r['case']} | {shape} | {r['dtype']} | {graphs} | {compiled or 'no'} "
                       f"| {path} | {m['wall_s']} | {m['tokens_per_s']} | {m['decode_ms_per_step']} | {m['prefill_s']} "
-                      f"| {m['max_memory_allocated_gb']} |")
+                      f"| {m.get('first_call_s')} | {m['max_memory_allocated_gb']} |")
     for r in results:
         if "greedy_tokens_equal" in r:
             print(f"{r['case']}: greedy tokens equal, new vs old path over {GREEDY_CHECK_TOKENS} steps: "

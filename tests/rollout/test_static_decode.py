@@ -55,7 +55,7 @@ def _rollout_config(response_length, **sampling):
     return OmegaConf.create(base)
 
 
-def _plan(model, profile="cpu", **rollout):
+def _plan(model, profile="cpu", software=SOFTWARE, **rollout):
     """The real planner's plan for this model on `profile` (built-in engine)."""
     cfg = {"data": {"train_batch_size": 4, "max_prompt_length": 16, "max_response_length": 8},
            "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 2},
@@ -64,7 +64,7 @@ def _plan(model, profile="cpu", **rollout):
            "critic": {"ppo_micro_batch_size_per_gpu": 2},
            "algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": False},
            "trainer": {"n_gpus_per_node": 1, "nnodes": 1}}
-    return make_plan(get_profile(profile), cfg, SOFTWARE, ModelSpec.from_hf_config(model.config))
+    return make_plan(get_profile(profile), cfg, software, ModelSpec.from_hf_config(model.config))
 
 
 def _batch(prompts, width, eos):
@@ -269,3 +269,72 @@ def test_cuda_graph_replay_equals_eager_and_generate():
     assert torch.equal(a, b)
     expected = _generate_hf(model, batch.to(device), 8, [VOCAB + 1], do_sample=False).cpu()
     assert torch.equal(a, expected)
+
+
+# ---------------------------------------------------------------- the compiled decode step
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_compiled_decode_step_equals_eager_with_one_compile_for_every_layer(family):
+    """The plan's compile_backend is inductor on a GPU; here a counting backend (no code generation)
+    checks what compiling changes: logits equal to the eager step's, and one graph for both layers and
+    every step (the layer is an input, so layers do not each compile)."""
+    from torch._dynamo.testing import CompileCounter
+
+    from verl.workers.rollout.static_decoder import StaticDecoder
+
+    torch._dynamo.reset()
+    model = _model(family)
+    batch = _batch(PROMPTS, 8, [VOCAB + 1])
+    ids, mask, pos = (batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
+    counter = CompileCounter()
+    with torch.no_grad():
+        decoders = [StaticDecoder(model, len(PROMPTS), 14, 16, torch.float32, ids.device, compile_backend=b)
+                    for b in (None, counter)]
+        firsts = [d.prefill(ids, mask, pos) for d in decoders]
+        assert torch.equal(firsts[0], firsts[1])
+        token = firsts[0].argmax(-1)
+        for step in range(5):
+            eager, compiled = (d.decode(token, pos[:, -1] + step + 1, ids.shape[1] + step) for d in decoders)
+            torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+            token = eager.argmax(-1)
+        # a decoder of another shape (fewer rows, a longer cache) reuses the compiled graph
+        other = StaticDecoder(model, 2, 20, 22, torch.float32, ids.device, compile_backend=counter)
+        other.prefill(ids[:2], mask[:2], pos[:2])
+        other.decode(token[:2], pos[:2, -1] + 1, ids.shape[1])
+    assert counter.frame_count == 1
+
+
+def test_plan_compiles_the_decode_step_where_triton_and_graphs_are():
+    model = _model()
+    triton = dataclasses.replace(SOFTWARE, triton_usable=True)
+
+    cases = {("h200", True, "auto"): "inductor", ("a100-40gb", True, "auto"): "inductor",
+             ("t4", True, "auto"): "inductor", ("h200", False, "auto"): None, ("h200", True, True): None,
+             ("p40", True, "auto"): None, ("cpu", True, "auto"): None}
+    for (device, has_triton, eager), backend in cases.items():
+        p = _plan(model, device, triton if has_triton else SOFTWARE, enforce_eager=eager)
+        assert p.rollout.compile_backend == backend, (device, has_triton, eager)
+        assert p.reasons["rollout.compile_backend"]
+    assert "per layer" in _plan(model, "h200", triton).reasons["rollout.compile_backend"]
+    assert "torch.compile is off" in _plan(model, "p40", triton).reasons["rollout.compile_backend"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_compiled_cuda_graph_decode_equals_eager():
+    """The real plan on this GPU (detected software: triton) compiles the decode step with inductor."""
+    from verl.compat.detect import detect_profile, detect_software
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    model = _model().to(device)
+    profile = detect_profile()
+    plan = _plan(model, "h200", detect_software(profile), dtype="float32", micro_batch_size=5)
+    if plan.rollout.compile_backend is None:
+        pytest.skip(plan.reasons["rollout.compile_backend"])
+    batch = _batch(PROMPTS * 3, 9, [VOCAB + 1]).to(device)
+    compiled = HFRollout(model, _rollout_config(8, do_sample=False), plan=plan)
+    eager = HFRollout(model, _rollout_config(8, do_sample=False), plan=None)
+    a = compiled.generate_sequences(batch).batch["responses"].cpu()
+    b = eager.generate_sequences(batch).batch["responses"].cpu()
+    assert torch.equal(a, b)

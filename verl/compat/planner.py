@@ -287,6 +287,23 @@ def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> 
                        attn_implementation=attn, cuda_graphs=graphs, free_cache_engine=sleep), asked
 
 
+def _decide_compiled_decode(d: _Decider, rollout: RolloutPlan, torch_compile: bool) -> RolloutPlan:
+    """Whether the built-in engine compiles its per-layer decode step. A small model's decode step is
+    ~50 tiny kernels per layer, launch-bound even inside a CUDA graph; Triton fuses them. It rides on
+    the CUDA graph (the compiled step is recorded once) and on the run's torch.compile decision."""
+    if rollout.name != "hf":
+        return rollout
+    if rollout.cuda_graphs and torch_compile:
+        backend = d.note("rollout.compile_backend", "inductor",
+                         "decode step compiled per layer (fused norms, rotary, softmax; one compile serves every layer, "
+                         "~10-30 s once per process) and replayed as a CUDA graph")
+    else:
+        backend = d.note("rollout.compile_backend", None, "decode step runs eagerly: "
+                         + ("torch.compile is off (see torch_compile)" if rollout.cuda_graphs
+                            else "no CUDA graph to record it into (see rollout.cuda_graphs)"))
+    return replace(rollout, compile_backend=backend)
+
+
 def _builtin_eager(d: _Decider, asked: Any, key: str) -> bool:
     """Whether the built-in engine decodes without CUDA graphs. Graphs need a CUDA device (any
     compute capability torch runs on: capture is a CUDA driver feature, not an architecture one);
@@ -387,6 +404,7 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     roles = _decide_roles(d, config, roles_cfg)
     rollout, rollout_asked = _decide_rollout(d, config, roles["actor"].compute_dtype,
                                              roles["actor"].attn_implementation)
+    rollout = _decide_compiled_decode(d, rollout, glob["torch_compile"])
     _decide_cast_on_gather(d, roles, rollout.dtype)
     _warn_vllm_only_keys(d, config, rollout.name)
     inp = _fit_inputs(d, config, roles_cfg, roles, rollout, rollout_asked, model)

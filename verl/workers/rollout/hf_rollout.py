@@ -163,7 +163,8 @@ class HFRollout(BaseRollout):
     that unshards FSDP2 once beforehand (cheaper) lets each rank stop on its own.
     `config` is the `actor_rollout_ref.rollout` section (temperature, top_k, top_p, do_sample,
     response_length, seed, ignore_eos, val_kwargs, and the optional micro_batch_size).
-    `plan` is the compat plan: `rollout.cuda_graphs` records the static decode step as a CUDA graph;
+    `plan` is the compat plan: `rollout.cuda_graphs` records the static decode step as a CUDA graph,
+    `rollout.compile_backend` compiles its per-layer step first (None: eager);
     generation runs in its `rollout.dtype`, by autocast when the weights
     are in another dtype, on every device. The engine alone decides this (callers add no autocast of
     their own); `dtype` holds the decision, which the actor worker resets from the re-issued plan when
@@ -179,6 +180,7 @@ class HFRollout(BaseRollout):
         self._generator: torch.Generator | None = None
         self.dtype = None
         self.cuda_graphs = False
+        self.compile_backend = None
         # An unresolved `auto` (no plan ran over this config) means the whole batch at once.
         configured = _cfg(config, "micro_batch_size")
         self.micro_batch_size = None if configured == "auto" else configured
@@ -188,6 +190,7 @@ class HFRollout(BaseRollout):
             self.dtype = torch_dtype(plan.rollout.dtype)
             self.micro_batch_size = plan.rollout.micro_batch_size or self.micro_batch_size
             self.cuda_graphs = bool(getattr(plan.rollout, "cuda_graphs", False))
+            self.compile_backend = getattr(plan.rollout, "compile_backend", None)
         forward_params = inspect.signature(inner_module(module).forward).parameters
         # transformers 5 renamed `past_key_values` to `cache`; follow whichever this model takes.
         self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
@@ -310,7 +313,8 @@ class HFRollout(BaseRollout):
             dtype = rollout_autocast_dtype(self.dtype, weights) or weights
             device = ids.device
             graphs = self.cuda_graphs and device.type == "cuda"
-            decoder = StaticDecoder(inner_module(self.module), batch, key[1], positions, dtype, device, graphs)
+            decoder = StaticDecoder(inner_module(self.module), batch, key[1], positions, dtype, device, graphs,
+                                    self.compile_backend)
             holder[:] = [key, decoder]
         decoder = holder[1]
         last = pos[:, -1]

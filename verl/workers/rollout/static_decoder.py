@@ -9,9 +9,16 @@ in place; only the attention over the cache is written here.
 
 Layout: every row's prompt fills cache slots [0, P) (left padding included, masked out as keys),
 and the token generated at step s goes to slot P + s, the same slot in every row.
+
+A decode step for a small model is ~50 tiny kernels per layer (norms, rotary, casts, the attention's
+softmax), each too short to hide its launch even inside a CUDA graph. With `compile_backend` the
+per-layer step is a `torch.compile`d function (module-level, layer passed in, so one compiled graph
+serves every layer) and its elementwise work is fused; the prefill stays eager (one pass per chunk).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -65,10 +72,12 @@ class StaticDecoder:
     `dtype` is the dtype activations come out in (the autocast dtype, else the weights'); the cache
     is kept in it. `positions` bounds the position ids used (prompt positions plus new tokens).
     With `graphs`, the first decode step is recorded as a CUDA graph and every later step replays it.
+    With `compile_backend` (a torch.compile backend: a name such as "inductor", or a callable), the
+    per-layer decode step is compiled with it (the first call compiles, for any shape).
     """
 
     def __init__(self, inner: nn.Module, batch: int, max_len: int, positions: int, dtype: torch.dtype,
-                 device: torch.device, graphs: bool = False):
+                 device: torch.device, graphs: bool = False, compile_backend=None):
         base, self.head = _parts(inner)
         self.embed, self.layers, self.norm = base.embed_tokens, list(base.layers), base.norm
         cfg = inner.config
@@ -92,6 +101,7 @@ class StaticDecoder:
         self.graphs = graphs
         self._graph = None
         self._graph_logits = None
+        self._layer_step = _compiled_layer_step(compile_backend) if compile_backend else decode_layer
 
     # ------------------------------------------------------------------ passes
 
@@ -105,7 +115,7 @@ class StaticDecoder:
         allowed = (causal & self.key_valid[:, None, :length]) | torch.eye(length, dtype=torch.bool,
                                                                           device=ids.device)
         cos, sin = F.embedding(positions, self.cos), F.embedding(positions, self.sin)
-        return self._run(ids, cos, sin, allowed[:, None], None)
+        return self._prefill(ids, cos, sin, allowed[:, None])
 
     def decode(self, token: torch.Tensor, position: torch.Tensor, slot: int) -> torch.Tensor:
         """One token per row at `position`, written to cache `slot`; returns float32 logits (batch, vocab).
@@ -125,8 +135,12 @@ class StaticDecoder:
 
     def _step(self) -> torch.Tensor:
         cos, sin = F.embedding(self.position, self.cos), F.embedding(self.position, self.sin)
-        hidden = ~(self.key_valid & (self.slots <= self.slot))  # padding and not-yet-written slots
-        return self._run(self.token, cos, sin, None, hidden[:, None, None, :])
+        cos, sin = cos[:, None], sin[:, None]
+        hidden = ~(self.key_valid & (self.slots <= self.slot))[:, None, None, :]  # padding, unwritten slots
+        x = self.embed(self.token)
+        for layer, keys, values in zip(self.layers, self.keys, self.values):
+            x = self._layer_step(layer, x, cos, sin, hidden, keys, values, self.slot, self.head_dim, self.scaling)
+        return self.head(self.norm(x[:, -1])).float()
 
     def _record(self) -> None:
         """Capture `_step` as a CUDA graph. Warm-up runs on a side stream first, as capture requires;
@@ -141,48 +155,65 @@ class StaticDecoder:
             with torch.cuda.graph(graph):
                 self._graph_logits = self._step()
         except RuntimeError as e:
-            raise RuntimeError(f"capturing the rollout decode step as a CUDA graph failed ({e}); set "
-                               "actor_rollout_ref.rollout.enforce_eager=True to decode without graphs") from e
+            raise RuntimeError(f"compiling or capturing the rollout decode step as a CUDA graph failed ({e}); set "
+                               "actor_rollout_ref.rollout.enforce_eager=True to decode without graphs or compilation"
+                               ) from e
         self._graph = graph
 
-    def _run(self, ids, cos, sin, prefill_mask, hidden) -> torch.Tensor:
+    def _prefill(self, ids, cos, sin, mask) -> torch.Tensor:
         x = self.embed(ids)
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(i, layer.self_attn, layer.input_layernorm(x), cos, sin, prefill_mask, hidden)
+            x = x + self._attention(i, layer.self_attn, layer.input_layernorm(x), cos, sin, mask)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.head(self.norm(x[:, -1])).float()
 
-    def _attention(self, i, attn, h, cos, sin, prefill_mask, hidden) -> torch.Tensor:
+    def _attention(self, i, attn, h, cos, sin, mask) -> torch.Tensor:
+        """The prefill's attention: fill cache slots [0, P) and attend under the prompt mask."""
         batch, length, _ = h.shape
-        q = attn.q_proj(h).view(batch, length, -1, self.head_dim)
-        k = attn.k_proj(h).view(batch, length, -1, self.head_dim)
-        v = attn.v_proj(h).view(batch, length, -1, self.head_dim)
-        if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before the rotation
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        cos, sin = cos[:, None], sin[:, None]
-        q = _rotate(q.transpose(1, 2), cos, sin)
-        k = _rotate(k.transpose(1, 2), cos, sin).to(self.keys[i].dtype)
-        v = v.transpose(1, 2).to(self.values[i].dtype)
-        if prefill_mask is not None:
-            self.keys[i][:, :, :length] = k
-            self.values[i][:, :, :length] = v
-            groups = self.heads // self.kv_heads
-            out = F.scaled_dot_product_attention(q, k.repeat_interleave(groups, dim=1),
-                                                 v.repeat_interleave(groups, dim=1),
-                                                 attn_mask=prefill_mask, scale=self.scaling)
-        else:
-            self.keys[i].index_copy_(2, self.slot, k)
-            self.values[i].index_copy_(2, self.slot, v)
-            out = self._cached_attention(q, self.keys[i], self.values[i], hidden)
+        q, k, v = _project(attn, h, cos[:, None], sin[:, None], self.head_dim, self.keys[i].dtype)
+        self.keys[i][:, :, :length] = k
+        self.values[i][:, :, :length] = v
+        groups = self.heads // self.kv_heads
+        out = F.scaled_dot_product_attention(q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1),
+                                             attn_mask=mask, scale=self.scaling)
         return attn.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
 
-    def _cached_attention(self, q, keys, values, hidden) -> torch.Tensor:
-        """One query per row against the whole cache, query heads grouped by their shared KV head
-        (head h reads KV head h // groups), so no repeated copy of the cache is made."""
-        batch = q.shape[0]
-        groups = self.heads // self.kv_heads
-        qg = q.reshape(batch, self.kv_heads, groups, self.head_dim)
-        scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * self.scaling
-        scores = scores.masked_fill(hidden, float("-inf"))
-        weights = torch.softmax(scores, dim=-1).to(values.dtype)
-        return torch.matmul(weights, values).reshape(batch, self.heads, 1, self.head_dim)
+
+def _project(attn, h, cos, sin, head_dim, cache_dtype):
+    """Queries, keys and values (batch, heads, length, head_dim), rotated; keys/values in the cache's dtype."""
+    batch, length, _ = h.shape
+    q = attn.q_proj(h).view(batch, length, -1, head_dim)
+    k = attn.k_proj(h).view(batch, length, -1, head_dim)
+    v = attn.v_proj(h).view(batch, length, -1, head_dim)
+    if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before the rotation
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q = _rotate(q.transpose(1, 2), cos, sin)
+    k = _rotate(k.transpose(1, 2), cos, sin).to(cache_dtype)
+    return q, k, v.transpose(1, 2).to(cache_dtype)
+
+
+def decode_layer(layer, x, cos, sin, hidden, keys, values, slot, head_dim: int, scaling: float) -> torch.Tensor:
+    """One decoder layer for one new token per row: write its key/value to cache `slot`, attend over
+    the whole cache (`hidden` masks padding and unwritten slots), then the MLP. A plain function of
+    its inputs, so one compiled graph serves every layer of the model."""
+    attn = layer.self_attn
+    batch = x.shape[0]
+    q, k, v = _project(attn, layer.input_layernorm(x), cos, sin, head_dim, keys.dtype)
+    keys[:, :, slot] = k
+    values[:, :, slot] = v
+    # query heads grouped by their shared KV head (head h reads KV head h // groups): no repeated cache copy
+    kv_heads = keys.shape[1]
+    qg = q.reshape(batch, kv_heads, -1, head_dim)
+    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * scaling
+    weights = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1).to(values.dtype)
+    out = torch.matmul(weights, values).reshape(batch, -1, 1, head_dim)
+    x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, 1, -1))
+    return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_layer_step(backend):
+    """`decode_layer` under torch.compile with `backend`, shapes symbolic from the first call: every
+    cache shape (chunk sizes, prompt widths, validation) then runs the one compiled graph. One wrapper
+    per backend for the process, since each new wrapper would compile afresh."""
+    return torch.compile(decode_layer, backend=backend, fullgraph=True, dynamic=True)
