@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from worker_setup import PROMPT_LEN, actor_rollout_ref_config, cpu_plan, ppo_batch, tiny_model  # noqa: E402
 
+from verl.compat.model_spec import ModelSpec  # noqa: E402
 from verl.protocol import DataProto  # noqa: E402
 from verl.workers.fsdp_workers import ActorRolloutRefWorker  # noqa: E402
 
@@ -31,6 +32,10 @@ def _gathered(module) -> list[bool]:
     return [not isinstance(next(layer.parameters()), DTensor) for layer in module.model.layers]
 
 
+def _gathered_bytes(module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters() if not isinstance(p, DTensor))
+
+
 def _run(model_dir, plan) -> tuple[list, list]:
     """Old log-probs, generate and one update; the layers' state after each update forward, and the
     weights after the update."""
@@ -44,7 +49,12 @@ def _run(model_dir, plan) -> tuple[list, list]:
     worker.generate_sequences(DataProto.from_dict(prompts))
     assert not any(_gathered(module))                      # full_params gave everything back (and the plan's
     states = []                                            # setting, which the update below shows)
-    hook = module.register_forward_hook(lambda m, *_: states.append(_gathered(m)) if torch.is_grad_enabled() else None)
+
+    def end_of_forward(m, *_):
+        if torch.is_grad_enabled():
+            states.append((_gathered(m), _gathered_bytes(m)))
+
+    hook = module.register_forward_hook(end_of_forward)
     worker.update_actor(data)
     hook.remove()
     assert not any(_gathered(module))                      # each layer resharded after its backward
@@ -61,7 +71,10 @@ def test_the_plans_reshard_after_forward_reaches_fsdp_and_the_update_is_unchange
     kept_states, kept_weights = _run(model_dir, kept_plan)
     resharded_states, resharded_weights = _run(model_dir, resharded_plan)
 
-    assert kept_states and all(all(s) for s in kept_states)                 # every layer kept for backward
-    assert resharded_states and not any(any(s) for s in resharded_states)  # every layer resharded
+    assert kept_states and all(all(layers) for layers, _ in kept_states)        # every layer kept for backward
+    assert resharded_states and not any(any(layers) for layers, _ in resharded_states)   # every layer resharded
+    # what the memory model counts for the kept copy: the whole model in the gather dtype (float32 here)
+    assert kept_plan.actor.cast_on_gather is False and kept_plan.actor.param_dtype == "float32"
+    assert {size for _, size in kept_states} == {ModelSpec.from_pretrained(model_dir).num_params * 4}
     for kept, resharded in zip(kept_weights, resharded_weights, strict=True):
         torch.testing.assert_close(kept, resharded, atol=1e-6, rtol=0)
