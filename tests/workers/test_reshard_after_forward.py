@@ -61,9 +61,13 @@ def _run(model_dir, plan) -> tuple[list, list]:
     return states, [p.detach().full_tensor().clone() for p in module.parameters()]
 
 
-def test_the_plans_reshard_after_forward_reaches_fsdp_and_the_update_is_unchanged(model_dir):
-    kept_plan = cpu_plan(model_dir)
-    resharded_plan = cpu_plan(model_dir, actor_rollout_ref__actor__fsdp_config__reshard_after_forward=True)
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_plans_reshard_after_forward_reaches_fsdp_and_the_update_is_unchanged(model_dir, checkpointing):
+    """With gradient checkpointing too: the recomputed forward finds its layer still gathered."""
+    ckpt = {"actor_rollout_ref__model__enable_gradient_checkpointing": checkpointing}
+    kept_plan = cpu_plan(model_dir, **ckpt)
+    resharded_plan = cpu_plan(model_dir, actor_rollout_ref__actor__fsdp_config__reshard_after_forward=True, **ckpt)
+    assert kept_plan.actor.gradient_checkpointing is resharded_plan.actor.gradient_checkpointing is checkpointing
     assert kept_plan.actor.reshard_after_forward is False
     assert kept_plan.reasons["actor.reshard_after_forward"].startswith("one device")
     assert resharded_plan.actor.reshard_after_forward is True
