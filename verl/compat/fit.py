@@ -333,8 +333,9 @@ def decide_reshard(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan, est):
     copy and cast of the local weights, pure overhead), at the cost of a whole model gathered at the
     end of forward. It is the cheapest speed-up to give up, so the fit plans upstream's True and this
     keeps False only where the memory model says it still fits: always tried at world size 1, at more
-    ranks only with MULTI_RANK_RESHARD_HEADROOM of the device to spare. An explicit value is kept;
-    an explicit False that does not fit is adapted (a warning, or PlanError under compat.strict).
+    ranks only when the role's update (the only phase it changes; generation sizes itself to fill the
+    device) leaves MULTI_RANK_RESHARD_HEADROOM of the device free. An explicit value is kept; an
+    explicit False that does not fit is adapted (a warning, or PlanError under compat.strict).
     """
     limit, ws = d.profile.memory_gb, inp.workload.world_size
     for name in list(rs):
@@ -348,18 +349,18 @@ def decide_reshard(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan, est):
             continue
         trial = dict(rs, **{name: replace(rs[name], reshard_after_forward=False)})
         trial_est = _estimate(d, inp, trial, ro)
-        need = f"{trial_est.required_gb:.2f} of {limit:.1f} GiB"
-        cap = limit if (ws == 1 or asked is False) else limit * (1 - MULTI_RANK_RESHARD_HEADROOM)
-        if trial_est.required_gb <= cap:
+        update = trial_est.phases[f"{name}_update"].total_gb * (1 + inp.margin) + trial_est.context_gb
+        need = f"the {name} update needs {update:.2f} of {limit:.1f} GiB with every layer kept gathered"
+        fits = trial_est.required_gb <= limit
+        if fits and (ws == 1 or asked is False or update <= limit * (1 - MULTI_RANK_RESHARD_HEADROOM)):
             rs, est = trial, trial_est
-            d.note(f"{name}.reshard_after_forward", False, f"set by the user; with the kept weights the plan needs "
-                   f"{need}" if asked is False else _why_kept(ws, need))
+            d.note(f"{name}.reshard_after_forward", False,
+                   f"set by the user; {need}" if asked is False else _why_kept(ws, need))
         elif asked is False:
-            d.adapt(f"{name}.reshard_after_forward", key, False, True,
-                    f"keeping every layer gathered from forward to backward needs {need}")
+            d.adapt(f"{name}.reshard_after_forward", key, False, True, need)
         else:
-            d.note(f"{name}.reshard_after_forward", True, f"upstream's default: keeping every layer gathered needs "
-                   f"{need}" + ("" if ws == 1 else f", less than {MULTI_RANK_RESHARD_HEADROOM:.0%} to spare"))
+            d.note(f"{name}.reshard_after_forward", True, f"upstream's default: {need}" + (
+                "" if not fits else f", less than {MULTI_RANK_RESHARD_HEADROOM:.0%} of the device to spare"))
     return rs, est
 
 
@@ -375,9 +376,8 @@ def _keeps_resharding(name: str, rp: RolePlan) -> str:
 def _why_kept(ws: int, need: str) -> str:
     if ws == 1:
         return (f"one device: FSDP2's gather is a copy (and cast) of local weights, so each layer keeps them from "
-                f"forward to backward (the plan needs {need})")
-    return (f"memory is plentiful at {ws} ranks ({need} with the whole model kept gathered): backward skips "
-            f"one all-gather per layer")
+                f"forward to backward ({need})")
+    return f"memory is plentiful at {ws} ranks ({need}): backward skips one all-gather per layer"
 
 
 def note_chunk(d: Decider, chunk: int, asked: Any, est, limit: float, per_seq: float, wl: Workload) -> None:
