@@ -45,9 +45,9 @@ def _run(model_dir, plan) -> tuple[list, list]:
     data = ppo_batch()
     prompts = {k: data.batch[k][:, :PROMPT_LEN] for k in ("input_ids", "attention_mask", "position_ids")}
     data.batch["old_log_probs"] = worker.compute_log_prob(data).batch["old_log_probs"]
-    assert not any(_gathered(module))                      # a forward without gradients reshards as it goes
+    assert _gathered_bytes(module) == 0                    # a forward without gradients reshards as it goes
     worker.generate_sequences(DataProto.from_dict(prompts))
-    assert not any(_gathered(module))                      # full_params gave everything back (and the plan's
+    assert _gathered_bytes(module) == 0                    # full_params gave everything back (and the plan's
     states = []                                            # setting, which the update below shows)
 
     def end_of_forward(m, *_):
@@ -57,7 +57,7 @@ def _run(model_dir, plan) -> tuple[list, list]:
     hook = module.register_forward_hook(end_of_forward)
     worker.update_actor(data)
     hook.remove()
-    assert not any(_gathered(module))                      # each layer resharded after its backward
+    assert _gathered_bytes(module) == 0                    # every unit resharded after its backward
     return states, [p.detach().full_tensor().clone() for p in module.parameters()]
 
 
