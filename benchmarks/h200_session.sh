@@ -11,9 +11,11 @@
 #   ... final2   the whole matrix (3 steps, two validations), then the p40 and quick-start rows (~7.5 min)
 #   ... next     generate/log-prob profiled, the offload fix's GPU test, then the t4/v100 matrix cells (~4 min)
 #   ... decode   the rollout GPU tests, then compiled vs eager decode (rollout_speed h200,h200_eager; ~3 min)
+#   ... reshard  the updates with reshard_after_forward as planned vs upstream's true, then the memory model's
+#                update phases with the kept copy on h200 and p40 (~6 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next or decode}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode or reshard}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -101,6 +103,19 @@ elif [ "$mode" = variants ]; then
       --phases compute_log_prob,compute_values,update_critic,update_actor --variant "ckpt=$CKPT" --variant "b32k=$B32" \
       --variant "ckpt_b64k=${B32//32768/65536},$CKPT" --out "$W/variants" > "$W/variants.log" 2>&1
   echo "variants exit $?"; sed -n '/^profile  setting/,/^$/p' "$W/variants/profile_step.txt"
+elif [ "$mode" = reshard ]; then
+  # FSDP2 reshard_after_forward as the plan decides it (false on one device where the kept copy fits) against
+  # upstream's true: update wall time and copy/cast kernels; then predicted vs measured update peaks with the
+  # kept copy (h200: every role keeps it; p40: PPO keeps it, GRPO's actor does not fit it and reshards)
+  R="actor_rollout_ref.actor.fsdp_config.reshard_after_forward=True,critic.fsdp.reshard_after_forward=True"
+  timeout 300 python3 benchmarks/profile_step.py --model $MODEL --profiles h200 --settings quickstart --steps 3 \
+      --phases update_critic,update_actor --variant "planned=" --variant "reshard=$R" --tgz-limit-mb 9 \
+      --out "$W/profile" > "$W/profile.log" 2>&1
+  echo "profile_step exit $?"; sed -n '/^profile  setting/,/^$/p' "$W/profile/profile_step.txt"
+  grep -E "^(===|--- update|families|busy)" "$W/profile/profile_step.txt" | cut -c1-300
+  timeout 240 python3 benchmarks/memory_model.py --model $MODEL --profiles h200,p40 --settings matrix --algos ppo,grpo \
+      --val-rows 256 --jobs 4 --out "$W/memory" > "$W/memory.log" 2>&1
+  echo "memory_model exit $?"; tail -30 "$W/memory.log"
 else
   SPEED_ROWS=${SPEED_ROWS:-quickstart,p40,grpo,p40_manual} QS_TIMEOUT=200 P40_STEPS=8 P40_TIMEOUT=110 \
       GRPO_TIMEOUT=150 MANUAL_TIMEOUT=80 timeout 560 python3 benchmarks/speed.py --out "$W" > "$W/speed.log" 2>&1

@@ -299,12 +299,13 @@ def test_the_worker_applies_each_precision_exactly_as_planned(monkeypatch, param
     seen = {}
     monkeypatch.setattr(fsdp_utils, "shard_model", lambda module, **kw: seen.update(kw) or module)
     plan = role_plan(param_dtype=param, compute_dtype=compute, cast_on_gather=cast, reduce_dtype=reduce,
-                     grad_scaler=scaler, numerics_guard=guard, guard_fallback_dtype="float32" if guard else None)
+                     grad_scaler=scaler, numerics_guard=guard, guard_fallback_dtype="float32" if guard else None,
+                     reshard_after_forward=param == compute)   # both values across the cases
     planned = _PlannedModel("actor", plan, "cpu")
     planned.shard(torch.nn.Linear(2, 2))
     assert seen == {"param_dtype": torch_dtype(param), "compute_dtype": torch_dtype(compute),
                     "cast_params_for_compute": cast, "reduce_dtype": torch_dtype(reduce), "param_offload": False,
-                    "device_type": "cpu"}
+                    "device_type": "cpu", "reshard_after_forward": param == compute}
     assert planned.precision.autocast_dtype == (None if compute == "float32" else torch_dtype(compute))
     assert (planned.precision.scaler is not None) == scaler
     assert planned.guard_pending == guard

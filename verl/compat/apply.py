@@ -186,7 +186,8 @@ _BATCH_KEYS = {
 _HARDWARE_LEAVES = {"attn_implementation", "use_remove_padding", "use_torch_compile", "param_offload",
                     "optimizer_offload", "model_dtype", "dtype", "param_dtype", "reduce_dtype",
                     "buffer_dtype", "name", "gpu_memory_utilization", "enforce_eager", "device", "micro_batch_size",
-                    "enable_gradient_checkpointing", "dataloader_num_workers", "use_dynamic_bsz"}
+                    "enable_gradient_checkpointing", "dataloader_num_workers", "use_dynamic_bsz",
+                    "reshard_after_forward"}
 
 
 def _exists(config: DictConfig, path: str) -> bool:
@@ -251,6 +252,7 @@ def _resolve_role(config: DictConfig, name: str, role: RolePlan, plan: Plan, wri
         "mixed_precision.buffer_dtype": "float32",
         "param_offload": role.param_offload,
         "optimizer_offload": role.optimizer_offload,
+        "reshard_after_forward": role.reshard_after_forward,
         "use_torch_compile": plan.torch_compile,
     }.items():
         _set(config, f"{engine}.{key}", value, written)

@@ -134,6 +134,12 @@ class FitInputs:
     asked_ckpt: dict
     asked_off: dict
     margin: float
+    asked_reshard: dict   # role -> (config key, True | False | AUTO): fsdp reshard_after_forward
+
+
+def _estimate(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan):
+    return estimate_memory(inp.model, inp.workload, rs["actor"], ro, rs.get("critic"), rs.get("ref"),
+                           device_memory_gb=d.profile.memory_gb, backend=d.profile.backend, fragmentation=inp.margin)
 
 
 class _Search:
@@ -158,9 +164,7 @@ class _Search:
             rs[name] = replace(rs[name], gradient_checkpointing=ckpt_on[name], param_offload=offload[name][0],
                                optimizer_offload=offload[name][1])
         ro = replace(inp.rollout, gpu_memory_utilization=util, micro_batch_size=chunk)
-        est = estimate_memory(inp.model, inp.workload, rs["actor"], ro, rs.get("critic"), rs.get("ref"),
-                              device_memory_gb=self.limit, backend=self.d.profile.backend, fragmentation=inp.margin)
-        return rs, ro, est
+        return rs, ro, _estimate(self.d, inp, rs, ro)
 
     def hf_chunk(self, offload, ckpt_on, b, budgets_now, whole: bool) -> int | None:
         """The built-in engine's chunk: as many sequences as the memory free while generating holds."""
@@ -292,6 +296,7 @@ def _fitted_plan(d: Decider, inp: FitInputs, search: _Search, found, b: _Batch, 
     rung, _, rs, ro, est, util_why = found
     limit = search.limit
     _note_roles(d, inp, rs, rung, halvings)
+    rs, est = decide_reshard(d, inp, rs, ro, est)
     if halvings:
         for name, explicit in b.explicit.items():
             if explicit:
@@ -313,6 +318,66 @@ def _fitted_plan(d: Decider, inp: FitInputs, search: _Search, found, b: _Batch, 
     plan_kwargs.update(actor=rs["actor"], critic=rs.get("critic"), ref=rs.get("ref"), rollout=ro,
                        predicted_peak_gb=round(est.predicted_peak_gb, 3))
     return Plan(reasons=d.reasons, warnings=d.warnings, memory=memory, **plan_kwargs)
+
+
+# At world size > 1 the kept gathered model is every rank's shard and the multi-rank gather buffers are
+# modelled, not measured on a GPU: compat keeps it only with this share of the device left unused.
+MULTI_RANK_RESHARD_HEADROOM = 0.25
+
+
+def decide_reshard(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan, est):
+    """FSDP2's `reshard_after_forward` per role, on top of the fitted plan; returns (roles, estimate).
+
+    False keeps each layer's gathered weights from its forward to its backward in an update, so
+    backward skips a second all-gather per layer and micro-batch (on one device that gather is a
+    copy and cast of the local weights, pure overhead), at the cost of a whole model gathered at the
+    end of forward. It is the cheapest speed-up to give up, so the fit plans upstream's True and this
+    keeps False only where the memory model says it still fits: always tried at world size 1, at more
+    ranks only when the role's update (the only phase it changes; generation sizes itself to fill the
+    device) leaves MULTI_RANK_RESHARD_HEADROOM of the device free. An explicit value is kept; an
+    explicit False that does not fit is adapted (a warning, or PlanError under compat.strict).
+    """
+    limit, ws = d.profile.memory_gb, inp.workload.world_size
+    for name in list(rs):
+        key, asked = inp.asked_reshard[name]
+        skip = _keeps_resharding(name, rs[name])
+        if name == "ref" and asked is False:   # honoured; its forwards have no gradients and reshard anyway
+            rs = dict(rs, ref=replace(rs["ref"], reshard_after_forward=False))
+        if asked is True or name == "ref" or (asked is AUTO and skip):
+            user = "set by the user" + (f" ({skip})" if name == "ref" else "")
+            d.note(f"{name}.reshard_after_forward", asked is not False, skip if asked is AUTO else user)
+            continue
+        trial = dict(rs, **{name: replace(rs[name], reshard_after_forward=False)})
+        trial_est = _estimate(d, inp, trial, ro)
+        update = trial_est.phases[f"{name}_update"].total_gb * (1 + inp.margin) + trial_est.context_gb
+        need = f"the {name} update needs {update:.2f} of {limit:.1f} GiB with every layer kept gathered"
+        fits = trial_est.required_gb <= limit
+        if fits and (ws == 1 or asked is False or update <= limit * (1 - MULTI_RANK_RESHARD_HEADROOM)):
+            rs, est = trial, trial_est
+            d.note(f"{name}.reshard_after_forward", False,
+                   f"set by the user; {need}" if asked is False else _why_kept(ws, need))
+        elif asked is False:
+            d.adapt(f"{name}.reshard_after_forward", key, False, True, need)
+        else:
+            d.note(f"{name}.reshard_after_forward", True, f"upstream's default: {need}" + (
+                "" if not fits else f", less than {MULTI_RANK_RESHARD_HEADROOM:.0%} of the device to spare"))
+    return rs, est
+
+
+def _keeps_resharding(name: str, rp: RolePlan) -> str:
+    """Why a role reshards after forward whatever the memory (empty when the memory decides)."""
+    if name == "ref":
+        return "a frozen model runs no backward: nothing to keep its gathered weights for"
+    if rp.param_offload:
+        return "parameters offloaded to the host (memory is short): gathered weights are freed after each forward"
+    return ""
+
+
+def _why_kept(ws: int, need: str) -> str:
+    if ws == 1:
+        return (f"one device: FSDP2's gather is a copy (and cast) of local weights, so each layer keeps them from "
+                f"forward to backward ({need})")
+    return f"memory is plentiful at {ws} ranks ({need}): backward skips one all-gather per layer"
 
 
 def note_chunk(d: Decider, chunk: int, asked: Any, est, limit: float, per_seq: float, wl: Workload) -> None:

@@ -29,7 +29,9 @@ mini-batch (`ppo_mini_batch_size` x `rollout.n` / world size sequences), a forwa
 values) the device's whole rollout batch. An update peaks at the largest of: the end of forward
 (gathered units, activations, logits), a layer's backward (its unsharded gradients and the flat
 copy FSDP2 reduces from), the end of backward (the root unit, still gathered, and the
-vocabulary-sized gradients), and the optimizer step.
+vocabulary-sized gradients), and the optimizer step. A role planned with
+`reshard_after_forward=False` keeps every layer gathered from its forward to its backward: the
+end of forward and the first layer's backward then hold the whole model in the gather dtype.
 
 The built-in rollout engine generates `rollout.micro_batch_size` sequences at a time. Its memory
 is linear in that count (`generation_bytes_per_sequence`), so a generation phase is predicted for
@@ -276,17 +278,20 @@ def _root_unit(m: ModelSpec, role: _Role) -> int:
     return m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings or role.name == "critic" else 2)
 
 
-def _compute_copy(m: ModelSpec, role: _Role, dtype: str) -> float:
+def _compute_copy(m: ModelSpec, role: _Role, dtype: str, train: bool = False) -> float:
     """Weights materialised for compute: the FSDP2 all-gathered units (root plus two prefetched
-    layers) in the gather dtype, at every world size (FSDP2 copies on one device too); plus
-    autocast's casts when the weights are gathered in another dtype than `dtype`. Autocast caches
-    the cast of a leaf weight that requires grad for the whole forward: a trained role holds a cast
-    copy of its weights; a frozen one (the reference) casts op by op, the output projection the
-    largest at once."""
+    layers) in the gather dtype, at every world size (FSDP2 copies on one device too); in an update
+    whose plan does not reshard after forward, every unit instead (each layer stays gathered from its
+    forward to its backward: a whole model at the end of forward; forwards without gradients reshard
+    as they go, `fsdp_utils.shard_model`). Plus autocast's casts when the weights are gathered in
+    another dtype than `dtype`. Autocast caches the cast of a leaf weight that requires grad for the
+    whole forward: a trained role holds a cast copy of its weights; a frozen one (the reference)
+    casts op by op, the output projection the largest at once."""
     gather = gather_dtype(role.plan)
     root = _root_unit(m, role)
     per_layer = (role.params - root) / m.num_layers
-    units = (root + 2 * per_layer) * BYTES[gather]
+    kept = train and not role.plan.reshard_after_forward
+    units = (role.params if kept else root + 2 * per_layer) * BYTES[gather]
     if gather == dtype:
         return units
     if not role.trainable:
@@ -404,7 +409,8 @@ def _update_phase(s: _Step, name: str) -> dict[str, float]:
     later = min(rows, s.wl.sequences_seen(name, forward=False) - rows)
     forwards = [_forward_end(s, name, rows, 0.0)] + ([_forward_end(s, name, later, grads)] if later > 0 else [])
     # mid-backward: a layer unit's gradients, unsharded and in the flat copy FSDP2 reduces from, next
-    # to the gathered units (what bounds a model of few wide layers and a small vocabulary)
+    # to the gathered units (all of them when the plan keeps them gathered for backward; what bounds a
+    # model of few wide layers and a small vocabulary)
     per_layer = (role.params - _root_unit(spec, role)) / spec.num_layers
     layer_bwd = {f"{name}.grads": grads, f"{name}.compute_copy": forwards[0][f"{name}.compute_copy"],
                  "layer grads (backward)": 2 * per_layer * BYTES[role.plan.param_dtype]}
@@ -424,7 +430,8 @@ def _forward_end(s: _Step, name: str, rows: int, grads: float) -> dict[str, floa
     already accumulated by earlier micro-batches of the mini-batch)."""
     role, spec = s.roles[name], s.spec(name)
     tokens, resp = rows * s.wl.seq_len, rows * s.wl.response_length
-    terms = {f"{name}.grads": grads, f"{name}.compute_copy": _compute_copy(spec, role, role.plan.compute_dtype)}
+    terms = {f"{name}.grads": grads,
+             f"{name}.compute_copy": _compute_copy(spec, role, role.plan.compute_dtype, train=True)}
     terms.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=True))
     if name == "critic":
         terms["values"] = tokens * spec.hidden_size * 4 * 2

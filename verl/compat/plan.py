@@ -37,6 +37,9 @@ class RolePlan:
     guard_fallback_dtype: str | None = None  # compute dtype the role switches to when the guard fails
     use_dynamic_bsz: bool = False   # token-budgeted micro-batches (verl/compat/throughput.py)
     fused_optimizer: bool = False   # AdamW's fused kernel (trainable roles on an accelerator)
+    # FSDP2's reshard_after_forward: False keeps each layer's gathered weights from its forward to its
+    # backward in an update (no second all-gather, a whole model gathered at the end of forward)
+    reshard_after_forward: bool = True
 
 
 @dataclass

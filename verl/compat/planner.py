@@ -468,6 +468,7 @@ def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], rol
                "ref": int(_get(config, f"{arr}.ref.log_prob_max_token_len_per_gpu", 16384))}
     asked_ckpt = {name: _flag(_first(config, f"{rc.model_prefix}.enable_gradient_checkpointing"))
                   for name, rc in roles_cfg.items()}
+    asked_reshard = {name: _asked_reshard(config, rc) for name, rc in roles_cfg.items()}
     asked_off = {name: (_flag(_first(config, f"{rc.fsdp_prefix}.param_offload")),
                         _flag(_first(config, f"{rc.fsdp_prefix}.optimizer_offload")))
                  for name, rc in roles_cfg.items()}
@@ -481,8 +482,15 @@ def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], rol
         budgets = {k: max(v, floors[k] * workload.seq_len) for k, v in budgets.items()}
     return FitInputs(model=model, workload=workload, roles=roles, rollout=rollout, rollout_asked=rollout_asked,
                      batches=batches, dynamic=dynamic, budgets=budgets,
-                     asked_ckpt=asked_ckpt, asked_off=asked_off,
+                     asked_ckpt=asked_ckpt, asked_off=asked_off, asked_reshard=asked_reshard,
                      margin=float(_get(config, "compat.memory_margin", 0.1)))
+
+
+def _asked_reshard(config: Any, rc: _RoleConfig) -> tuple[str, Any]:
+    """The role's `fsdp_config.reshard_after_forward` as (key, True | False | AUTO)."""
+    paths = (rc.fsdp_prefix, "critic.model.fsdp_config") if rc.name == "critic" else (rc.fsdp_prefix,)
+    key, asked = _first_with_path(config, *[f"{p}.reshard_after_forward" for p in paths])
+    return key, _flag(asked)
 
 
 def _plan_without_model(d: _Decider, inp: FitInputs, plan_kwargs: dict) -> Plan:
@@ -491,8 +499,12 @@ def _plan_without_model(d: _Decider, inp: FitInputs, plan_kwargs: dict) -> Plan:
     for name in roles:
         ck = inp.asked_ckpt[name]
         po, oo = inp.asked_off[name]
+        reshard = inp.asked_reshard[name][1]
         roles[name] = replace(roles[name], gradient_checkpointing=ck is not False,
-                              param_offload=po is True, optimizer_offload=oo is True)
+                              param_offload=po is True, optimizer_offload=oo is True,
+                              reshard_after_forward=reshard is not False)
+        d.note(f"{name}.reshard_after_forward", reshard is not False, "set by the user" if reshard is not AUTO
+               else "upstream's default: with no model config.json the kept weights cannot be sized")
     util_asked, micro_asked = inp.rollout_asked["gpu_memory_utilization"], inp.rollout_asked["micro_batch_size"]
     rollout.gpu_memory_utilization = float(util_asked) if util_asked is not AUTO else 0.5
     if rollout.name == "hf":

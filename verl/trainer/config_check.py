@@ -446,7 +446,7 @@ def _check_choices(cfg, errors: list[str], warnings: list[str]) -> None:
 
     # dtype and attention names are checked by verl.compat, which owns those vocabularies
     for fsdp in ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp"):
-        for leaf in ("param_offload", "optimizer_offload", "use_torch_compile"):
+        for leaf in ("param_offload", "optimizer_offload", "use_torch_compile", "reshard_after_forward"):
             _bool_or_auto(cfg, f"{fsdp}.{leaf}", errors)
     for path in ("actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding",
                  "actor_rollout_ref.actor.use_torch_compile", "actor_rollout_ref.rollout.enforce_eager"):

@@ -63,10 +63,11 @@ def shard_model(
 ) -> torch.nn.Module:
     """Shard `model` with FSDP2: one unit per transformer layer plus the root (embeddings, head).
 
-    All three choices are the role plan's (verl.compat): with `cast_params_for_compute`, parameters
+    All choices are the role plan's (verl.compat): with `cast_params_for_compute`, parameters
     are all-gathered in `compute_dtype`, otherwise in `param_dtype` (autocast then down-casts, which
     the fp16 numerics guard can switch off at run time); gradients are reduce-scattered in
-    `reduce_dtype`; `param_offload` keeps shards in host memory (FSDP2's CPUOffloadPolicy).
+    `reduce_dtype`; `param_offload` keeps shards in host memory (FSDP2's CPUOffloadPolicy);
+    `reshard_after_forward=False` keeps each unit gathered from its forward to its backward.
     """
     kwargs = {"reshard_after_forward": reshard_after_forward}
     if mesh is not None:
@@ -91,7 +92,26 @@ def shard_model(
         # Average gradients as SUM then divide: under AVG, gloo's reduce-scatter sums in torch 2.8
         # (measured: doubled gradients at world size 2). SUM means the same on every backend.
         unit.set_force_sum_reduction_for_comms(True)
+    model._planned_reshard_after_forward = reshard_after_forward
+    if not reshard_after_forward:
+        _reshard_forwards_without_grad(model)
     return model
+
+
+def _reshard_forwards_without_grad(model: torch.nn.Module) -> None:
+    """Weights are kept gathered after forward for the backward that follows; a forward without
+    gradients (log-probs, values, the numerics guard) has none, and would leave the whole model
+    gathered until the next update. Such forwards reshard as they go, except inside `full_params`."""
+    def before(module, _args):
+        if not torch.is_grad_enabled() and not getattr(module, "_holding_full_params", False):
+            module.set_reshard_after_forward(True)
+
+    def after(module, _args, _output):
+        if not torch.is_grad_enabled() and not getattr(module, "_holding_full_params", False):
+            module.set_reshard_after_forward(False)
+
+    model.register_forward_pre_hook(before)
+    model.register_forward_hook(after)
 
 
 def fsdp_modules(model: torch.nn.Module) -> list:
@@ -110,12 +130,14 @@ def full_params(model: torch.nn.Module):
         unit.set_reshard_after_forward(False, recurse=False)
     for unit in units:
         unit.unshard()
+    model._holding_full_params = True
     try:
         yield model
     finally:
+        model._holding_full_params = False
         for unit in units:
             unit.reshard()
-            unit.set_reshard_after_forward(True, recurse=False)
+            unit.set_reshard_after_forward(getattr(model, "_planned_reshard_after_forward", True), recurse=False)
 
 
 def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:

@@ -164,6 +164,7 @@ class _PlannedModel:
             reduce_dtype=torch_dtype(plan.reduce_dtype),
             param_offload=plan.param_offload,
             device_type=self.device_type,
+            reshard_after_forward=plan.reshard_after_forward,
         )
 
     def place_optimizer(self, optimizer: torch.optim.Optimizer, device: torch.device) -> None:

@@ -1,0 +1,84 @@
+"""The plan's reshard_after_forward reaches FSDP2 in the actor worker, and changes no number.
+
+Real planner, real worker, float32 on CPU (FSDP2 on gloo at world size 1, where the CPU plan keeps
+gathered weights). A decoder layer unit's registered parameters are its DTensor shards when resharded
+and plain tensors while gathered, which is what is checked at the end of each update forward.
+Tolerance: the same float32 math either way (only when weights are gathered differs): 1e-6.
+"""
+import os
+import sys
+
+import pytest
+import torch
+from torch.distributed.tensor import DTensor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from worker_setup import PROMPT_LEN, actor_rollout_ref_config, cpu_plan, ppo_batch, tiny_model  # noqa: E402
+
+from verl.compat.model_spec import ModelSpec  # noqa: E402
+from verl.protocol import DataProto  # noqa: E402
+from verl.workers.fsdp_workers import ActorRolloutRefWorker  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tiny_model(str(tmp_path_factory.mktemp("tiny_qwen2")))
+
+
+def _gathered(module) -> list[bool]:
+    return [not isinstance(next(layer.parameters()), DTensor) for layer in module.model.layers]
+
+
+def _gathered_bytes(module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters() if not isinstance(p, DTensor))
+
+
+def _run(model_dir, plan) -> tuple[list, list]:
+    """Old log-probs, generate and one update; the layers' state after each update forward, and the
+    weights after the update."""
+    worker = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir), role="actor_rollout", plan=plan)
+    worker.init_model()
+    module = worker.actor_module
+    data = ppo_batch()
+    prompts = {k: data.batch[k][:, :PROMPT_LEN] for k in ("input_ids", "attention_mask", "position_ids")}
+    data.batch["old_log_probs"] = worker.compute_log_prob(data).batch["old_log_probs"]
+    assert _gathered_bytes(module) == 0                    # a forward without gradients reshards as it goes
+    worker.generate_sequences(DataProto.from_dict(prompts))
+    assert _gathered_bytes(module) == 0                    # full_params gave everything back (and the plan's
+    states = []                                            # setting, which the update below shows)
+
+    def end_of_forward(m, *_):
+        if torch.is_grad_enabled():
+            states.append((_gathered(m), _gathered_bytes(m)))
+
+    hook = module.register_forward_hook(end_of_forward)
+    worker.update_actor(data)
+    hook.remove()
+    assert _gathered_bytes(module) == 0                    # every unit resharded after its backward
+    return states, [p.detach().full_tensor().clone() for p in module.parameters()]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_plans_reshard_after_forward_reaches_fsdp_and_the_update_is_unchanged(model_dir, checkpointing):
+    """With gradient checkpointing too: the recomputed forward finds its layer still gathered."""
+    ckpt = {"actor_rollout_ref__model__enable_gradient_checkpointing": checkpointing}
+    kept_plan = cpu_plan(model_dir, **ckpt)
+    resharded_plan = cpu_plan(model_dir, actor_rollout_ref__actor__fsdp_config__reshard_after_forward=True, **ckpt)
+    assert kept_plan.actor.gradient_checkpointing is resharded_plan.actor.gradient_checkpointing is checkpointing
+    assert kept_plan.actor.reshard_after_forward is False
+    assert kept_plan.reasons["actor.reshard_after_forward"].startswith("one device")
+    assert resharded_plan.actor.reshard_after_forward is True
+
+    kept_states, kept_weights = _run(model_dir, kept_plan)
+    resharded_states, resharded_weights = _run(model_dir, resharded_plan)
+
+    assert kept_states and all(all(layers) for layers, _ in kept_states)        # every layer kept for backward
+    assert resharded_states and not any(any(layers) for layers, _ in resharded_states)   # every layer resharded
+    # what the memory model counts for the kept copy: the whole model in the gather dtype (float32 here)
+    assert kept_plan.actor.cast_on_gather is False and kept_plan.actor.param_dtype == "float32"
+    assert {size for _, size in kept_states} == {ModelSpec.from_pretrained(model_dir).num_params * 4}
+    for kept, resharded in zip(kept_weights, resharded_weights, strict=True):
+        torch.testing.assert_close(kept, resharded, atol=1e-6, rtol=0)
