@@ -124,3 +124,43 @@ def test_kept_weights_add_every_layer_in_the_gather_dtype_to_the_update_only():
     assert sum(kept["actor_update"].values()) - sum(resharded["actor_update"].values()) == pytest.approx(extra)
     for phase in ("rollout", "validation", "log_prob", "ref", "values"):   # forwards without gradients reshard
         assert kept[phase] == resharded[phase], phase
+
+
+
+
+# ----------------------------------------------------------------------------- gather_for_forward
+
+def test_forward_passes_gather_the_whole_model_once_where_it_fits():
+    """Log-probs, reference log-probs and values hold the whole model for the call at world size 1;
+    a role whose parameters live on the host keeps FSDP2's per-layer gathers."""
+    kl = {"actor_rollout_ref__actor__use_kl_loss": True}
+    roomy = plan(**kl)
+    for role in ("actor", "ref", "critic"):
+        assert getattr(roomy, role).gather_for_forward is True, role
+        assert roomy.reasons[f"{role}.gather_for_forward"].startswith("one gather per call"), role
+    offloaded = plan(**kl, critic__fsdp__param_offload=True)
+    assert offloaded.critic.gather_for_forward is False and offloaded.actor.gather_for_forward is True
+    assert "offloaded" in offloaded.reasons["critic.gather_for_forward"]
+    grpo = plan(algorithm__adv_estimator="grpo")
+    assert grpo.critic is None and "critic.gather_for_forward" not in grpo.reasons
+
+
+def test_a_gathered_forward_counts_the_whole_model_in_its_pass_only():
+    p = plan(actor_rollout_ref__actor__use_kl_loss=True)
+    wl = Workload(prompt_length=512, response_length=512, rollout_batch_per_gpu=16, update_batch_per_gpu=16)
+
+    def phases(gathered: bool):
+        actor, critic, ref = (dataclasses.replace(r, gather_for_forward=gathered) for r in (p.actor, p.critic, p.ref))
+        est = estimate_memory(QWEN05, wl, actor, p.rollout, critic, ref, device_memory_gb=80.0)
+        return {name: phase.terms for name, phase in est.phases.items()}
+
+    whole, per_layer = phases(True), phases(False)
+    root = QWEN05.vocab_size * QWEN05.hidden_size
+    layer = (QWEN05.num_params - root) / QWEN05.num_layers
+    extra = (QWEN05.num_params - root - 2 * layer) * 2 / GiB              # bfloat16 gather: 2 bytes
+    for phase, role in (("log_prob", "actor"), ("ref", "ref"), ("values", "critic")):
+        # (the critic's value head for the output projection changes the count by a few thousand)
+        assert whole[phase][f"{role}.compute_copy"] - per_layer[phase][f"{role}.compute_copy"] == \
+            pytest.approx(extra, rel=1e-5), phase
+    for phase in ("rollout", "validation", "actor_update", "critic_update"):
+        assert whole[phase] == per_layer[phase], phase

@@ -5,6 +5,7 @@ gathered weights). A decoder layer unit's registered parameters are its DTensor 
 and plain tensors while gathered, which is what is checked at the end of each update forward.
 Tolerance: the same float32 math either way (only when weights are gathered differs): 1e-6.
 """
+import dataclasses
 import os
 import sys
 
@@ -82,3 +83,30 @@ def test_the_plans_reshard_after_forward_reaches_fsdp_and_the_update_is_unchange
     assert {size for _, size in kept_states} == {ModelSpec.from_pretrained(model_dir).num_params * 4}
     for kept, resharded in zip(kept_weights, resharded_weights, strict=True):
         torch.testing.assert_close(kept, resharded, atol=1e-6, rtol=0)
+
+
+def _log_probs_and_layer_states(model_dir, plan):
+    """Old log-probs from the actor worker, and which layers were gathered at each forward's start."""
+    worker = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir), role="actor_rollout", plan=plan)
+    worker.init_model()
+    module = worker.actor_module
+    states = []
+    hook = module.register_forward_pre_hook(lambda m, *_: states.append(_gathered(m)))
+    out = worker.compute_log_prob(ppo_batch()).batch["old_log_probs"]
+    hook.remove()
+    assert _gathered_bytes(module) == 0                    # given back after the call either way
+    return out, states
+
+
+def test_the_plans_gather_for_forward_holds_the_whole_model_for_a_log_prob_call(model_dir):
+    """The real CPU plan gathers once per forward-only call: every micro-batch's forward starts with
+    every layer gathered; per-layer gathering (the plan with it off) starts each with none. Same numbers."""
+    plan = cpu_plan(model_dir)
+    assert plan.actor.gather_for_forward is True
+    assert plan.reasons["actor.gather_for_forward"].startswith("one gather per call")
+    per_layer_plan = dataclasses.replace(plan, actor=dataclasses.replace(plan.actor, gather_for_forward=False))
+    whole, whole_states = _log_probs_and_layer_states(model_dir, plan)
+    per_layer, per_layer_states = _log_probs_and_layer_states(model_dir, per_layer_plan)
+    assert whole_states and all(all(layers) for layers in whole_states)
+    assert per_layer_states and not any(any(layers) for layers in per_layer_states)
+    torch.testing.assert_close(whole, per_layer, atol=1e-6, rtol=0)

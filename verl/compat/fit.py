@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from verl.compat.decider import Decider, PlanError
-from verl.compat.memory import BYTES, GiB, Workload, estimate_memory, generation_bytes_per_sequence
+from verl.compat.memory import (BYTES, FORWARD_PHASES, GiB, Workload, estimate_memory,
+                                generation_bytes_per_sequence)
 from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.settings import AUTO, first, get
@@ -297,6 +298,7 @@ def _fitted_plan(d: Decider, inp: FitInputs, search: _Search, found, b: _Batch, 
     limit = search.limit
     _note_roles(d, inp, rs, rung, halvings)
     rs, est = decide_reshard(d, inp, rs, ro, est)
+    rs, est = decide_forward_gather(d, inp, rs, ro, est)
     if halvings:
         for name, explicit in b.explicit.items():
             if explicit:
@@ -361,6 +363,32 @@ def decide_reshard(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan, est):
         else:
             d.note(f"{name}.reshard_after_forward", True, f"upstream's default: {need}" + (
                 "" if not fits else f", less than {MULTI_RANK_RESHARD_HEADROOM:.0%} of the device to spare"))
+    return rs, est
+
+
+def decide_forward_gather(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan, est):
+    """Whether each role's forward-only passes (old and reference log-probs, values) gather the whole
+    model once per call; returns (roles, estimate). Otherwise FSDP2 gathers (copies, casts) every
+    layer again for every micro-batch, a per-parameter host cost that left the H200 idle 60% of an
+    old-log-prob pass. The whole model in the gather dtype must fit beside the pass's activations:
+    always tried at world size 1, at more ranks only with MULTI_RANK_RESHARD_HEADROOM to spare."""
+    limit, ws = d.profile.memory_gb, inp.workload.world_size
+    for name in list(rs):
+        phase = FORWARD_PHASES[name]
+        if rs[name].param_offload or phase not in est.phases:
+            d.note(f"{name}.gather_for_forward", False, "parameters offloaded to the host: gathered per layer"
+                   if rs[name].param_offload else f"no {phase} pass in this run")
+            continue
+        trial = dict(rs, **{name: replace(rs[name], gather_for_forward=True)})
+        trial_est = _estimate(d, inp, trial, ro)
+        need = trial_est.phases[phase].total_gb * (1 + inp.margin) + trial_est.context_gb
+        why = f"the {phase} pass needs {need:.2f} of {limit:.1f} GiB with the whole model gathered"
+        if trial_est.required_gb <= limit and (ws == 1 or need <= limit * (1 - MULTI_RANK_RESHARD_HEADROOM)):
+            rs, est = trial, trial_est
+            d.note(f"{name}.gather_for_forward", True, f"one gather per call, not per layer and micro-batch ({why})")
+        else:
+            d.note(f"{name}.gather_for_forward", False, f"each layer gathered per micro-batch: {why}"
+                   + ("" if trial_est.required_gb > limit else f", less than {MULTI_RANK_RESHARD_HEADROOM:.0%} spare"))
     return rs, est
 
 

@@ -283,14 +283,15 @@ def _compute_copy(m: ModelSpec, role: _Role, dtype: str, train: bool = False) ->
     layers) in the gather dtype, at every world size (FSDP2 copies on one device too); in an update
     whose plan does not reshard after forward, every unit instead (each layer stays gathered from its
     forward to its backward: a whole model at the end of forward; forwards without gradients reshard
-    as they go, `fsdp_utils.shard_model`). Plus autocast's casts when the weights are gathered in
+    as they go, `fsdp_utils.shard_model`), and in forwards whose plan gathers the model once per call
+    (`gather_for_forward`). Plus autocast's casts when the weights are gathered in
     another dtype than `dtype`. Autocast caches the cast of a leaf weight that requires grad for the
     whole forward: a trained role holds a cast copy of its weights; a frozen one (the reference)
     casts op by op, the output projection the largest at once."""
     gather = gather_dtype(role.plan)
     root = _root_unit(m, role)
     per_layer = (role.params - root) / m.num_layers
-    kept = train and not role.plan.reshard_after_forward
+    kept = (not role.plan.reshard_after_forward) if train else role.plan.gather_for_forward
     units = (role.params if kept else root + 2 * per_layer) * BYTES[gather]
     if gather == dtype:
         return units

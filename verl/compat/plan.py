@@ -40,6 +40,9 @@ class RolePlan:
     # FSDP2's reshard_after_forward: False keeps each layer's gathered weights from its forward to its
     # backward in an update (no second all-gather, a whole model gathered at the end of forward)
     reshard_after_forward: bool = True
+    # forward-only passes (log-probs, reference log-probs, values) gather the whole model once per call
+    # instead of every layer per micro-batch (fsdp_utils.full_params)
+    gather_for_forward: bool = False
 
 
 @dataclass

@@ -505,6 +505,8 @@ def _plan_without_model(d: _Decider, inp: FitInputs, plan_kwargs: dict) -> Plan:
                               reshard_after_forward=reshard is not False)
         d.note(f"{name}.reshard_after_forward", reshard is not False, "set by the user" if reshard is not AUTO
                else "upstream's default: with no model config.json the kept weights cannot be sized")
+        d.note(f"{name}.gather_for_forward", False, "gathered per layer: with no model config.json the whole "
+               "model cannot be sized")
     util_asked, micro_asked = inp.rollout_asked["gpu_memory_utilization"], inp.rollout_asked["micro_batch_size"]
     rollout.gpu_memory_utilization = float(util_asked) if util_asked is not AUTO else 0.5
     if rollout.name == "hf":

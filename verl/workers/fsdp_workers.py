@@ -8,6 +8,7 @@ counts prompts, is multiplied by `rollout.n` and divided by the data-parallel si
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -261,6 +262,14 @@ def _model_inputs(data: DataProto) -> dict:
     return {k: data.batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
 
 
+def _gathered_for_forward(module, role_plan):
+    """The role plan's `gather_for_forward`: a forward-only call holds the whole model gathered once
+    (`fsdp_utils.full_params`) instead of FSDP2 gathering each layer for every micro-batch."""
+    if role_plan is not None and role_plan.gather_for_forward:
+        return fsdp_utils.full_params(module)
+    return contextlib.nullcontext()
+
+
 def _output(meta_info: dict | None = None, **tensors) -> DataProto:
     return DataProto.from_dict(tensors=tensors or None, meta_info=meta_info or {})
 
@@ -444,7 +453,8 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info["use_dynamic_bsz"] = bool(rollout_cfg.get("log_prob_use_dynamic_bsz", False))
         data.meta_info["temperature"] = float(rollout_cfg.get("temperature", 1.0))
         self._guard(self._actor_model, self.actor_module, data)
-        log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
+        with _gathered_for_forward(self.actor_module, self.plan.actor):
+            log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
         meta = {"temperature": data.meta_info["temperature"], "metrics": self._perf_metrics()}
         return _output(_with_plan_updates(meta, self._plan_updates),
                        old_log_probs=log_probs.cpu(), entropys=entropys.cpu())
@@ -461,7 +471,8 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info["use_dynamic_bsz"] = bool(ref_cfg.get("log_prob_use_dynamic_bsz", False))
         data.meta_info["temperature"] = float(self.config.rollout.get("temperature", 1.0))
         self._guard(self._ref_model, self.ref_module, data)
-        log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
+        with _gathered_for_forward(self.ref_module, self.plan.ref):
+            log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
         meta = _with_plan_updates({"metrics": self._perf_metrics()}, self._plan_updates)
         return _output(meta, ref_log_prob=log_probs.cpu())
 
@@ -577,7 +588,8 @@ class CriticWorker(Worker):
         data.meta_info["micro_batch_size"] = self.config.forward_micro_batch_size_per_gpu
         data.meta_info["max_token_len"] = self.config.forward_max_token_len_per_gpu
         self._guard(data)
-        values = self.critic.compute_values(data)
+        with _gathered_for_forward(self.critic_module, self.plan.critic):
+            values = self.critic.compute_values(data)
         return _output(self._meta({}), values=values.cpu())
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
