@@ -298,19 +298,26 @@ def test_token_budgets_agree_on_micro_batch_counts_across_ranks(model_dir, tmp_p
 
 
 def test_planned_torch_compile_compiles_the_entropy_with_equal_results(model_dir):
-    """plan.torch_compile is what the actor acts on (upstream's use_torch_compile: a compiled kernel for the
-    per-chunk log-sum-exp and softmax mean, shared by log-probs and entropy); the compiled and eager paths
-    give the same log-probs and entropies to float32 rounding (1e-5)."""
+    """plan.torch_compile is what the actor acts on (upstream's use_torch_compile: compiled kernels for the
+    per-chunk log-sum-exp, softmax mean and log-prob gradient); the compiled and eager paths give the same
+    log-probs, entropies and updates to float32 rounding (1e-5)."""
     import dataclasses
 
     eager = _actor(model_dir)
     compiled = _actor(model_dir, plan=dataclasses.replace(cpu_plan(model_dir), torch_compile=True))
-    assert eager.actor._entropy_kernel is None and compiled.actor._entropy_kernel is not None
+    assert eager.actor._kernels is None and compiled.actor._kernels is not None
     data = ppo_batch()
     a, b = eager.compute_log_prob(data), compiled.compute_log_prob(data)
     mask = data.batch["response_mask"].bool()
     torch.testing.assert_close(b.batch["entropys"][mask], a.batch["entropys"][mask], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(b.batch["old_log_probs"], a.batch["old_log_probs"], atol=1e-5, rtol=1e-5)
+    # the update runs the compiled log-sum-exp and log-prob gradient: same loss, gradient norm and weights
+    ma = eager.update_actor(_with_old_log_probs(eager, ppo_batch())).meta_info["metrics"]
+    mb = compiled.update_actor(_with_old_log_probs(compiled, ppo_batch())).meta_info["metrics"]
+    for key in ("actor/pg_loss", "actor/grad_norm"):
+        assert mb[key] == pytest.approx(ma[key], rel=1e-5, abs=1e-7), key
+    for pa, pb in zip(eager.actor_module.parameters(), compiled.actor_module.parameters()):
+        torch.testing.assert_close(pb.full_tensor(), pa.full_tensor(), atol=1e-6, rtol=1e-5)
 
 
 def test_init_model_sizes_the_schedule_of_workers_started_before_the_data(model_dir):
