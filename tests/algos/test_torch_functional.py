@@ -324,9 +324,10 @@ def test_chunked_logprob_scratch_is_two_float32_chunks(monkeypatch, dtype, entro
 def test_compiled_chunk_kernels_match_float64_and_the_eager_path(monkeypatch):
     """The plan's torch_compile path: compiled log-sum-exp and log-prob gradient per chunk (several chunks
     forced) give float64's log-probs and gradients to float32 rounding (1e-5), as the eager path does
-    (the compiled entropy statistics: tests/workers/test_fsdp_workers.py)."""
+    (the compiled entropy statistics: tests/workers/test_fsdp_workers.py). Compiled with aot_eager: the
+    functions' own math through dynamo and AOTAutograd, without inductor's minutes of C++ code generation."""
     monkeypatch.setattr(F, "_ROWS_PER_CHUNK", 4)
-    kernels = F.compiled_log_prob_kernels()
+    kernels = F.compiled_log_prob_kernels("aot_eager")
     base = _rand(3, 5, 997, seed=41) * 4
     labels = torch.randint(0, 997, (3, 5), generator=torch.Generator().manual_seed(42))
     weights = _rand(3, 5, seed=43)

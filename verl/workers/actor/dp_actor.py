@@ -73,13 +73,14 @@ class DataParallelPPOActor:
     """
 
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer=None, *, precision: Precision,
-                 dp_group=None, use_remove_padding: bool = False, use_torch_compile: bool = False):
+                 dp_group=None, use_remove_padding: bool = False, use_torch_compile: bool = False,
+                 compile_backend: str = "inductor"):
         self.config = config
         self.use_remove_padding = use_remove_padding
         # The plan's torch_compile: the per-chunk math over the vocabulary (log-sum-exp, the log-prob's
         # gradient, the entropy's statistics) is the elementwise-heavy part here and fuses well: one
         # kernel per chunk and direction, reading the logits in their own dtype.
-        self._kernels = compiled_log_prob_kernels() if use_torch_compile else None
+        self._kernels = compiled_log_prob_kernels(compile_backend) if use_torch_compile else None
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.precision = precision
