@@ -342,6 +342,33 @@ def test_planned_torch_compile_compiles_layers_and_log_prob_kernels_with_equal_r
         torch.testing.assert_close(pb.full_tensor(), pa.full_tensor(), atol=1e-6, rtol=1e-5)
 
 
+def test_compiled_layers_under_fsdp2_mixed_precision_and_autocast_match_eager(model_dir, monkeypatch):
+    """The a100 plan run on the CPU (bf16 compute under autocast, parameters all-gathered in bf16 by
+    FSDP2's mixed-precision policy, float32 master weights): compiled layers give the eager worker's
+    log-probs and update (the "eager" backend runs dynamo's graph with the same kernels)."""
+    import dataclasses
+
+    from torch._dynamo.utils import counters
+
+    from verl.utils import layer_compile
+
+    monkeypatch.setattr(layer_compile, "BACKEND", "eager")
+    plan = cpu_plan(model_dir, device="a100-80gb")
+    assert plan.actor.compute_dtype != "float32" and plan.actor.cast_on_gather
+    eager = _actor(model_dir, plan=plan)
+    compiled = _actor(model_dir, plan=dataclasses.replace(plan, torch_compile=True))
+    assert _compiled_layers(compiled.actor_module) == 2
+    data = ppo_batch()
+    graphs = counters["stats"]["unique_graphs"]
+    a, b = eager.compute_log_prob(data), compiled.compute_log_prob(data)
+    assert counters["stats"]["unique_graphs"] > graphs
+    torch.testing.assert_close(b.batch["old_log_probs"], a.batch["old_log_probs"], atol=1e-5, rtol=1e-5)
+    ma = eager.update_actor(_with_old_log_probs(eager, ppo_batch())).meta_info["metrics"]
+    mb = compiled.update_actor(_with_old_log_probs(compiled, ppo_batch())).meta_info["metrics"]
+    for key in ("actor/pg_loss", "actor/grad_norm"):
+        assert mb[key] == pytest.approx(ma[key], rel=1e-5, abs=1e-7), key
+
+
 def test_planned_torch_compile_compiles_the_critic_layers_with_equal_results(model_dir, monkeypatch):
     """As above for the value model: compiled layers give the eager critic's values and update."""
     import dataclasses
