@@ -3,10 +3,11 @@
 Most of a layer's device time outside its matmuls and attention is small elementwise kernels (RMSNorm,
 rotary, SiLU gating, residual adds, dtype casts); compiling the layer fuses them. Only each layer's
 `forward` is compiled, and before FSDP2 shards the model: FSDP2's hooks run around `forward` in
-`nn.Module.__call__`, so its all-gathers and reduce-scatters stay outside the compiled region, and so
-does transformers' gradient checkpointing, which wraps the layer's call. All layers run the same code,
-so one compiled graph (per grad mode and autocast state) serves every layer, and the reference and
-value models of the same class too.
+`nn.Module.__call__`, so its all-gathers and reduce-scatters stay outside the compiled region.
+transformers' gradient checkpointing wraps the layer's call in 4.x (outside the compiled code) and
+runs inside the layer's forward in 5.x (compiled with it; torch.compile traces torch.utils.checkpoint).
+All layers run the same code, so one compiled graph per kind of pass (grad mode, autocast state)
+serves every layer, and the reference and value models of the same class too.
 
 Shapes are compiled dynamic (`dynamic=True`) from the first call: micro-batches differ in rows and
 in padded width (64-column steps, `verl.utils.packing`) and packed rows in length; left to

@@ -358,7 +358,7 @@ class ActorRolloutRefWorker(Worker):
         self.actor_optimizer = self.actor_lr_scheduler = None
         if self._is_actor or self._is_rollout:
             self._actor_model = _PlannedModel("actor", self.plan.actor, self.plan.device_type)
-            # a rollout-only role generates and never runs the training/log-prob forward compiled for
+            # compiled where it trains and scores; a rollout-only role only generates (eager)
             self.actor_module = self._load(self._actor_model, train=self._is_actor, laps=laps,
                                            compile_layers=self.plan.torch_compile and self._is_actor)
             if self._is_actor:
