@@ -297,12 +297,20 @@ def test_token_budgets_agree_on_micro_batch_counts_across_ranks(model_dir, tmp_p
         assert rank["metrics"]["actor/grad_norm"] == pytest.approx(single["metrics"]["actor/grad_norm"], rel=1e-5)
 
 
+@pytest.fixture
+def dynamo_cache():
+    """Compiled code per test: dynamo keeps at most 8 graphs per function across the whole process."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 def _compiled_layers(module) -> int:
     """Decoder layers whose forward the plan's torch_compile replaced (verl.utils.layer_compile)."""
     return sum("forward" in vars(m) for m in module.modules() if type(m).__name__.endswith("DecoderLayer"))
 
 
-def test_planned_torch_compile_compiles_layers_and_log_prob_kernels_with_equal_results(model_dir, monkeypatch):
+def test_planned_torch_compile_compiles_layers_and_log_prob_kernels_with_equal_results(model_dir, monkeypatch, dynamo_cache):
     """plan.torch_compile is what the workers act on (upstream's use_torch_compile): each decoder layer of the
     actor, reference and critic is compiled before FSDP2 shards it, and the actor compiles its per-chunk
     log-sum-exp, softmax mean and log-prob gradient. Compiled and eager workers give the same log-probs,
@@ -342,7 +350,7 @@ def test_planned_torch_compile_compiles_layers_and_log_prob_kernels_with_equal_r
         torch.testing.assert_close(pb.full_tensor(), pa.full_tensor(), atol=1e-6, rtol=1e-5)
 
 
-def test_compiled_layers_under_fsdp2_mixed_precision_and_autocast_match_eager(model_dir, monkeypatch):
+def test_compiled_layers_under_fsdp2_mixed_precision_and_autocast_match_eager(model_dir, monkeypatch, dynamo_cache):
     """The a100 plan run on the CPU (bf16 compute under autocast, parameters all-gathered in bf16 by
     FSDP2's mixed-precision policy, float32 master weights): compiled layers give the eager worker's
     log-probs and update (the "eager" backend runs dynamo's graph with the same kernels)."""
@@ -369,7 +377,7 @@ def test_compiled_layers_under_fsdp2_mixed_precision_and_autocast_match_eager(mo
         assert mb[key] == pytest.approx(ma[key], rel=1e-5, abs=1e-7), key
 
 
-def test_planned_torch_compile_compiles_the_critic_layers_with_equal_results(model_dir, monkeypatch):
+def test_planned_torch_compile_compiles_the_critic_layers_with_equal_results(model_dir, monkeypatch, dynamo_cache):
     """As above for the value model: compiled layers give the eager critic's values and update."""
     import dataclasses
 
@@ -390,7 +398,7 @@ def test_planned_torch_compile_compiles_the_critic_layers_with_equal_results(mod
     assert mc["critic/grad_norm"] == pytest.approx(me["critic/grad_norm"], rel=1e-5)
 
 
-def test_gradient_checkpointing_stays_in_force_with_compiled_layers_under_fsdp2(model_dir, monkeypatch):
+def test_gradient_checkpointing_stays_in_force_with_compiled_layers_under_fsdp2(model_dir, monkeypatch, dynamo_cache):
     """transformers 5 checkpoints inside a layer's forward, only in the outermost class's (FSDP2 subclasses
     the layer when it shards it): the compiled forward must reach that one. Measured by what autograd
     saves during a training forward: with checkpointing, well under half of what it saves without."""
