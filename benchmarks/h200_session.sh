@@ -13,9 +13,11 @@
 #   ... decode   the rollout GPU tests, then compiled vs eager decode (rollout_speed h200,h200_eager; ~3 min)
 #   ... reshard  the updates with reshard_after_forward as planned vs upstream's true, then the memory model's
 #                update phases with the kept copy on h200 and p40 (~6 min)
+#   ... compile  the quick start's scoring and update phases with torch.compile off vs on (decoder layers and
+#                log-prob chunks compiled): s per phase, and each phase's first call (the compile) (~6 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode or reshard}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard or compile}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -116,6 +118,15 @@ elif [ "$mode" = reshard ]; then
   timeout 240 python3 benchmarks/memory_model.py --model $MODEL --profiles h200,p40 --settings matrix --algos ppo,grpo \
       --val-rows 256 --jobs 4 --out "$W/memory" > "$W/memory.log" 2>&1
   echo "memory_model exit $?"; tail -30 "$W/memory.log"
+elif [ "$mode" = compile ]; then
+  # eager first, then compiled (its compile is paid in the compiled case's first calls: "first s" column)
+  A=actor_rollout_ref.actor.use_torch_compile
+  TORCH_LOGS=recompiles timeout 540 python3 benchmarks/profile_step.py --model $MODEL --profiles h200 --settings quickstart --steps 2 \
+      --phases compute_log_prob,compute_values,update_critic,update_actor --tgz-limit-mb 14 \
+      --variant "eager=$A=False" --variant "compiled=$A=True" --out "$W/compile" > "$W/compile.log" 2>&1
+  echo "compile variants exit $?"; sed -n '/^profile  setting/,/^$/p' "$W/compile/profile_step.txt"
+  grep -E "^(===|plan|families|busy)" "$W/compile/profile_step.txt" | cut -c1-300
+  grep -iE "recompil|triggered by|guard fail|limit|error" "$W/compile.log" | cut -c1-200 | sort | uniq -c | sort -rn | head -16
 else
   SPEED_ROWS=${SPEED_ROWS:-quickstart,p40,grpo,p40_manual} QS_TIMEOUT=200 P40_STEPS=8 P40_TIMEOUT=110 \
       GRPO_TIMEOUT=150 MANUAL_TIMEOUT=80 timeout 560 python3 benchmarks/speed.py --out "$W" > "$W/speed.log" 2>&1

@@ -6,6 +6,8 @@ in the trainer's order: generate_sequences, compute_log_prob, compute_ref_log_pr
 update_critic, update_actor (the ones the setting's algorithm runs).
 
   1. warm-up: every phase once (CUDA graphs captured, AdamW's states created, kernels autotuned);
+     Each phase's first call is timed too (`first_s`, the table's "first s": one-time costs such as
+     torch.compile's, under the plan's torch_compile, show as first s minus wall s);
   2. timed: `--steps` passes, each phase's wall time between device synchronisations (the median is
      reported, with upstream's perf/mfu/* of the updates);
   3. profiled: one more pass, each phase under `torch.profiler` (CPU + CUDA activities), on a slice of
@@ -28,6 +30,9 @@ and packs them with the gzipped chrome traces into `--out/profile_step.tgz`.
     python benchmarks/profile_step.py --settings quickstart --phases update_critic,update_actor \
         --variant base= --variant budget64k=actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536 --out "$OUT"
     python benchmarks/profile_step.py --tiny --profiles cpu --out /tmp/prof     # CPU smoke (~20 s)
+    python benchmarks/profile_step.py --settings quickstart --phases compute_log_prob,compute_values,update_critic,update_actor \
+        --steps 2 --variant eager=actor_rollout_ref.actor.use_torch_compile=False \
+        --variant compiled=actor_rollout_ref.actor.use_torch_compile=True --out "$OUT"   # torch.compile on vs off
 
 `--variant NAME=KEY=VALUE[,KEY=VALUE]` (repeatable) runs each (profile, setting) once per variant with
 those overrides on top, so one call compares plans (token budgets, checkpointing) side by side.
@@ -242,8 +247,9 @@ def run_setting(profile: str, name: str, model: str, args, work: Path,
                     "reasons": dict(w.plan.reasons), "torch_compile": w.plan.torch_compile}, "phases": {}}
 
     clock = time.perf_counter()
-    for phase in available:                     # warm-up: the whole step once
-        step.call(phase)
+    first = {}
+    for phase in available:                     # warm-up: the whole step once, each phase's first call timed
+        first[phase] = timed(lambda: step.call(phase), device)
     row["warmup_s"] = round(time.perf_counter() - clock, 1)
     runs = {p: [] for p in wanted}
     for _ in range(args.steps):
@@ -273,7 +279,7 @@ def run_setting(profile: str, name: str, model: str, args, work: Path,
         step.rows = step.decode_steps = None
         entry = row["phases"].setdefault(phase, {})
         entry.update(wall_s=round(statistics.median(runs[phase]), 4), wall_s_runs=[round(t, 4) for t in runs[phase]],
-                     profiled=dict(summary, what=part))
+                     first_s=round(first[phase], 4), profiled=dict(summary, what=part))
         lines += [f"\n--- {phase}: wall {entry['wall_s']:.3f} s (median of {len(runs[phase])}); profiled {part}: "
                   f"wall {summary['wall_s']:.3f} s", table, format_summary(summary)]
     return row, "\n".join(lines)
@@ -307,7 +313,8 @@ def format_summary(s: dict) -> str:
 
 def overview(rows: list[dict]) -> str:
     """One line per (profile, setting, phase): wall, busy, idle, the two largest families."""
-    head = f"{'profile':8s} {'setting':10s} {'variant':10s} {'phase':22s} {'wall s':>7s} {'prof s':>7s} {'busy s':>7s} {'idle':>5s}  top families"
+    head = (f"{'profile':8s} {'setting':10s} {'variant':10s} {'phase':22s} {'first s':>7s} {'wall s':>7s} {'prof s':>7s} "
+            f"{'busy s':>7s} {'idle':>5s}  top families")
     lines = [head, "-" * len(head)]
     for row in rows:
         for phase, e in row["phases"].items():
@@ -317,7 +324,8 @@ def overview(rows: list[dict]) -> str:
             fams = sorted(p["families_s"].items(), key=lambda kv: -kv[1])[:2]
             idle = "-" if p["device_idle_fraction"] is None else f"{100 * p['device_idle_fraction']:.0f}%"
             mfu = "".join(f"  {k}={v:.3f}" for k, v in e.items() if k.startswith("perf/mfu"))
-            lines.append(f"{row['profile']:8s} {row['setting']:10s} {row.get('variant', ''):10s} {phase:22s} {e['wall_s']:7.3f} {p['wall_s']:7.3f} "
+            lines.append(f"{row['profile']:8s} {row['setting']:10s} {row.get('variant', ''):10s} {phase:22s} "
+                         f"{e.get('first_s', float('nan')):7.2f} {e['wall_s']:7.3f} {p['wall_s']:7.3f} "
                          f"{p['device_busy_s']:7.3f} {idle:>5s}  " + ", ".join(f"{k} {v:.3f}" for k, v in fams) + mfu)
     return "\n".join(lines)
 

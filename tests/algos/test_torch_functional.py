@@ -319,3 +319,29 @@ def test_chunked_logprob_scratch_is_two_float32_chunks(monkeypatch, dtype, entro
     grad = x.numel() * x.element_size()
     assert fwd.peak <= 2 * chunk + 64 * 1024, fwd.peak / chunk
     assert bwd.peak - grad <= 2 * chunk + 64 * 1024, (bwd.peak - grad) / chunk
+
+
+def test_compiled_chunk_kernels_match_float64_and_the_eager_path(monkeypatch):
+    """The plan's torch_compile path: compiled log-sum-exp and log-prob gradient per chunk (several chunks
+    forced) give float64's log-probs and gradients to float32 rounding (1e-5), as the eager path does
+    (the compiled entropy statistics: tests/workers/test_fsdp_workers.py). Compiled with aot_eager: the
+    functions' own math through dynamo and AOTAutograd, without inductor's minutes of C++ code generation."""
+    monkeypatch.setattr(F, "_ROWS_PER_CHUNK", 4)
+    kernels = F.compiled_log_prob_kernels("aot_eager")
+    base = _rand(3, 5, 997, seed=41) * 4
+    labels = torch.randint(0, 997, (3, 5), generator=torch.Generator().manual_seed(42))
+    weights = _rand(3, 5, seed=43)
+    x64 = base.clone().requires_grad_(True)
+    logp64 = torch.log_softmax(x64, dim=-1)
+    ref_lp = logp64.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    (ref_lp * weights).sum().backward()
+    outs = {}
+    for name, k in (("eager", None), ("compiled", kernels)):
+        x = base.float().requires_grad_(True)
+        lp = F.logprobs_from_logits(x, labels, kernels=k)
+        (lp * weights.float()).sum().backward()
+        outs[name] = (lp.detach(), x.grad)
+        torch.testing.assert_close(lp.double(), ref_lp.detach(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-5, atol=1e-6)
+    for a, b in zip(outs["eager"], outs["compiled"]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -30,7 +30,7 @@ def test_cpu_smoke_profiles_every_phase(tmp_path, capsys):
     assert set(case["phases"]) == set(ps.PHASES)
     for phase, entry in case["phases"].items():
         prof = entry["profiled"]
-        assert entry["wall_s"] > 0 and prof["wall_s"] > 0, phase
+        assert entry["wall_s"] > 0 and prof["wall_s"] > 0 and entry["first_s"] > 0, phase
         assert set(prof["families_s"]) == set(ps.FAMILIES)
         assert prof["families_s"]["gemm"] > 0 and sum(prof["families_s"].values()) == pytest.approx(
             prof["device_busy_s"], abs=1e-3), phase

@@ -425,3 +425,18 @@ def test_token_budgets_are_bounded_by_the_mini_batch_the_planner_reads():
     for phase in ("actor_update", "critic_update", "log_prob", "values"):
         want = {k: round(v, 4) for k, v in est.phases[phase].terms.items()}
         assert plan.memory["phases"][phase] == want, phase
+
+
+@pytest.mark.parametrize("device", ["a100-80gb", "h200"])
+def test_torch_compile_where_triton_runs_names_the_layers_and_the_first_step_cost(device):
+    """The printed reason says what the workers compile (verl.utils.layer_compile, the chunk kernels) and
+    what it costs once; without a usable triton the same device plans no compile."""
+    plan = make_plan(get_profile(device), QUICKSTART, PLAIN, QWEN05)
+    why = plan.reasons["torch_compile"]
+    assert plan.torch_compile and why.startswith("triton usable here")
+    assert "decoder layer of the actor, ref and critic" in why and "first step" in why
+    on = config(256, 512, 512, 64, 4, 8, actor_rollout_ref__actor__use_torch_compile=True)
+    asked = make_plan(get_profile(device), on, PLAIN, QWEN05)
+    assert asked.torch_compile and "decoder layer" in asked.reasons["torch_compile"]
+    off = make_plan(get_profile(device), QUICKSTART, dataclasses.replace(PLAIN, triton_usable=False), QWEN05)
+    assert not off.torch_compile and "decoder layer" not in off.reasons["torch_compile"]

@@ -385,9 +385,13 @@ def _decide_globals(d: _Decider, config: Any) -> dict:
     elif not d.software.triton_usable:
         blocker = d.software.notes.get("triton", "triton is not installed or not usable on this device")
     if blocker is None:
-        why = "triton usable here: actor and ref compile their entropy over the vocabulary"
+        what = ("each decoder layer of the actor, ref and critic (training and log-prob passes: norms, rotary, "
+                "gating and casts fused) and the actor's and ref's log-prob/entropy over the vocabulary; the "
+                "first step pays a one-time compile (dynamic shapes: one graph per pass, shared by every layer "
+                "and width)")
         out["torch_compile"] = d.note("torch_compile", True if asked is AUTO else bool(asked),
-                                      why if asked is AUTO else "set by the user")
+                                      f"triton usable here: compiles {what}" if asked is AUTO
+                                      else ("set by the user: compiles " + what if asked else "set by the user"))
     elif asked is True:
         out["torch_compile"] = d.adapt("torch_compile", "actor_rollout_ref.actor.use_torch_compile", True,
                                        False, blocker)

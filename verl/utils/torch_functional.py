@@ -7,6 +7,8 @@ in: log-probs, entropies and losses drive the PPO ratio, and half-precision roun
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -70,19 +72,27 @@ class _TokenLogProb(torch.autograd.Function):
     (tokens, vocab) tensor alive until backward. Here only the input logits (already held by the
     model's graph) and one log-sum-exp per row are saved; the softmax is recomputed in chunks, in
     place in one float32 buffer per chunk (the update's backward runs this over every response
-    token and the whole vocabulary, so its memory passes count).
+    token and the whole vocabulary, so its memory passes count). With `kernels` (compiled copies of
+    `logprob_chunk_lse` / `logprob_chunk_grad`) each chunk is one fused kernel per direction that
+    reads the logits in their own dtype, instead of a float32 copy and several passes.
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, kernels=None) -> torch.Tensor:
         out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
         lse = torch.empty_like(out)
         for start in range(0, logits.shape[0], _ROWS_PER_CHUNK):
             rows = slice(start, start + _ROWS_PER_CHUNK)
+            label = labels[rows].unsqueeze(-1)
+            if kernels is not None:
+                lse[rows] = kernels.lse(logits[rows])
+                out[rows] = logits[rows].gather(-1, label).squeeze(-1).float() - lse[rows]
+                continue
             chunk = logits[rows].float()
             lse[rows] = torch.logsumexp(chunk, dim=-1)
-            out[rows] = chunk.gather(-1, labels[rows].unsqueeze(-1)).squeeze(-1) - lse[rows]
+            out[rows] = chunk.gather(-1, label).squeeze(-1) - lse[rows]
         ctx.save_for_backward(logits, labels, lse)
+        ctx.kernels = kernels
         return out
 
     @staticmethod
@@ -92,26 +102,62 @@ class _TokenLogProb(torch.autograd.Function):
         minus_one = torch.full((1, 1), -1.0, dtype=torch.float32, device=logits.device)
         for start in range(0, logits.shape[0], _ROWS_PER_CHUNK):
             rows = slice(start, start + _ROWS_PER_CHUNK)
+            if ctx.kernels is not None:
+                grad[rows] = ctx.kernels.grad(logits[rows], labels[rows], lse[rows], grad_out[rows])
+                continue
             # g * (1[j=label] - p_j) = (p_j - 1[j=label]) * (-g): one float32 buffer (a copy even for
             # float32 logits, which stay saved) turned into p in place, the result cast as it is written
             p = logits[rows].to(torch.float32, copy=True).sub_(lse[rows].unsqueeze(-1)).exp_()
             label = labels[rows].unsqueeze(-1)
             p.scatter_add_(-1, label, minus_one.expand(label.shape))
             torch.mul(p, grad_out[rows].float().neg().unsqueeze(-1), out=grad[rows])
-        return grad, None
+        return grad, None, None
 
 
-def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = True) -> torch.Tensor:
+def logprob_chunk_lse(x: torch.Tensor) -> torch.Tensor:
+    """float32 log-sum-exp per row of one chunk of logits in any float dtype: the log-prob's one
+    reduction over the vocabulary (compiled, a single kernel reading the chunk in its own dtype)."""
+    return torch.logsumexp(x.float(), dim=-1)
+
+
+def logprob_chunk_grad(x: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor):
+    """The log-prob's gradient for one chunk, in x's dtype: grad_out * (1[j=label] - exp(x_j - lse)),
+    computed in float32 (compiled, a single elementwise kernel)."""
+    p = torch.exp(x.float() - lse.unsqueeze(-1))
+    hit = torch.arange(x.shape[-1], device=x.device) == labels.unsqueeze(-1)
+    return ((hit.to(torch.float32) - p) * grad_out.float().unsqueeze(-1)).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class LogProbKernels:
+    """Compiled copies of the chunk functions (`compiled_log_prob_kernels`), for the plan's torch_compile."""
+
+    lse: Callable
+    grad: Callable
+    entropy: Callable
+
+
+def compiled_log_prob_kernels(backend: str = "inductor") -> LogProbKernels:
+    """torch.compile'd chunk kernels (dynamic in the number of rows: the last chunk is shorter).
+    `backend`: torch.compile's (tests pass one that generates no code)."""
+    return LogProbKernels(lse=torch.compile(logprob_chunk_lse, dynamic=True, backend=backend),
+                          grad=torch.compile(logprob_chunk_grad, dynamic=True, backend=backend),
+                          entropy=torch.compile(entropy_chunk_stats, dynamic=True, backend=backend))
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = True, *,
+                         kernels: LogProbKernels | None = None) -> torch.Tensor:
     """Log-probability of each label under softmax(logits), in float32 (or float64 for float64 input).
 
     `logits` is (..., vocab) and `labels` is (...). `inplace_backward` is accepted for upstream
-    call compatibility; the memory saving it stood for is always on here.
+    call compatibility; the memory saving it stood for is always on here. `kernels`: compiled chunk
+    kernels (`compiled_log_prob_kernels`), else torch's eager ops.
     """
     del inplace_backward
     if logits.dtype == torch.float64:
         return torch.log_softmax(logits, dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     lead = logits.shape[:-1]
-    flat = _TokenLogProb.apply(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).long())
+    flat = _TokenLogProb.apply(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).long(), kernels)
     return flat.view(lead)
 
 
@@ -122,11 +168,14 @@ def log_probs_from_logits_response(input_ids: torch.Tensor, logits: torch.Tensor
 
 
 def entropy_chunk_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-sum-exp, E_p[x]) per row of float32 logits `x`, from one exponential of the chunk.
+    """(log-sum-exp, E_p[x]) per row of logits `x` (any float dtype, computed in float32), from one
+    exponential of the chunk.
 
     Entropy is their difference. The one elementwise-heavy kernel of the entropy; the actor may hand
-    a compiled copy of it to `entropy_from_logits` / `logprobs_and_entropy`.
+    a compiled copy of it to `entropy_from_logits` / `logprobs_and_entropy` (which then reads the chunk
+    in its own dtype, with no float32 copy of it first).
     """
+    x = x.float()
     top = x.amax(dim=-1, keepdim=True)
     weights = torch.sub(x, top).exp_()            # one (rows, vocab) buffer, reused for p * x below
     total = weights.sum(dim=-1)
@@ -149,9 +198,8 @@ class _TokenLogProbEntropy(torch.autograd.Function):
         picked = torch.empty_like(lse)
         for start in range(0, logits.shape[0], _ROWS_PER_CHUNK):
             rows = slice(start, start + _ROWS_PER_CHUNK)
-            chunk = logits[rows].float()
-            lse[rows], mean[rows] = kernel(chunk)
-            picked[rows] = chunk.gather(-1, labels[rows].unsqueeze(-1)).squeeze(-1)
+            lse[rows], mean[rows] = kernel(logits[rows])
+            picked[rows] = logits[rows].gather(-1, labels[rows].unsqueeze(-1)).squeeze(-1).float()
         ctx.save_for_backward(logits, labels, lse, mean)
         return picked - lse, lse - mean
 

@@ -22,7 +22,7 @@ from verl.compat.throughput import peak_flops
 from verl.protocol import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.base.worker import Worker
-from verl.utils import fsdp_utils
+from verl.utils import fsdp_utils, layer_compile
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.flops import training_flops
 from verl.utils.model_loading import build_model, load_tokenizer
@@ -155,8 +155,12 @@ class _PlannedModel:
         elif self.precision.scaler is None:
             self.precision.scaler = torch.amp.GradScaler(self.device_type)
 
-    def shard(self, module: torch.nn.Module) -> torch.nn.Module:
+    def shard(self, module: torch.nn.Module, compile_layers: bool = False) -> torch.nn.Module:
+        """FSDP2 units per the role plan; with `compile_layers` (the plan's torch_compile, for a model
+        that trains or scores) each decoder layer's forward is compiled first, outside FSDP2's hooks."""
         plan = self.role_plan
+        if compile_layers:
+            layer_compile.compile_decoder_layers(module, backend=layer_compile.BACKEND)
         return fsdp_utils.shard_model(
             module,
             param_dtype=self.param_dtype,
@@ -332,7 +336,7 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ building
 
-    def _load(self, planned: _PlannedModel, train: bool, laps: Laps) -> torch.nn.Module:
+    def _load(self, planned: _PlannedModel, train: bool, laps: Laps, compile_layers: bool) -> torch.nn.Module:
         model_cfg = self.config.model
         module = build_model(
             model_cfg.path,
@@ -342,7 +346,7 @@ class ActorRolloutRefWorker(Worker):
             train=train,
         )
         laps(f"{planned.name}_load")
-        module = planned.shard(module)
+        module = planned.shard(module, compile_layers)
         laps(f"{planned.name}_shard")
         return module
 
@@ -364,7 +368,9 @@ class ActorRolloutRefWorker(Worker):
         self.actor_optimizer = self.actor_lr_scheduler = None
         if self._is_actor or self._is_rollout:
             self._actor_model = _PlannedModel("actor", self.plan.actor, self.plan.device_type)
-            self.actor_module = self._load(self._actor_model, train=self._is_actor, laps=laps)
+            # compiled where it trains and scores; a rollout-only role only generates (eager)
+            self.actor_module = self._load(self._actor_model, train=self._is_actor, laps=laps,
+                                           compile_layers=self.plan.torch_compile and self._is_actor)
             if self._is_actor:
                 self.actor_optimizer, self.actor_lr_scheduler = _build_optimizer(
                     self.actor_module, self.config.actor.optim, self.plan.actor.fused_optimizer)
@@ -374,7 +380,8 @@ class ActorRolloutRefWorker(Worker):
             self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.actor_optimizer,
                                               precision=self._actor_model.precision,
                                               use_remove_padding=self.plan.actor.use_remove_padding,
-                                              use_torch_compile=self.plan.torch_compile)
+                                              use_torch_compile=self.plan.torch_compile,
+                                              compile_backend=layer_compile.BACKEND)
             if self._is_actor:
                 self.checkpoint_manager = _checkpoint_manager(self._actor_model, self.actor_module,
                                                               self.actor_optimizer, self.actor_lr_scheduler,
@@ -388,10 +395,12 @@ class ActorRolloutRefWorker(Worker):
             laps("rollout_engine")
         if self._is_ref:
             self._ref_model = _PlannedModel("ref", self.plan.ref or self.plan.actor, self.plan.device_type)
-            self.ref_module = self._load(self._ref_model, train=False, laps=laps)
+            self.ref_module = self._load(self._ref_model, train=False, laps=laps,
+                                         compile_layers=self.plan.torch_compile)
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module, precision=self._ref_model.precision,
                                                    use_remove_padding=self._ref_model.role_plan.use_remove_padding,
-                                                   use_torch_compile=self.plan.torch_compile)
+                                                   use_torch_compile=self.plan.torch_compile,
+                                                   compile_backend=layer_compile.BACKEND)
         return laps.seconds
 
     def _build_rollout(self):
@@ -557,7 +566,7 @@ class CriticWorker(Worker):
         module = build_model(model_cfg.path, self.plan.critic, value_head=True, trust_remote_code=trust,
                              override_config=model_cfg.get("override_config") or {}, train=True)
         laps("critic_load")
-        self.critic_module = self._critic_model.shard(module)
+        self.critic_module = self._critic_model.shard(module, compile_layers=self.plan.torch_compile)
         laps("critic_shard")
         self.critic_optimizer, self.critic_lr_scheduler = _build_optimizer(
             self.critic_module, self.config.optim, self.plan.critic.fused_optimizer)

@@ -20,7 +20,7 @@ from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils.fsdp_utils import global_batch_info, optimizer_step
 from verl.utils.packing import pack, padding_windows, unpack
 from verl.utils.seqlen_balancing import group_to_agree, make_micro_batches, restore_dynamic_batch
-from verl.utils.torch_functional import entropy_chunk_stats, logprobs_and_entropy, logprobs_from_logits
+from verl.utils.torch_functional import compiled_log_prob_kernels, logprobs_and_entropy, logprobs_from_logits
 
 logger = logging.getLogger(__name__)
 
@@ -73,12 +73,14 @@ class DataParallelPPOActor:
     """
 
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer=None, *, precision: Precision,
-                 dp_group=None, use_remove_padding: bool = False, use_torch_compile: bool = False):
+                 dp_group=None, use_remove_padding: bool = False, use_torch_compile: bool = False,
+                 compile_backend: str = "inductor"):
         self.config = config
         self.use_remove_padding = use_remove_padding
-        # The plan's torch_compile: the entropy's per-chunk statistics over the vocabulary are the one
-        # elementwise-heavy function here that fuses well (softmax, log-sum-exp and a product in one kernel).
-        self._entropy_kernel = torch.compile(entropy_chunk_stats, dynamic=True) if use_torch_compile else None
+        # The plan's torch_compile: the per-chunk math over the vocabulary (log-sum-exp, the log-prob's
+        # gradient, the entropy's statistics) is the elementwise-heavy part here and fuses well: one
+        # kernel per chunk and direction, reading the logits in their own dtype.
+        self._kernels = compiled_log_prob_kernels(compile_backend) if use_torch_compile else None
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.precision = precision
@@ -152,8 +154,8 @@ class DataParallelPPOActor:
     def _log_probs(self, logits: torch.Tensor, labels: torch.Tensor, calculate_entropy: bool):
         """float32 (log-probs, entropies or None); both from one chunked pass over the vocabulary."""
         if calculate_entropy:
-            return logprobs_and_entropy(logits, labels, self._entropy_kernel)
-        return logprobs_from_logits(logits, labels), None
+            return logprobs_and_entropy(logits, labels, self._kernels.entropy if self._kernels else None)
+        return logprobs_from_logits(logits, labels, kernels=self._kernels), None
 
     def _micro_batches(self, tensors: dict, micro_batch_size, use_dynamic_bsz: bool, max_token_len):
         if use_dynamic_bsz:
