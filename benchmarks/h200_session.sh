@@ -15,9 +15,10 @@
 #                update phases with the kept copy on h200 and p40 (~6 min)
 #   ... compile  the quick start's scoring and update phases with torch.compile off vs on (decoder layers and
 #                log-prob chunks compiled): s per phase, and each phase's first call (the compile) (~6 min)
+#   ... speed3   quick-start and GRPO rows (compiled decode/layers, kept gathers), then a compile A/B (~9.5 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard or compile}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile or speed3}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -77,6 +78,25 @@ elif [ "$mode" = decode ]; then
   timeout 150 python3 -m pytest -q -m gpu tests/rollout > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -3 "$W/gpu_tests.log"
   timeout 330 python3 benchmarks/rollout_speed.py --skip-old --cases h200,h200_eager --out "$W/rollout" > "$W/rollout.log" 2>&1
   echo "rollout_speed exit $? at $(( $(date +%s) - t0 )) s"; tail -8 "$W/rollout.log"
+elif [ "$mode" = speed3 ]; then
+  # the speed rows with compiled decode and layers and kept gathered weights, one at a time; if the quick start
+  # gives no s/step, the GRPO row runs with torch.compile off so the call still measures something; then
+  # the compile A/B of the quick start's update and log-prob phases in the time left
+  SPEED_ROWS=quickstart QS_STEPS=5 QS_TIMEOUT=200 timeout 210 python3 benchmarks/speed.py --out "$W/speed" > "$W/speed.log" 2>&1
+  echo "quickstart exit $? at $(( $(date +%s) - t0 )) s"; tail -12 "$W/speed.log"
+  ok=$(python3 -c "import json; r=json.load(open('$W/speed/speed.json'))['rows']['quickstart']; print(int(bool(r.get('s_per_step'))))" 2>/dev/null)
+  EXTRA=""; [ "$ok" = 1 ] || { EXTRA="actor_rollout_ref.actor.use_torch_compile=False"; grep -E "Error|error:" "$W"/speed/quickstart.log | tail -8; }
+  SPEED_EXTRA="$EXTRA" SPEED_ROWS=grpo GRPO_STEPS=4 GRPO_TIMEOUT=190 timeout 200 python3 benchmarks/speed.py --out "$W/speed_grpo" > "$W/speed_grpo.log" 2>&1
+  echo "grpo exit $? at $(( $(date +%s) - t0 )) s (extra: ${EXTRA:-none})"; tail -12 "$W/speed_grpo.log"
+  left=$(( 570 - ($(date +%s) - t0) ))
+  if [ $left -gt 90 ]; then
+    A=actor_rollout_ref.actor.use_torch_compile
+    TORCH_LOGS=recompiles timeout $left python3 benchmarks/profile_step.py --model $MODEL --profiles h200 --settings quickstart \
+        --steps 1 --phases compute_log_prob,update_actor --tgz-limit-mb 9 --variant "eager=$A=False" --variant "compiled=" \
+        --out "$W/compile" > "$W/compile.log" 2>&1
+    echo "compile A/B exit $?"; sed -n '/^profile  setting/,/^$/p' "$W/compile/profile_step.txt"
+    grep -iE "recompil|limit" "$W/compile.log" | cut -c1-160 | sort | uniq -c | sort -rn | head -6
+  fi
 elif [ "$mode" = final2 ]; then
   # the matrix with the calibrated planner (3 steps, validation at steps 2 and 3), then the p40 and quick-start rows alone
   timeout 270 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --steps 3 --test-freq 2 --jobs 8 --budget-gb 136 \

@@ -23,7 +23,8 @@ update's time and the device profile's dense bf16 peak.
 
 Env: SPEED_ROWS (default all rows above), QS_STEPS (3), P40_STEPS (10), MANUAL_STEPS (3), GRPO_STEPS (3),
 TRL_STEPS (2), *_TIMEOUT per row in seconds, ASSETS (.gpu-assets: tok/ and gsm8k/*.parquet), MODEL
-(/tmp/qwen05b-random, built by build_qwen_shaped.py when missing), ROLLOUT_ARGS (extra arguments for
+(/tmp/qwen05b-random, built by build_qwen_shaped.py when missing), SPEED_EXTRA (space-separated overrides
+added to every main_ppo row), ROLLOUT_ARGS (extra arguments for
 rollout_speed.py, default --skip-old). About 8 minutes of H200 time with the defaults.
 """
 from __future__ import annotations
@@ -242,7 +243,7 @@ def main() -> None:
     if not (Path(model) / "config.json").exists():
         subprocess.run([sys.executable, str(ROOT / "benchmarks" / "build_qwen_shaped.py"), model,
                         "--tokenizer", f"{assets}/tok"], check=True)
-    base = common(assets, model)
+    base = common(assets, model) + os.environ.get("SPEED_EXTRA", "").split()
     runs = {
         "quickstart": lambda: run_main_ppo("quickstart", QUICKSTART, _env("QS_STEPS", 3),
                                            _env("QS_TIMEOUT", 240), out, base),
