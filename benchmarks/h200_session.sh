@@ -16,9 +16,10 @@
 #   ... compile  the quick start's scoring and update phases with torch.compile off vs on (decoder layers and
 #                log-prob chunks compiled): s per phase, and each phase's first call (the compile) (~6 min)
 #   ... speed3   quick-start and GRPO rows (compiled decode/layers, kept gathers), then a compile A/B (~9.5 min)
+#   ... final3   the whole matrix on the compiled code (~9.5 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile or speed3}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3 or final3}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -97,6 +98,12 @@ elif [ "$mode" = speed3 ]; then
     echo "compile A/B exit $?"; sed -n '/^profile  setting/,/^$/p' "$W/compile/profile_step.txt"
     grep -iE "recompil|limit" "$W/compile.log" | cut -c1-160 | sort | uniq -c | sort -rn | head -6
   fi
+elif [ "$mode" = final3 ]; then
+  # the whole matrix on this session's code (compiled layers and decode on sm_70+ profiles, kept gathers),
+  # 3 steps with validation at steps 2 and 3; inductor's on-disk cache is shared by the cells
+  timeout 565 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --steps 3 --test-freq 2 --jobs 8 --budget-gb 136 \
+      --cell-timeout 400 --out "$W/matrix" > "$W/matrix.log" 2>&1
+  echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -32
 elif [ "$mode" = final2 ]; then
   # the matrix with the calibrated planner (3 steps, validation at steps 2 and 3), then the p40 and quick-start rows alone
   timeout 270 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --steps 3 --test-freq 2 --jobs 8 --budget-gb 136 \
