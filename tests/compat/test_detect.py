@@ -338,3 +338,36 @@ def test_simulation_runs_where_a_gpu_or_only_the_cpu_is_asked(monkeypatch):
     detect.check_can_run(detect_profile("cpu"))                 # a simulated CPU is the CPU
     fake_gpu(monkeypatch, "Tesla P100-PCIE-16GB", (6, 0), 16)
     detect.check_can_run(detect_profile("p40"))                 # a real GPU to simulate on
+
+
+def test_xformers_is_probed_only_when_a_model_asks_for_it(monkeypatch):
+    """The probe's child process costs 10-15 s on a machine without a cached verdict (it was most of the
+    H200's 17 s planning stage on a fresh machine); the planner uses xformers only where a model asks
+    for attn_implementation=xformers, so build_plan probes only then."""
+    import verl.compat as compat
+    from verl.compat.catalog import get_profile
+    from verl.compat.model_spec import ModelSpec
+    from verl.compat.planner import xformers_asked
+    from verl.trainer.config_check import load_config
+    from transformers import Qwen2Config
+
+    with monkeypatch.context() as gpu_host:
+        gpu_host.setattr(torch.cuda, "is_available", lambda: True)
+        gpu_host.setattr(detect, "_xformers_probe", lambda dtype: pytest.fail("probed"))
+        ok, why = detect._xformers_verdict(get_profile("t4"), "0.0.35", probe=False)
+    assert ok is False and "not probed" in why and "attn_implementation=xformers" in why
+
+    plain = load_config(SIM_RUN)
+    asked = load_config(SIM_RUN + ["actor_rollout_ref.model.attn_implementation=xformers"])
+    critic = load_config(SIM_RUN + ["+critic.model.override_config.attn_implementation=xformers"])
+    assert (xformers_asked(plain), xformers_asked(asked), xformers_asked(critic)) == (False, True, True)
+
+    seen = []
+    real = compat.detect_software
+    monkeypatch.setattr(compat, "detect_software",
+                        lambda profile, probe_xformers=True: seen.append(probe_xformers) or real(profile, False))
+    model = ModelSpec.from_hf_config(Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128,
+                                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+    for config in (plain, asked):
+        compat.build_plan(config, model=model, to_run=False)
+    assert seen == [False, True]

@@ -421,7 +421,8 @@ def test_token_budgets_are_bounded_by_the_mini_batch_the_planner_reads():
              if r is not None}
     wl = Workload(256, 128, 16, update_batch_per_gpu=16, critic_update_batch_per_gpu=8)
     est = estimate_memory(QWEN05, wl, fixed["actor"], plan.rollout, fixed.get("critic"),
-                          fixed.get("ref"), device_memory_gb=plan.memory_limit_gb, fragmentation=0.1)
+                          fixed.get("ref"), device_memory_gb=plan.memory_limit_gb, fragmentation=0.1,
+                          compiled_layers=plan.torch_compile)
     for phase in ("actor_update", "critic_update", "log_prob", "values"):
         want = {k: round(v, 4) for k, v in est.phases[phase].terms.items()}
         assert plan.memory["phases"][phase] == want, phase

@@ -86,7 +86,9 @@ def build_plan(config, model=None, *, to_run: bool = True) -> Plan:
     profile = detect_profile(simulate_name(_select(config, "compat.device")))
     if to_run:
         check_can_run(profile)
-    software = detect_software(profile)
+    from verl.compat.planner import xformers_asked
+
+    software = detect_software(profile, probe_xformers=xformers_asked(config))
     check_torch_supports(profile, software)
     plan = make_plan(profile, config, software, model if model is not None else model_spec_for(config))
     if profile.note:

@@ -320,12 +320,15 @@ def _flash_attn_verdict(profile: DeviceProfile, version: str | None) -> tuple[bo
     return True, f"{what} usable on {_sm(cc)} with float16/bfloat16"
 
 
-def _xformers_verdict(profile: DeviceProfile, version: str | None) -> tuple[bool, str]:
+def _xformers_verdict(profile: DeviceProfile, version: str | None, probe: bool = True) -> tuple[bool, str]:
     what = _installed("xformers", version)
     if profile.backend == "cpu":
         return False, f"{what}: no CPU attention kernels"
     if version is None:
         return False, "xformers not installed"
+    if not probe:
+        return False, (f"{what}: not probed (its kernels are only used where a model asks for "
+                       "attn_implementation=xformers)")
     if not torch.cuda.is_available():
         return False, f"{what}: no GPU on this host to probe its kernels"
     dname = str(_best_dtype(profile)).removeprefix("torch.")
@@ -374,14 +377,17 @@ def _compile_verdict(profile: DeviceProfile) -> tuple[bool, str]:
     return True, f"{what} supports {_sm(cc)}"
 
 
-def detect_software(profile: DeviceProfile) -> SoftwareInfo:
-    """Installed software and whether each piece can run on `profile` (simulated or real)."""
+def detect_software(profile: DeviceProfile, probe_xformers: bool = True) -> SoftwareInfo:
+    """Installed software and whether each piece can run on `profile` (simulated or real).
+
+    `probe_xformers=False` skips xformers' kernel probe (a child process, 10-15 s on a machine that has
+    not cached its verdict): the planner uses xformers only where a model asks for it."""
     arch = tuple(torch.cuda.get_arch_list()) if torch.cuda.is_available() else ()
     notes = {"torch": f"torch {torch.__version__}"
              + (f" built for {', '.join(arch)}" if arch else " (no GPU kernels in use)")}
     fa_version, xf_version, vllm_version = _version("flash_attn"), _version("xformers"), _version("vllm")
     fa_ok, notes["flash_attn"] = _flash_attn_verdict(profile, fa_version)
-    xf_ok, notes["xformers"] = _xformers_verdict(profile, xf_version)
+    xf_ok, notes["xformers"] = _xformers_verdict(profile, xf_version, probe_xformers)
     vllm_ok, notes["vllm"] = _vllm_verdict(profile, vllm_version)
     compile_ok, notes["triton"] = _compile_verdict(profile)
     return SoftwareInfo(

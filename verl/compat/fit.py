@@ -136,11 +136,13 @@ class FitInputs:
     asked_off: dict
     margin: float
     asked_reshard: dict   # role -> (config key, True | False | AUTO): fsdp reshard_after_forward
+    compiled_layers: bool = False   # the plan's torch_compile (compiled layers keep less for backward)
 
 
 def _estimate(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan):
     return estimate_memory(inp.model, inp.workload, rs["actor"], ro, rs.get("critic"), rs.get("ref"),
-                           device_memory_gb=d.profile.memory_gb, backend=d.profile.backend, fragmentation=inp.margin)
+                           device_memory_gb=d.profile.memory_gb, backend=d.profile.backend, fragmentation=inp.margin,
+                           compiled_layers=inp.compiled_layers)
 
 
 class _Search:
@@ -452,7 +454,8 @@ def raise_shortfall(d: Decider, inp: FitInputs, b: _Batch, bud: dict, limit: flo
         if rollout.name == "vllm":
             ro = replace(ro, gpu_memory_utilization=vllm_need_gb(model, wl, rollout.dtype) / limit)
         return estimate_memory(model, wl, rs["actor"], ro, rs.get("critic"), rs.get("ref"),
-                               device_memory_gb=limit, backend=d.profile.backend, fragmentation=margin)
+                               device_memory_gb=limit, backend=d.profile.backend, fragmentation=margin,
+                               compiled_layers=inp.compiled_layers)
 
     est = required(workload)
     need = est.required_gb

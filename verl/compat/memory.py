@@ -321,9 +321,19 @@ def _tokens(plan: RolePlan, wl: Workload, role: str, forward: bool) -> tuple[int
     return rows * seq_len, rows * response_len, rows
 
 
-def _activations(m: ModelSpec, plan: RolePlan, tokens: int, seq_len: int, train: bool) -> dict[str, float]:
+# Share of an eager layer's saved-for-backward bytes a compiled layer keeps (torch.compile's min-cut
+# partitioner recomputes cheap elementwise ops in backward instead of saving their outputs), by compute
+# dtype size. Measured on CPU for the Qwen2.5-0.5B layer (`tests/compat/test_compiled_activations.py`):
+# 0.706 in bfloat16, 0.753 in float32; rounded up.
+COMPILED_ACTIVATION_SHARE = {2: 0.72, 4: 0.77}
+
+
+def _activations(m: ModelSpec, plan: RolePlan, tokens: int, seq_len: int, train: bool,
+                 compiled: bool = False) -> dict[str, float]:
     residual = gather_dtype(plan) if train else plan.compute_dtype   # the weights compute in the gather dtype
     per_layer = layer_activation_bytes(m, plan.compute_dtype, residual, plan.attn_implementation, seq_len)
+    if compiled and train:
+        per_layer *= COMPILED_ACTIVATION_SHARE[BYTES[plan.compute_dtype]]
     layer = tokens * per_layer
     if not train:
         return {"activations (1 layer)": layer}
@@ -345,6 +355,7 @@ class _Step:
     roles: dict[str, _Role]
     rollout: RolloutPlan
     device_memory_gb: float
+    compiled_layers: bool = False   # the plan's torch_compile: decoder layers compiled for training
 
     def spec(self, name: str) -> ModelSpec:
         return self.critic_model if name == "critic" else self.model
@@ -433,7 +444,7 @@ def _forward_end(s: _Step, name: str, rows: int, grads: float) -> dict[str, floa
     tokens, resp = rows * s.wl.seq_len, rows * s.wl.response_length
     terms = {f"{name}.grads": grads,
              f"{name}.compute_copy": _compute_copy(spec, role, role.plan.compute_dtype, train=True)}
-    terms.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=True))
+    terms.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=True, compiled=s.compiled_layers))
     if name == "critic":
         terms["values"] = tokens * spec.hidden_size * 4 * 2
     else:
@@ -454,10 +465,12 @@ def _roles(model: ModelSpec, critic_model: ModelSpec, actor: RolePlan, critic: R
 def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollout: RolloutPlan,
                     critic: RolePlan | None = None, ref: RolePlan | None = None, *,
                     device_memory_gb: float, backend: str = "cuda", fragmentation: float = 0.05,
-                    critic_model: ModelSpec | None = None) -> MemoryEstimate:
-    """Peak allocated memory of each phase of one PPO step on one device (GiB)."""
+                    critic_model: ModelSpec | None = None, compiled_layers: bool = False) -> MemoryEstimate:
+    """Peak allocated memory of each phase of one PPO step on one device (GiB); `compiled_layers`:
+    the plan's torch_compile compiles the decoder layers (they keep less for backward)."""
     cmodel = critic_model or model
-    s = _Step(model, cmodel, workload, _roles(model, cmodel, actor, critic, ref), rollout, device_memory_gb)
+    s = _Step(model, cmodel, workload, _roles(model, cmodel, actor, critic, ref), rollout, device_memory_gb,
+              compiled_layers)
     phases = {"rollout": _generation_phase(s, workload.rollout_batch_per_gpu),
               "validation": _generation_phase(s, workload.val_batch_per_gpu)}
     phases.update({label: _forward_phase(s, name) for name, label in FORWARD_PHASES.items() if name in s.roles})

@@ -64,6 +64,16 @@ def _role_configs(config: Any) -> dict[str, _RoleConfig]:
     }
 
 
+def xformers_asked(config: Any) -> bool:
+    """Whether any model of the run asks for xformers attention (only then is its kernel probed)."""
+    for rc in _role_configs(config).values():
+        asked = _first(config, f"{rc.model_prefix}.attn_implementation",
+                       f"{rc.model_prefix}.override_config.attn_implementation")
+        if str(asked) == "xformers":
+            return True
+    return False
+
+
 def _decide_role(d: _Decider, config: Any, rc: _RoleConfig, compute_default: str) -> RolePlan:
     n = rc.name
     fsdp = (rc.fsdp_prefix, "critic.model.fsdp_config") if n == "critic" else (rc.fsdp_prefix,)
@@ -411,7 +421,7 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     rollout = _decide_compiled_decode(d, rollout, glob["torch_compile"])
     _decide_cast_on_gather(d, roles, rollout.dtype)
     _warn_vllm_only_keys(d, config, rollout.name)
-    inp = _fit_inputs(d, config, roles_cfg, roles, rollout, rollout_asked, model)
+    inp = _fit_inputs(d, config, roles_cfg, roles, rollout, rollout_asked, model, glob["torch_compile"])
     plan_kwargs = dict(device=profile, software=software, actor=None, critic=None, ref=None, rollout=rollout,
                        predicted_peak_gb=0.0, memory_limit_gb=profile.memory_gb, **glob)
     plan_kwargs["dataloader_num_workers"] = _dataloader_workers(d, config, int(_get(config, "trainer.n_gpus_per_node", 1)))
@@ -451,7 +461,7 @@ def _decide_roles(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig]) -
 
 
 def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], roles: dict, rollout: RolloutPlan,
-                rollout_asked: dict, model: ModelSpec | None) -> FitInputs:
+                rollout_asked: dict, model: ModelSpec | None, compiled: bool = False) -> FitInputs:
     """The workload and the user's memory-related settings (AUTO where the fit may decide)."""
     arr = "actor_rollout_ref"
     world = int(_get(config, "trainer.n_gpus_per_node", 1)) * int(_get(config, "trainer.nnodes", 1))
@@ -487,7 +497,7 @@ def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], rol
     return FitInputs(model=model, workload=workload, roles=roles, rollout=rollout, rollout_asked=rollout_asked,
                      batches=batches, dynamic=dynamic, budgets=budgets,
                      asked_ckpt=asked_ckpt, asked_off=asked_off, asked_reshard=asked_reshard,
-                     margin=float(_get(config, "compat.memory_margin", 0.1)))
+                     margin=float(_get(config, "compat.memory_margin", 0.1)), compiled_layers=compiled)
 
 
 def _asked_reshard(config: Any, rc: _RoleConfig) -> tuple[str, Any]:
