@@ -16,10 +16,11 @@
 #   ... compile  the quick start's scoring and update phases with torch.compile off vs on (decoder layers and
 #                log-prob chunks compiled): s per phase, and each phase's first call (the compile) (~6 min)
 #   ... speed3   quick-start and GRPO rows (compiled decode/layers, kept gathers), then a compile A/B (~9.5 min)
-#   ... final3   the whole matrix on the compiled code (~9.5 min)
+#   ... final3   the whole matrix on the compiled code (~9.5 min; its last cell did not finish in one call)
+#   ... matrix_a / matrix_b   the matrix in two calls: p40, p100, v100-16gb, t4 / rtx3090, a100-40gb, h200
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3 or final3}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a or matrix_b}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -104,6 +105,12 @@ elif [ "$mode" = final3 ]; then
   timeout 565 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --steps 3 --test-freq 2 --jobs 8 --budget-gb 136 \
       --cell-timeout 400 --out "$W/matrix" > "$W/matrix.log" 2>&1
   echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -32
+elif [ "$mode" = matrix_a ] || [ "$mode" = matrix_b ]; then
+  # the matrix in two calls, so every cell (first steps compiling 50-140 s) finishes inside one call's limit
+  P=$([ "$mode" = matrix_a ] && echo "p40,p100,v100-16gb,t4" || echo "rtx3090,a100-40gb,h200")
+  timeout 560 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --profiles "$P" --steps 3 --test-freq 2 --jobs 8 \
+      --budget-gb 136 --cell-timeout 420 --out "$W/matrix" > "$W/matrix.log" 2>&1
+  echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -20
 elif [ "$mode" = final2 ]; then
   # the matrix with the calibrated planner (3 steps, validation at steps 2 and 3), then the p40 and quick-start rows alone
   timeout 270 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --steps 3 --test-freq 2 --jobs 8 --budget-gb 136 \
