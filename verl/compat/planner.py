@@ -64,14 +64,15 @@ def _role_configs(config: Any) -> dict[str, _RoleConfig]:
     }
 
 
+def _attn_asked(config: Any, rc: _RoleConfig) -> Any:
+    """The role's model's attn_implementation as the user set it (AUTO when unset)."""
+    return _first(config, f"{rc.model_prefix}.attn_implementation",
+                  f"{rc.model_prefix}.override_config.attn_implementation")
+
+
 def xformers_asked(config: Any) -> bool:
     """Whether any model of the run asks for xformers attention (only then is its kernel probed)."""
-    for rc in _role_configs(config).values():
-        asked = _first(config, f"{rc.model_prefix}.attn_implementation",
-                       f"{rc.model_prefix}.override_config.attn_implementation")
-        if str(asked) == "xformers":
-            return True
-    return False
+    return any(str(_attn_asked(config, rc)) == "xformers" for rc in _role_configs(config).values())
 
 
 def _decide_role(d: _Decider, config: Any, rc: _RoleConfig, compute_default: str) -> RolePlan:
@@ -82,8 +83,7 @@ def _decide_role(d: _Decider, config: Any, rc: _RoleConfig, compute_default: str
     param = _decide_param(d, config, rc, fsdp, compute, guard_wanted)
     numerics = _decide_numerics(d, config, rc, fsdp, compute, param, guard_wanted)
 
-    attn_asked = _first(config, f"{rc.model_prefix}.attn_implementation",
-                        f"{rc.model_prefix}.override_config.attn_implementation")
+    attn_asked = _attn_asked(config, rc)
     default_attn = "flash_attention_2" if d.attn_missing("flash_attention_2", compute) is None else "sdpa"
     attn_reason = ("flash_attn is installed and usable on this device" if default_attn == "flash_attention_2"
                    else "PyTorch SDPA (memory-efficient kernel, fp32 from sm_50; flash kernel from sm_80)"
