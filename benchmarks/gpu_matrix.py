@@ -71,7 +71,7 @@ def predicted(args, profile: str, algo: str, model: str) -> dict:
         return {"error": (proc.stderr.strip().splitlines() or ["doctor failed"])[-1]}
     plan = json.loads(proc.stdout)
     totals = {k: v["total_gb"] for k, v in plan["memory"]["phases_total"].items()}
-    return {"train_gb": max(v for k, v in totals.items() if k != "validation"),
+    return {"phases_gb": totals, "train_gb": max(v for k, v in totals.items() if k != "validation"),
             "validation_gb": totals.get("validation"), "peak_gb": plan["predicted_peak_gb"],
             "required_gb": plan["memory"]["required_gb"], "limit_gb": plan["memory_limit_gb"],
             "rollout_chunk": plan["rollout"]["micro_batch_size"], "simulated": plan["device"]["simulated"]}
@@ -85,7 +85,13 @@ def measured(jsonl: Path, test_freq: int) -> dict:
     after = [v for v in by_step[test_freq:] if isinstance(v, (int, float))]
     return {"steps": s["steps"], "s_per_step": s["s_per_step"], "first_step_s": s["first_step_s"],
             "train_gb": max(before, default=None), "with_validation_gb": max(after, default=None),
+            "run_peak_gb": max(before + after, default=None), "phases_gb": s["phase_peak_gb"],
             "timing_s": s["timing_s"]}
+
+
+# the workers' phase names (perf/max_memory_allocated_gb/<name>, as timing_s/<name>) -> the plan's phases
+PHASES = {"gen": "rollout", "validation": "validation", "old_log_prob": "log_prob", "ref": "ref",
+          "values": "values", "update_critic": "critic_update", "update_actor": "actor_update"}
 
 
 def _env(**extra) -> dict:
@@ -153,7 +159,7 @@ def _last_error(log: Path) -> str:
 def _pct(pred, meas) -> str:
     if not isinstance(pred, (int, float)) or not meas:
         return "-"
-    return f"{100 * (pred - meas) / meas:+.0f}%"
+    return f"{100 * (pred - meas) / meas:+.1f}%"
 
 
 def table(rows: list[dict]) -> str:
@@ -170,6 +176,21 @@ def table(rows: list[dict]) -> str:
                      f"{f(p.get('validation_gb'))} / {f(m.get('with_validation_gb'))} | "
                      f"{_pct(max(p.get('validation_gb') or 0, p.get('train_gb') or 0), m.get('with_validation_gb'))} | "
                      f"{p.get('rollout_chunk', '-')} | {note.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+def phase_table(rows: list[dict]) -> str:
+    """Markdown: predicted / measured GiB for every phase the plan sizes, each worker call measured alone."""
+    lines = ["| profile | algo | " + " | ".join(PHASES) + " |", "|" + "---|" * (2 + len(PHASES))]
+    for r in rows:
+        pred = r["predicted"].get("phases_gb") or {}
+        meas = (r.get("measured") or {}).get("phases_gb") or {}
+        cells = []
+        for name, plan_name in PHASES.items():
+            p, m = pred.get(plan_name), meas.get(name)
+            cells.append("-" if p is None and m is None else
+                         f"{p if p is not None else '-'} / {round(m, 2) if m is not None else '-'} ({_pct(p, m)})")
+        lines.append(f"| {r['profile']} | {r['algo']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -204,7 +225,7 @@ def main(argv=None) -> int:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = {i: pool.submit(run_cell, args, cells[i], args.model, plans[i], budget) for i in order}
         rows = [futures[i].result() for i in range(len(cells))]
-    text = table(rows)
+    text = table(rows) + "\n\nPer phase, predicted / measured GiB (diff):\n\n" + phase_table(rows)
     print(text)
     (Path(args.out) / "gpu_matrix.md").write_text(text + "\n")
     (Path(args.out) / "gpu_matrix.json").write_text(json.dumps(

@@ -108,9 +108,11 @@ elif [ "$mode" = final3 ]; then
 elif [ "$mode" = matrix_a ] || [ "$mode" = matrix_b ]; then
   # the matrix in two calls, so every cell (first steps compiling 50-140 s) finishes inside one call's limit
   P=$([ "$mode" = matrix_a ] && echo "p40,p100,v100-16gb,t4" || echo "rtx3090,a100-40gb,h200")
+  timeout 60 python3 -m pytest -q --noconftest -p no:cacheprovider tests/utils/test_phase_peak.py > "$W/phase_peak.log" 2>&1
+  echo "phase-peak GPU test exit $?"; tail -2 "$W/phase_peak.log"
   timeout 560 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --profiles "$P" --steps 3 --test-freq 2 --jobs 8 \
       --budget-gb 136 --cell-timeout 420 --out "$W/matrix" > "$W/matrix.log" 2>&1
-  echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -20
+  echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -40
 elif [ "$mode" = final2 ]; then
   # the matrix with the calibrated planner (3 steps, validation at steps 2 and 3), then the p40 and quick-start rows alone
   timeout 270 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --steps 3 --test-freq 2 --jobs 8 --budget-gb 136 \

@@ -38,6 +38,10 @@ def summarize(path: str) -> dict:
         # the allocator's peak so far, as logged at each step (it never resets: a step logged after a
         # validation carries that validation's peak)
         "max_allocated_gb_by_step": [s.get("perf/max_memory_allocated_gb") for s in steps],
+        # each worker call's own allocator peak (perf/max_memory_allocated_gb/<phase>), largest over the run
+        "phase_peak_gb": {k.rsplit("/", 1)[-1]: max(s[k] for s in steps if isinstance(s.get(k), (int, float)))
+                          for k in sorted({k for s in steps for k in s
+                                           if k.startswith("perf/max_memory_allocated_gb/")})},
         "score_first_last": (steps[0].get("critic/score/mean"), steps[-1].get("critic/score/mean")),
         "response_length_mean": median("response_length/mean"),
         "throughput_tokens_per_s": median("perf/throughput"),

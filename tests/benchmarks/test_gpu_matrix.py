@@ -43,4 +43,26 @@ def test_measured_splits_training_and_validation_peaks(tmp_path):
     row = {"profile": "p40", "algo": "ppo", "exit": 0, "measured": m,
            "predicted": {"train_gb": 10.0, "validation_gb": 15.4, "rollout_chunk": 256}}
     line = gm.table([row]).splitlines()[-1]
-    assert line.startswith("| p40 | ppo | 0 | 5.00 | 10.00 / 10.50 | -5% | 15.40 / 14.00 | +10% | 256 |")
+    assert line.startswith("| p40 | ppo | 0 | 5.00 | 10.00 / 10.50 | -4.8% | 15.40 / 14.00 | +10.0% | 256 |")
+
+
+def test_phase_peaks_compare_each_worker_call_with_its_planned_phase(tmp_path):
+    """Each worker call's own peak (perf/max_memory_allocated_gb/<phase>) is set beside the plan's
+    phase of the same work: update_actor with actor_update, validation with validation."""
+    path = tmp_path / "run.jsonl"
+    with open(path, "w") as f:
+        for step, (upd, val) in enumerate([(9.0, None), (9.5, 12.0), (9.2, 12.5)], 1):
+            data = {"timing_s/step": 3.0, "perf/max_memory_allocated_gb": 12.5,
+                    "perf/max_memory_allocated_gb/update_actor": upd}
+            if val is not None:
+                data["perf/max_memory_allocated_gb/validation"] = val
+            f.write(json.dumps({"step": step, "data": data}) + "\n")
+    m = gm.measured(path, test_freq=2)
+    assert m["phases_gb"] == {"update_actor": 9.5, "validation": 12.5}
+    row = {"profile": "t4", "algo": "grpo", "exit": 0, "measured": m,
+           "predicted": {"phases_gb": {"actor_update": 10.45, "validation": 11.0, "ref": 6.0}}}
+    line = gm.phase_table([row]).splitlines()[-1]
+    cells = dict(zip(gm.PHASES, [c.strip() for c in line.strip("|").split("|")[2:]]))
+    assert cells["update_actor"] == "10.45 / 9.5 (+10.0%)"
+    assert cells["validation"] == "11.0 / 12.5 (-12.0%)"
+    assert cells["ref"] == "6.0 / - (-)" and cells["values"] == "-"

@@ -327,6 +327,28 @@ def test_validation_generates_in_pieces_and_shows_progress(tmp_path, monkeypatch
     assert "Validation" in err and "5/5" in err
     # the fake's reward: 1 for an even response token, which restarts at 0 in every call -> rows 0,1 | 0,1 | 0
     assert read_log(tmp_path / "log.jsonl")[0]["data"]["val-core/toy/reward/mean@1"] == pytest.approx(3 / 5)
+
+
+def test_validation_logs_the_largest_peak_of_its_generate_calls(tmp_path, monkeypatch):
+    """Each validation generate call reports its own allocator peak; the step's record keeps the largest,
+    so the plan's validation phase can be checked against it (the other worker metrics stay dropped)."""
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "log.jsonl"))
+    cfg = make_config(tmp_path, **{"trainer.val_only": True, "actor_rollout_ref.rollout.micro_batch_size": 2})
+    trainer, wg = make_trainer(cfg, [])
+    trainer.val_dataset = make_dataset(5)
+    trainer.val_dataloader = torch.utils.data.DataLoader(trainer.val_dataset, batch_size=5, collate_fn=collate_fn)
+    peaks = iter([3.0, 5.5, 4.0])
+    generate = wg.generate_sequences
+
+    def with_peak(batch):
+        out = generate(batch)
+        out.meta_info["metrics"] = {"perf/max_memory_allocated_gb/validation": [next(peaks)], "other/x": [1.0]}
+        return out
+
+    wg.generate_sequences = with_peak
+    trainer.fit()
+    data = read_log(tmp_path / "log.jsonl")[0]["data"]
+    assert data["perf/max_memory_allocated_gb/validation"] == 5.5 and "other/x" not in data
 @pytest.mark.parametrize("estimator", ["opo", "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized", "remax"])
 def test_every_upstream_estimator_runs_through_the_step(tmp_path, monkeypatch, estimator):
     """The estimators the config check accepts run in fit(); remax first asks for one greedy response per

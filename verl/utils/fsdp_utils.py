@@ -198,22 +198,48 @@ def offload_optimizer_state(optimizer: torch.optim.Optimizer, device) -> None:
     optimizer.register_step_post_hook(to_host)
 
 
+_GIB = 1024**3
+# the process's allocator peaks from before the last `phase_peak` reset (the allocator's own peak then
+# covers only the phase since), so the run-long metrics keep upstream's meaning: peak since start
+_EARLIER_PEAKS = {"allocated": 0, "reserved": 0}
+
+
+@contextlib.contextmanager
+def phase_peak(device_type: str, phase: str, metrics: dict):
+    """Measure one worker call's own allocator peak into `metrics["perf/max_memory_allocated_gb/<phase>"]`.
+
+    The run-long peak cannot say which phase set it (training or validation, update or scoring);
+    the memory plan predicts each phase, so the matrix compares them phase by phase. Nothing is
+    recorded on CPU, where there is no device allocator.
+    """
+    if device_type == "cpu":
+        yield
+        return
+    mod = torch.get_device_module(device_type)
+    _EARLIER_PEAKS["allocated"] = max(_EARLIER_PEAKS["allocated"], mod.max_memory_allocated())
+    _EARLIER_PEAKS["reserved"] = max(_EARLIER_PEAKS["reserved"], mod.max_memory_reserved())
+    mod.reset_peak_memory_stats()
+    yield
+    metrics[f"perf/max_memory_allocated_gb/{phase}"] = mod.max_memory_allocated() / _GIB
+
+
 def memory_metrics(device_type: str) -> dict[str, float]:
-    """Upstream's perf/* memory metrics, in GiB.
+    """Upstream's perf/* memory metrics, in GiB: peaks since the process started.
 
     On an accelerator these are the allocator's peaks; on CPU the process's peak resident set
     stands in for both, since there is no device allocator.
     """
-    gib = 1024**3
-    host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / gib
+    host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / _GIB
     metrics = {"perf/cpu_memory_used_gb": host_peak}
     if device_type == "cpu":
         metrics["perf/max_memory_allocated_gb"] = host_peak
         metrics["perf/max_memory_reserved_gb"] = host_peak
     else:
         mod = torch.get_device_module(device_type)
-        metrics["perf/max_memory_allocated_gb"] = mod.max_memory_allocated() / gib
-        metrics["perf/max_memory_reserved_gb"] = mod.max_memory_reserved() / gib
+        allocated = max(_EARLIER_PEAKS["allocated"], mod.max_memory_allocated())
+        reserved = max(_EARLIER_PEAKS["reserved"], mod.max_memory_reserved())
+        metrics["perf/max_memory_allocated_gb"] = allocated / _GIB
+        metrics["perf/max_memory_reserved_gb"] = reserved / _GIB
     return metrics
 
 

@@ -440,11 +440,15 @@ class ActorRolloutRefWorker(Worker):
         prompts.meta_info.setdefault("eos_token_id", self.tokenizer.eos_token_id)
         prompts.meta_info.setdefault("pad_token_id", self.tokenizer.pad_token_id)
         self._guard(self._actor_model, self.actor_module, prompts)
+        phase = "validation" if prompts.meta_info.get("validate", False) else "gen"
+        peaks = {}
         # No autocast here: the engine alone runs in the plan's rollout dtype (it also sets eval mode).
-        with torch.no_grad(), fsdp_utils.full_params(self.actor_module):
+        with fsdp_utils.phase_peak(self.plan.device_type, phase, peaks), torch.no_grad(), \
+                fsdp_utils.full_params(self.actor_module):
             output = self.rollout.generate_sequences(prompts)
         output = output.to("cpu")
         metrics = output.meta_info.get("metrics") or {}
+        metrics.update(peaks)
         metrics.update(self._perf_metrics())
         output.meta_info["metrics"] = metrics
         _with_plan_updates(output.meta_info, self._plan_updates)
@@ -462,9 +466,11 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info["use_dynamic_bsz"] = bool(rollout_cfg.get("log_prob_use_dynamic_bsz", False))
         data.meta_info["temperature"] = float(rollout_cfg.get("temperature", 1.0))
         self._guard(self._actor_model, self.actor_module, data)
-        with _gathered_for_forward(self.actor_module, self.plan.actor):
+        peaks = {}
+        with fsdp_utils.phase_peak(self.plan.device_type, "old_log_prob", peaks), \
+                _gathered_for_forward(self.actor_module, self.plan.actor):
             log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
-        meta = {"temperature": data.meta_info["temperature"], "metrics": self._perf_metrics()}
+        meta = {"temperature": data.meta_info["temperature"], "metrics": {**peaks, **self._perf_metrics()}}
         return _output(_with_plan_updates(meta, self._plan_updates),
                        old_log_probs=log_probs.cpu(), entropys=entropys.cpu())
 
@@ -480,9 +486,11 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info["use_dynamic_bsz"] = bool(ref_cfg.get("log_prob_use_dynamic_bsz", False))
         data.meta_info["temperature"] = float(self.config.rollout.get("temperature", 1.0))
         self._guard(self._ref_model, self.ref_module, data)
-        with _gathered_for_forward(self.ref_module, self.plan.ref):
+        peaks = {}
+        with fsdp_utils.phase_peak(self.plan.device_type, "ref", peaks), \
+                _gathered_for_forward(self.ref_module, self.plan.ref):
             log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
-        meta = _with_plan_updates({"metrics": self._perf_metrics()}, self._plan_updates)
+        meta = _with_plan_updates({"metrics": {**peaks, **self._perf_metrics()}}, self._plan_updates)
         return _output(meta, ref_log_prob=log_probs.cpu())
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -494,7 +502,10 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info.setdefault("temperature", float(self.config.rollout.get("temperature", 1.0)))
         self._guard(self._actor_model, self.actor_module, data)
         start = time.perf_counter()
-        metrics = self.actor.update_policy(data)
+        peaks = {}
+        with fsdp_utils.phase_peak(self.plan.device_type, "update_actor", peaks):
+            metrics = self.actor.update_policy(data)
+        metrics.update(peaks)
         metrics.update(_mfu("actor", self.actor_module, self.plan, self._actor_model.compute_dtype, data,
                             int(self.config.actor.get("ppo_epochs", 1)), time.perf_counter() - start, lm_head=True))
         metrics["actor/lr"] = self.actor_lr_scheduler.get_last_lr()[0]
@@ -597,16 +608,21 @@ class CriticWorker(Worker):
         data.meta_info["micro_batch_size"] = self.config.forward_micro_batch_size_per_gpu
         data.meta_info["max_token_len"] = self.config.forward_max_token_len_per_gpu
         self._guard(data)
-        with _gathered_for_forward(self.critic_module, self.plan.critic):
+        peaks = {}
+        with fsdp_utils.phase_peak(self.plan.device_type, "values", peaks), \
+                _gathered_for_forward(self.critic_module, self.plan.critic):
             values = self.critic.compute_values(data)
-        return _output(self._meta({}), values=values.cpu())
+        return _output(self._meta(peaks), values=values.cpu())
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         data = data.to(self.device)
         self._guard(data)
         start = time.perf_counter()
-        metrics = self.critic.update_critic(data)
+        peaks = {}
+        with fsdp_utils.phase_peak(self.plan.device_type, "update_critic", peaks):
+            metrics = self.critic.update_critic(data)
+        metrics.update(peaks)
         metrics.update(_mfu("critic", self.critic_module, self.plan, self._critic_model.compute_dtype, data,
                             int(self.config.get("ppo_epochs", 1)), time.perf_counter() - start, lm_head=False))
         metrics["critic/lr"] = self.critic_lr_scheduler.get_last_lr()[0]

@@ -135,6 +135,9 @@ def balanced_partitions(lengths: list[int], k: int) -> list[list[int]]:
     return [sorted(p) for p in parts]
 
 
+VALIDATION_PEAK = "perf/max_memory_allocated_gb/validation"
+
+
 def _pop_metrics(output: DataProto) -> dict[str, float]:
     """Take the workers' metrics out of an output's meta_info, so merging it into the batch sees no
     conflicting keys (plan updates are taken by `RayPPOTrainer._pop_metrics` first)."""
@@ -648,6 +651,7 @@ class RayPPOTrainer:
         data_sources, uids, scores = [], [], []
         extra_infos: dict[str, list] = {}
         progress = tqdm(total=len(self.val_dataset) * val_n, desc="Validation", unit="seq")
+        peaks = []  # the workers' allocator peak per generate call, to check the plan's validation phase
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict)
             batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
@@ -659,7 +663,8 @@ class RayPPOTrainer:
             for piece in gen_batch.split(self._validation_piece_rows()):
                 padded, pad_size = pad_dataproto_to_divisor(piece, self.actor_rollout_wg.world_size)
                 output = self.actor_rollout_wg.generate_sequences(padded)
-                self._pop_metrics(output)   # validation metrics are computed below; this applies plan updates
+                # validation metrics are computed below; this applies plan updates and keeps the memory peak
+                peaks += [v for k, v in self._pop_metrics(output).items() if k == VALIDATION_PEAK]
                 output.meta_info.pop("timing", None)
                 outputs.append(unpad_dataproto(output, pad_size=pad_size))
                 progress.update(len(piece))
@@ -679,7 +684,7 @@ class RayPPOTrainer:
 
         # "val-core" holds the headline numbers (mean/best/maj at the largest n of the main variable),
         # everything else goes to "val-aux", as upstream.
-        metrics = {}
+        metrics = {VALIDATION_PEAK: max(peaks)} if peaks else {}
         for source, by_var in results.items():
             core_var = "acc" if "acc" in by_var else "reward"
             for var, by_metric in by_var.items():
