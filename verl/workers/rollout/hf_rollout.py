@@ -9,6 +9,10 @@ Two ways to run the model: Llama-family models with unsharded weights (the actor
 before generating) go through `StaticDecoder` (a preallocated KV cache, one prefill pass, then a
 fixed-shape step per token, replayed as a CUDA graph when the plan says `rollout.cuda_graphs`);
 anything else (other architectures, weights still sharded) calls the HF forward with its own cache.
+
+Two things keep the static path's work to what the rows hold: a chunk's prompts lose the left-padding
+columns every row shares before prefill (see `trim_common_padding`), and the decoder attends over the
+filled part of its cache only. The EOS stop is asked every few steps, not every token (`eos_check_due`).
 """
 
 from __future__ import annotations
@@ -26,8 +30,15 @@ from verl.protocol import DataProto
 from .base import BaseRollout, inner_module, output_tensors, special_tokens
 from .static_decoder import StaticDecoder, static_decoding_unsupported
 
-__all__ = ["HFRollout", "SamplingParams", "candidate_logits", "filter_logits", "rollout_autocast_dtype",
-           "sample_next_token"]
+__all__ = ["HFRollout", "SamplingParams", "candidate_logits", "eos_check_due", "filter_logits",
+           "rollout_autocast_dtype", "sample_next_token", "trim_common_padding"]
+
+# A trimmed prompt keeps a multiple of this many columns (some padding stays): chunks then mostly share
+# a width, so the static decoder, its recorded graphs and the compiled step's shapes are reused
+# across chunks instead of rebuilt for every exact width.
+TRIM_MULTIPLE = 64
+# Beyond the first 16 steps, whether every row has finished is asked once per this many steps.
+EOS_CHECK_EVERY = 16
 
 
 @dataclass(frozen=True)
@@ -131,6 +142,35 @@ def rollout_autocast_dtype(rollout_dtype: torch.dtype | None, weight_dtype: torc
             "actor_rollout_ref.rollout.dtype to the actor's compute dtype."
         )
     return rollout_dtype
+
+
+def trim_common_padding(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor):
+    """The prompts without the leading columns that are padding in every row (mask zero throughout).
+
+    Such columns are masked keys for every query and no row's query reads them, so dropping them
+    changes no token: it only shrinks the prefill and the KV cache every decode step reads. The kept
+    width is rounded up to a multiple of TRIM_MULTIPLE (capped at the full width) so that chunks of
+    similar prompts get one width and share one decoder and its CUDA graphs; 64 columns of padding at
+    most stay, against e.g. ~300 cut from a GSM8K chunk padded to 512. One host sync per chunk.
+    """
+    width = ids.shape[1]
+    filled = mask.bool().any(dim=0)
+    first = int(filled.to(torch.int8).argmax()) if bool(filled.any()) else 0
+    keep = min(width, -(-(width - first) // TRIM_MULTIPLE) * TRIM_MULTIPLE)
+    return ids[:, width - keep:], mask[:, width - keep:], pos[:, width - keep:]
+
+
+def eos_check_due(step: int) -> bool:
+    """Whether to ask, after decode step `step` (0-based), if every row has emitted EOS.
+
+    Asking reads a device flag on the host (under sharded weights, after an all_reduce), so the host
+    cannot queue the next step before the current one ends. It is asked after steps 1, 2, 4, 8 and 16,
+    so short generations stop within twice their length, then after every EOS_CHECK_EVERY-th step;
+    the steps run past the last EOS only write padding, so the output does not change. The schedule
+    depends on the step alone: every rank asks at the same steps, as lock-step decoding needs.
+    """
+    n = step + 1
+    return n % EOS_CHECK_EVERY == 0 or n & (n - 1) == 0
 
 
 def _cfg(config, key, default=None):
@@ -303,7 +343,9 @@ class HFRollout(BaseRollout):
         return logits, advance
 
     def _static_passes(self, holder: list, ids, mask, pos, response_length):
-        """First logits and a next-step function over a StaticDecoder (kept in `holder` for equal chunks)."""
+        """First logits and a next-step function over a StaticDecoder (kept in `holder` for equal chunks),
+        on the prompts without their common left padding."""
+        ids, mask, pos = trim_common_padding(ids, mask, pos)
         batch, prompt_length = ids.shape
         positions = max(int(pos.max()) + 1, prompt_length) + response_length
         key = (batch, prompt_length + response_length, positions)
@@ -336,6 +378,11 @@ class HFRollout(BaseRollout):
         lockstep = _is_sharded(self.module)
         responses = torch.full((batch_size, response_length), pad_id, dtype=ids.dtype, device=device)
         finished = torch.zeros(batch_size, dtype=torch.bool, device=device)
+        finish_step = torch.zeros(batch_size, dtype=torch.long, device=device)  # a running row's: the current step
+        # The sampling stream's state after each step since the last EOS check: steps run past the
+        # last EOS are undone from it, so the stream continues as if decoding had stopped right there.
+        states, since = [], 0
+        keep_states = not ignore_eos and not params.greedy
 
         if holder is None:
             logits, advance = self._hf_passes(ids, mask, pos)
@@ -345,9 +392,20 @@ class HFRollout(BaseRollout):
             token = sample_next_token(logits, params, generator)
             token = torch.where(finished, torch.full_like(token, pad_id), token)
             responses[:, step] = token
+            last_step = step + 1 == response_length
             if not ignore_eos:
+                finish_step = torch.where(finished, finish_step, step)
                 finished |= torch.isin(token, eos)
-            if step + 1 == response_length or (not ignore_eos and self._all_finished(finished, lockstep)):
+                if keep_states:
+                    states.append(generator.get_state())
+                if last_step or eos_check_due(step):
+                    done = self._all_finished(finished, finish_step, lockstep)
+                    if done is not None:
+                        if keep_states:
+                            generator.set_state(states[done - since])
+                        break
+                    states, since = [], step + 1
+            if last_step:
                 break
             logits = advance(token, step)
 
@@ -367,10 +425,12 @@ class HFRollout(BaseRollout):
         return int(count.item())
 
     @staticmethod
-    def _all_finished(finished: torch.Tensor, lockstep: bool) -> bool:
-        """Stop when every row hit EOS; under FSDP only when every rank's rows did."""
-        if not lockstep:
-            return bool(finished.all())
-        running = (~finished).any().to(torch.int32).reshape(1)
-        dist.all_reduce(running, op=dist.ReduceOp.MAX)
-        return int(running.item()) == 0
+    def _all_finished(finished: torch.Tensor, finish_step: torch.Tensor, lockstep: bool) -> int | None:
+        """The step at which the last row emitted EOS, or None while a row runs on; under sharded
+        weights, over every rank's rows (each rank must call it at the same steps)."""
+        running = torch.iinfo(torch.int64).max
+        last = torch.where(finished.all(), finish_step.max(), running).reshape(1)
+        if lockstep:
+            dist.all_reduce(last, op=dist.ReduceOp.MAX)
+        value = int(last.item())
+        return None if value == running else value

@@ -8,12 +8,15 @@ lets the engine record that step as a CUDA graph and replay it. It calls the mod
 in place; only the attention over the cache is written here.
 
 Layout: every row's prompt fills cache slots [0, P) (left padding included, masked out as keys),
-and the token generated at step s goes to slot P + s, the same slot in every row.
+and the token generated at step s goes to slot P + s, the same slot in every row. Step s therefore
+needs only slots [0, P + s]: it attends over a window of the first W slots, W the smallest multiple
+of WINDOW_BUCKET that covers them, rather than the whole cache (most of which, early on, is unwritten).
 
 A decode step for a small model is ~50 tiny kernels per layer (norms, rotary, casts, the attention's
 softmax), each too short to hide its launch even inside a CUDA graph. With `compile_backend` the
 per-layer step is a `torch.compile`d function (module-level, layer passed in, so one compiled graph
 serves every layer) and its elementwise work is fused; the prefill stays eager (one pass per chunk).
+Each window size is its own shape, so with graphs each is recorded once, when decoding first reaches it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ __all__ = ["StaticDecoder", "static_decoding_unsupported"]
 _FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 # rotary types whose cos/sin for a position do not depend on the length of the call
 _ROPE_TYPES = ("default", "linear", "llama3")
+# Decode windows grow in steps of this many cache slots: at most 63 unwritten slots read per step
+# (out of 1,024 at the GRPO shape), and a recorded graph per 64 tokens, which costs capture time only
+# (all windows' graphs share one memory pool and one logits buffer).
+WINDOW_BUCKET = 64
 
 
 def _parts(inner: nn.Module):
@@ -71,8 +78,8 @@ class StaticDecoder:
 
     `dtype` is the dtype activations come out in (the autocast dtype, else the weights'); the cache
     is kept in it. `positions` bounds the position ids used (prompt positions plus new tokens).
-    With `graphs`, the first decode step is recorded as a CUDA graph and every later step replays it.
-    With `compile_backend` (a torch.compile backend: a name such as "inductor", or a callable), the
+    With `graphs`, the first decode step over each attention window (see `window`) is recorded as a
+    CUDA graph and every later step over that window replays it. With `compile_backend` (a torch.compile backend: a name such as "inductor", or a callable), the
     per-layer decode step is compiled with it (the first call compiles, for any shape).
     """
 
@@ -85,7 +92,12 @@ class StaticDecoder:
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = attn.head_dim
         self.scaling = getattr(attn, "scaling", self.head_dim ** -0.5)
-        shape = (batch, self.kv_heads, max_len, self.head_dim)
+        self.max_len = max_len
+        self.bucket = WINDOW_BUCKET
+        # one slot more than any window reads: every window is then a strided view of the cache, never
+        # the whole (contiguous) tensor, and the compiled step, whose matmuls guard on contiguity, runs
+        # one graph for all of them
+        shape = (batch, self.kv_heads, max_len + 1, self.head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
         # cos/sin for every position once: the model's own rotary module, so scaled variants match
@@ -99,8 +111,9 @@ class StaticDecoder:
         self.position = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
         self.graphs = graphs
-        self._graph = None
-        self._graph_logits = None
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}  # window -> its recorded step
+        self._pool = None  # one memory pool for every window's graph: they replay one at a time
+        self._graph_logits = None  # every graph writes its logits here (float32, batch x vocab)
         self._layer_step = _compiled_layer_step(compile_backend) if compile_backend else decode_layer
 
     # ------------------------------------------------------------------ passes
@@ -120,45 +133,61 @@ class StaticDecoder:
     def decode(self, token: torch.Tensor, position: torch.Tensor, slot: int) -> torch.Tensor:
         """One token per row at `position`, written to cache `slot`; returns float32 logits (batch, vocab).
 
-        With graphs, the returned tensor is the graph's output buffer: read it before the next step."""
+        With graphs, the returned tensor is the graphs' output buffer: read it before the next step."""
         self.token.copy_(token.view(-1, 1))
         self.position.copy_(position.view(-1, 1))
         self.slot.fill_(slot)
+        window = self.window(slot)
         if not self.graphs:
-            return self._step()
-        if self._graph is None:
-            self._record()
-        self._graph.replay()
+            return self._step(window)
+        if window not in self._graphs:
+            self._record(window)
+        self._graphs[window].replay()
         return self._graph_logits
+
+    def window(self, slot: int) -> int:
+        """How many leading cache slots the step writing `slot` attends over: slots [0, slot] rounded
+        up to a multiple of the bucket, so one shape (one graph) serves a run of steps."""
+        return min(self.max_len, -(-(slot + 1) // self.bucket) * self.bucket)
 
     # ------------------------------------------------------------------ internals
 
-    def _step(self) -> torch.Tensor:
+    def _step(self, window: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The decode step over cache slots [0, window); float32 logits, written into `out` if given."""
         cos, sin = F.embedding(self.position, self.cos), F.embedding(self.position, self.sin)
         cos, sin = cos[:, None], sin[:, None]
-        hidden = ~(self.key_valid & (self.slots <= self.slot))[:, None, None, :]  # padding, unwritten slots
+        # padding and unwritten slots
+        hidden = ~(self.key_valid[:, :window] & (self.slots[:window] <= self.slot))[:, None, None, :]
         x = self.embed(self.token)
         for layer, keys, values in zip(self.layers, self.keys, self.values):
-            x = self._layer_step(layer, x, cos, sin, hidden, keys, values, self.slot, self.head_dim, self.scaling)
-        return self.head(self.norm(x[:, -1])).float()
+            x = self._layer_step(layer, x, cos, sin, hidden, keys[:, :, :window], values[:, :, :window], self.slot,
+                                 self.head_dim, self.scaling)
+        logits = self.head(self.norm(x[:, -1]))
+        return logits.float() if out is None else out.copy_(logits)
 
-    def _record(self) -> None:
-        """Capture `_step` as a CUDA graph. Warm-up runs on a side stream first, as capture requires;
-        it computes the current step for real, and the replay that follows rewrites the same slot."""
+    def _record(self, window: int) -> None:
+        """Capture `_step` over `window` as a CUDA graph. Warm-up runs on a side stream first, as capture
+        requires; it computes the current step for real, and the replay that follows rewrites the same
+        slot. Every window's graph shares one memory pool (only one replays at a time, and nothing a
+        graph allocates outlives its replay) and writes one logits buffer (read before the next step)."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         try:
             with torch.cuda.stream(side):
-                self._step()
+                logits = self._step(window)
             torch.cuda.current_stream().wait_stream(side)
+            if self._graph_logits is None:
+                self._graph_logits = torch.empty_like(logits)
+                self._pool = torch.cuda.graph_pool_handle()
+            del logits
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self._graph_logits = self._step()
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._step(window, self._graph_logits)
         except RuntimeError as e:
             raise RuntimeError(f"compiling or capturing the rollout decode step as a CUDA graph failed ({e}); set "
                                "actor_rollout_ref.rollout.enforce_eager=True to decode without graphs or compilation"
                                ) from e
-        self._graph = graph
+        self._graphs[window] = graph
 
     def _prefill(self, ids, cos, sin, mask) -> torch.Tensor:
         x = self.embed(ids)
@@ -194,8 +223,9 @@ def _project(attn, h, cos, sin, head_dim, cache_dtype):
 
 def decode_layer(layer, x, cos, sin, hidden, keys, values, slot, head_dim: int, scaling: float) -> torch.Tensor:
     """One decoder layer for one new token per row: write its key/value to cache `slot`, attend over
-    the whole cache (`hidden` masks padding and unwritten slots), then the MLP. A plain function of
-    its inputs, so one compiled graph serves every layer of the model."""
+    `keys`/`values` (the cache's leading window, `hidden` masking its padding and unwritten slots),
+    then the MLP. A plain function of its inputs, so one compiled graph serves every layer of the
+    model, and (shapes symbolic) every window."""
     attn = layer.self_attn
     batch = x.shape[0]
     q, k, v = _project(attn, layer.input_layernorm(x), cos, sin, head_dim, keys.dtype)
@@ -215,5 +245,6 @@ def decode_layer(layer, x, cos, sin, hidden, keys, values, slot, head_dim: int, 
 def _compiled_layer_step(backend):
     """`decode_layer` under torch.compile with `backend`, shapes symbolic from the first call: every
     cache shape (chunk sizes, prompt widths, validation) then runs the one compiled graph. One wrapper
-    per backend for the process, since each new wrapper would compile afresh."""
+    per backend for the process, since each new wrapper would compile afresh. The window views
+    (a prefix of the cache's slot dimension) run the same graph too."""
     return torch.compile(decode_layer, backend=backend, fullgraph=True, dynamic=True)
