@@ -338,3 +338,250 @@ def test_compiled_cuda_graph_decode_equals_eager():
     a = compiled.generate_sequences(batch).batch["responses"].cpu()
     b = eager.generate_sequences(batch).batch["responses"].cpu()
     assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------- trimmed padding, decode windows, EOS checks
+
+
+def _prefill_widths(model, engine, batch):
+    """The engine's output and the width of every prefill (a call embedding more than one column)."""
+    widths = []
+    hook = model.model.embed_tokens.register_forward_pre_hook(
+        lambda _m, args: widths.append(args[0].shape[1]) if args[0].shape[1] > 1 else None)
+    try:
+        out = engine.generate_sequences(batch)
+    finally:
+        hook.remove()
+    return out, widths
+
+
+def test_trim_keeps_a_rounded_width_of_the_filled_columns():
+    from verl.workers.rollout.hf_rollout import trim_common_padding
+
+    mask = torch.zeros(3, 512, dtype=torch.long)
+    mask[0, -150:] = mask[1, -40:] = 1  # row 2: all padding
+    ids, pos = mask * 7, torch.clamp(mask.cumsum(-1) - 1, min=0)
+    kept = trim_common_padding(ids, mask, pos)
+    assert [t.shape for t in kept] == [(3, 192)] * 3  # 150 filled columns, rounded up to 64s
+    assert all(torch.equal(t, full[:, -192:]) for t, full in zip(kept, (ids, mask, pos)))
+    assert trim_common_padding(ids[:, -100:], mask[:, -100:], pos[:, -100:])[0].shape == (3, 100)  # capped
+    empty = torch.zeros(2, 9, dtype=torch.long)
+    assert trim_common_padding(empty, empty, empty)[0].shape == (2, 9)
+
+
+@pytest.mark.parametrize("sampling", [dict(do_sample=False), dict(do_sample=True, temperature=1.3, top_k=20)])
+def test_trimmed_padding_changes_no_output(monkeypatch, sampling):
+    """Prompts left-padded to 20 columns of which only the last 7 are ever filled. Trimmed (multiple 4:
+    8 columns kept) and untrimmed (a multiple wider than the prompt keeps all 20) give the same tensors,
+    greedy and sampled from one seed; greedy also equals the HF forward path and `generate`."""
+    from verl.workers.rollout import hf_rollout
+
+    model = _model()
+    batch = _batch(PROMPTS, 20, [VOCAB + 1])
+    batch.meta_info["seed"] = 11
+    outs, widths = {}, {}
+    for multiple in (4, 1000):
+        monkeypatch.setattr(hf_rollout, "TRIM_MULTIPLE", multiple)
+        engine = HFRollout(model, _rollout_config(9, **sampling), plan=_plan(model))
+        outs[multiple], widths[multiple] = _prefill_widths(model, engine, batch)
+    assert widths == {4: [8], 1000: [20]}
+    trimmed, full = outs[4].batch, outs[1000].batch
+    assert set(trimmed.keys()) == set(full.keys()) == {"prompts", "responses", "response_mask", "input_ids",
+                                                       "attention_mask", "position_ids"}
+    for key in full.keys():
+        assert torch.equal(trimmed[key], full[key]), key
+    assert torch.equal(trimmed["prompts"], batch.batch["input_ids"])  # the original 20 columns come back
+    assert torch.equal(trimmed["attention_mask"][:, :20], batch.batch["attention_mask"])
+    assert torch.equal(trimmed["position_ids"][:, :20], batch.batch["position_ids"])
+    if not sampling["do_sample"]:
+        engine = HFRollout(model, _rollout_config(9, **sampling), plan=_plan(model))
+        engine.static_unsupported = lambda: "test: the HF forward over all 20 columns"
+        out, hf_calls = _engine_forward_calls(model, engine, batch)
+        assert hf_calls == 9 and torch.equal(out.batch["responses"], trimmed["responses"])
+        assert torch.equal(trimmed["responses"], _generate_hf(model, batch, 9, [VOCAB + 1], do_sample=False))
+    else:
+        assert len({tuple(r) for r in trimmed["responses"].tolist()}) == len(PROMPTS)
+
+
+def test_chunks_of_one_rounded_width_share_one_decoder(monkeypatch):
+    """Chunks whose longest prompts are 7 and 5 tokens: kept at exact widths they need two decoders
+    (two caches, two sets of graphs); rounded up to a multiple of 4 both are 8 wide and share one."""
+    from verl.workers.rollout import hf_rollout
+
+    built = []
+
+    class Counting(hf_rollout.StaticDecoder):
+        def __init__(self, *args, **kwargs):
+            built.append(args[2])  # the cache length
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(hf_rollout, "StaticDecoder", Counting)
+    model = _model()
+    results = {}
+    for multiple in (1, 4):
+        monkeypatch.setattr(hf_rollout, "TRIM_MULTIPLE", multiple)
+        built.clear()
+        engine = HFRollout(model, _rollout_config(5, do_sample=False, micro_batch_size=2), plan=None)
+        results[multiple] = engine.generate_sequences(_batch(PROMPTS, 12, [VOCAB + 1])).batch["responses"]
+        results[multiple, "built"] = list(built)
+    assert results[1, "built"] == [7 + 5, 5 + 5] and results[4, "built"] == [8 + 5]
+    assert torch.equal(results[1], results[4])
+    assert torch.equal(results[1], _generate_hf(model, _batch(PROMPTS, 12, [VOCAB + 1]), 5, [VOCAB + 1],
+                                                do_sample=False))
+
+
+def _spy_windows(monkeypatch):
+    from verl.workers.rollout.static_decoder import StaticDecoder
+
+    windows = []
+    step = StaticDecoder._step
+
+    def spy(self, window, out=None):
+        windows.append(window)
+        return step(self, window, out)
+
+    monkeypatch.setattr(StaticDecoder, "_step", spy)
+    return windows
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_windowed_decode_equals_generate_across_buckets(monkeypatch, family):
+    """Windows of 4 slots: a 9-column prompt and 14 new tokens (slots 9..21 written by decode steps)
+    attend over 12, 16, 20 and then the whole 23-slot cache; tokens equal `generate`'s."""
+    from verl.workers.rollout import static_decoder
+
+    monkeypatch.setattr(static_decoder, "WINDOW_BUCKET", 4)
+    windows = _spy_windows(monkeypatch)
+    model = _model(family)
+    batch = _batch(PROMPTS, 9, [VOCAB + 1])
+    out = HFRollout(model, _rollout_config(14, do_sample=False), plan=_plan(model)).generate_sequences(batch)
+    assert windows == [12] * 3 + [16] * 4 + [20] * 4 + [23] * 2
+    assert torch.equal(out.batch["responses"], _generate_hf(model, batch, 14, [VOCAB + 1], do_sample=False))
+
+
+def test_compiled_step_serves_every_window_with_one_compile(monkeypatch):
+    """The compiled layer step (dynamic shapes) over windows of 4 slots, up to the whole cache:
+    logits equal the eager step's at every step, and one compile serves every window and layer."""
+    from torch._dynamo.testing import CompileCounter
+
+    from verl.workers.rollout import static_decoder
+
+    monkeypatch.setattr(static_decoder, "WINDOW_BUCKET", 4)
+    torch._dynamo.reset()
+    model = _model()
+    batch = _batch(PROMPTS, 8, [VOCAB + 1])
+    ids, mask, pos = (batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
+    counter = CompileCounter()
+    seen = set()
+    with torch.no_grad():
+        decoders = [static_decoder.StaticDecoder(model, len(PROMPTS), 22, 24, torch.float32, ids.device,
+                                                 compile_backend=b) for b in (None, counter)]
+        token = [d.prefill(ids, mask, pos) for d in decoders][0].argmax(-1)
+        for step in range(14):
+            seen.add(decoders[0].window(ids.shape[1] + step))
+            eager, compiled = (d.decode(token, pos[:, -1] + step + 1, ids.shape[1] + step) for d in decoders)
+            torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+            token = eager.argmax(-1)
+    assert seen == {12, 16, 20, 22}  # the last is the whole cache
+    assert counter.frame_count == 1
+
+
+def _count_checks(monkeypatch):
+    calls = []
+    check = HFRollout._all_finished
+
+    def counting(*args):
+        calls.append(1)
+        return check(*args)
+
+    monkeypatch.setattr(HFRollout, "_all_finished", staticmethod(counting))
+    return calls
+
+
+def test_sparse_eos_checks_give_the_same_tokens_with_fewer_syncs(monkeypatch):
+    """Every row stops by step ~12 of 40. Asking every step (today's behaviour: EOS_CHECK_EVERY 1) and
+    on the sparse schedule give identical outputs, 40 response columns, and the sparse one asks
+    fewer times (after steps 0, 1, 3, 7, 15 here)."""
+    from verl.workers.rollout import hf_rollout
+
+    model = _model()
+    free = _generate_hf(model, _batch(PROMPTS, 9, [VOCAB + 1]), 40, [VOCAB + 1], do_sample=False)
+    eos = sorted({int(t) for t in free[:, 12]})  # each row's 13th token ends it (or an earlier one)
+    batch = _batch(PROMPTS, 9, eos)
+    calls = _count_checks(monkeypatch)
+    outs, counts = {}, {}
+    for every in (1, 16):
+        monkeypatch.setattr(hf_rollout, "EOS_CHECK_EVERY", every)
+        calls.clear()
+        outs[every] = HFRollout(model, _rollout_config(40, do_sample=False), plan=_plan(model)).generate_sequences(
+            batch).batch
+        counts[every] = len(calls)
+    lengths = outs[16]["response_mask"].sum(-1)
+    assert 2 < int(lengths.max()) <= 13 and outs[16]["responses"].shape == (len(PROMPTS), 40)
+    for key in outs[1].keys():
+        assert torch.equal(outs[1][key], outs[16][key]), key
+    assert torch.equal(outs[16]["responses"], _generate_hf(model, batch, 40, eos, do_sample=False))
+    assert counts[1] == int(lengths.max())  # one sync per step until the last EOS
+    assert counts[16] == 5 < counts[1]
+
+
+def test_sampling_stream_continues_from_the_last_eos(monkeypatch):
+    """Sampled, two chunks drawing from one kept stream: the first chunk stops between checks, so the
+    steps it ran past its last EOS drew samples; the stream is rewound to the last EOS, so the second
+    chunk's samples are the ones checking every step gives."""
+    from verl.workers.rollout import hf_rollout
+
+    model = _model()
+    eos = list(range(0, VOCAB, 3))  # a third of the vocabulary ends a row: short responses
+    batch = _batch(PROMPTS[:2] + PROMPTS[:2], 9, eos)
+    calls = _count_checks(monkeypatch)
+    outs, counts = {}, {}
+    for every in (1, 16):
+        monkeypatch.setattr(hf_rollout, "EOS_CHECK_EVERY", every)
+        calls.clear()
+        engine = HFRollout(model, _rollout_config(30, do_sample=True, temperature=1.5, micro_batch_size=2),
+                           plan=_plan(model, micro_batch_size=2))
+        outs[every] = engine.generate_sequences(batch).batch
+        counts[every] = len(calls)
+    first_stop = int(outs[1]["response_mask"][:2].sum(-1).max())  # steps the first chunk needed
+    assert first_stop not in (1, 2, 4, 8, 16, 30)  # it ran on past its last EOS before a check
+    assert counts[16] < counts[1]
+    for key in outs[1].keys():
+        assert torch.equal(outs[1][key], outs[16][key]), key
+    assert not torch.equal(outs[16]["responses"][:2], outs[16]["responses"][2:])  # the stream moved on
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_windowed_graphs_and_compiled_step_equal_eager(monkeypatch):
+    """Windows of 4 slots on this GPU's real plan: one CUDA graph recorded per window (lazily, shared
+    pool), replayed by the later chunks; greedy tokens equal eager decoding and `generate`; where the
+    plan compiles the step, one compile serves every window."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from verl.compat.detect import detect_profile, detect_software
+    from verl.workers.rollout import static_decoder
+
+    monkeypatch.setattr(static_decoder, "WINDOW_BUCKET", 4)
+    recorded = []
+    record = static_decoder.StaticDecoder._record
+    monkeypatch.setattr(static_decoder.StaticDecoder, "_record",
+                        lambda self, window: (recorded.append(window), record(self, window))[1])
+    device = torch.device("cuda", torch.cuda.current_device())
+    model = _model().to(device)
+    profile = detect_profile()
+    plan = _plan(model, "h200", detect_software(profile), dtype="float32", micro_batch_size=5)
+    assert plan.rollout.cuda_graphs
+    batch = _batch(PROMPTS * 3, 9, [VOCAB + 1]).to(device)
+    graphs = HFRollout(model, _rollout_config(20, do_sample=False), plan=plan)
+    counter = None
+    if plan.rollout.compile_backend is not None:
+        torch._dynamo.reset()
+        counter = graphs.compile_backend = CompileCounterWithBackend(plan.rollout.compile_backend)
+    a = graphs.generate_sequences(batch).batch["responses"].cpu()
+    b = HFRollout(model, _rollout_config(20, do_sample=False), plan=None).generate_sequences(batch).batch["responses"]
+    assert torch.equal(a, b.cpu())
+    assert torch.equal(a, _generate_hf(model, batch, 20, [VOCAB + 1], do_sample=False).cpu())
+    assert recorded == [12, 16, 20, 24, 28]  # slots 9..27; the second and third chunks replay them
+    if counter is not None:
+        assert counter.frame_count == 1
