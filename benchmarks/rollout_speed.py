@@ -6,6 +6,8 @@ Two cases on a Qwen2.5-0.5B-shaped model with random weights, each planned by ve
   h200  256 sequences, 512 prompt (left-padded, 256..512 real tokens) + 512 new tokens, under the
         real device's plan (bfloat16): tokens/s.
   h200_eager  the same with torch.compile off in the plan (decode step not compiled, still a graph).
+  h200_short  the h200 shape with GSM8K-like prompts: 60..200 real tokens left-padded to 512 (the
+        engine trims the common padding before prefill, so its cache is ~256 + 512 slots, not 1,024).
 "new" is the static-cache decoder (CUDA graphs where the plan allows them); "old" is the HF forward
 per token with its growing cache (the path models the static decoder cannot run still take).
 Sampling is upstream's default (temperature 1, no top-k/top-p), with ignore_eos so every row runs to
@@ -34,6 +36,7 @@ CASES = {
     "h200": {"simulate": None, "batch": 256, "prompt": 512, "response": 512},
     # the same with torch.compile off in the plan: the decode step replayed as a graph but not compiled
     "h200_eager": {"simulate": None, "batch": 256, "prompt": 512, "response": 512, "use_torch_compile": False},
+    "h200_short": {"simulate": None, "batch": 256, "prompt": 512, "response": 512, "lengths": (60, 200)},
 }
 EOS = PAD = 151643  # Qwen's <|endoftext|>; the random model's prompts are random ids below it
 GREEDY_CHECK_TOKENS = 64
@@ -75,7 +78,8 @@ def _prompts(case: dict, device):
 
     g = torch.Generator().manual_seed(0)
     batch, width = case["batch"], case["prompt"]
-    lengths = torch.randint(width // 2, width + 1, (batch,), generator=g) if batch > 1 else torch.tensor([width])
+    low, high = case.get("lengths", (width // 2, width))
+    lengths = torch.randint(low, high + 1, (batch,), generator=g) if batch > 1 else torch.tensor([high])
     ids = torch.full((batch, width), PAD, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, n in enumerate(lengths.tolist()):
