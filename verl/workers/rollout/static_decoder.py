@@ -79,8 +79,9 @@ class StaticDecoder:
     `dtype` is the dtype activations come out in (the autocast dtype, else the weights'); the cache
     is kept in it. `positions` bounds the position ids used (prompt positions plus new tokens).
     With `graphs`, the first decode step over each attention window (see `window`) is recorded as a
-    CUDA graph and every later step over that window replays it. With `compile_backend` (a torch.compile backend: a name such as "inductor", or a callable), the
-    per-layer decode step is compiled with it (the first call compiles, for any shape).
+    CUDA graph and every later step over that window replays it. With `compile_backend` (a
+    torch.compile backend: a name such as "inductor", or a callable), the per-layer decode step is
+    compiled with it (the first call compiles, for any shape and window).
     """
 
     def __init__(self, inner: nn.Module, batch: int, max_len: int, positions: int, dtype: torch.dtype,
