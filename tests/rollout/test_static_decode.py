@@ -554,9 +554,10 @@ def test_sampling_stream_continues_from_the_last_eos(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_windowed_graphs_and_compiled_step_equal_eager(monkeypatch):
-    """Windows of 4 slots on this GPU's real plan: one CUDA graph recorded per window (lazily, shared
-    pool), replayed by the later chunks; greedy tokens equal eager decoding and `generate`; where the
-    plan compiles the step, one compile serves every window."""
+    """Windows of 4 slots on this GPU's real plan, chunks of 5, 5 and 2 rows: one CUDA graph recorded
+    per window and decoder (lazily, one shared pool), replayed by the next equal chunk; greedy tokens
+    equal eager decoding and `generate`; where the plan compiles the step, one compile serves every
+    window and both chunk sizes."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     from verl.compat.detect import detect_profile, detect_software
@@ -582,6 +583,8 @@ def test_windowed_graphs_and_compiled_step_equal_eager(monkeypatch):
     b = HFRollout(model, _rollout_config(20, do_sample=False), plan=None).generate_sequences(batch).batch["responses"]
     assert torch.equal(a, b.cpu())
     assert torch.equal(a, _generate_hf(model, batch, 20, [VOCAB + 1], do_sample=False).cpu())
-    assert recorded == [12, 16, 20, 24, 28]  # slots 9..27; the second and third chunks replay them
+    # slots 9..27: the 5-row decoder records each window once (the second chunk replays them), the
+    # last chunk's 2-row decoder its own
+    assert recorded == [12, 16, 20, 24, 28] * 2
     if counter is not None:
         assert counter.frame_count == 1
