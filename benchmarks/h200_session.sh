@@ -18,9 +18,10 @@
 #   ... speed3   quick-start and GRPO rows (compiled decode/layers, kept gathers), then a compile A/B (~9.5 min)
 #   ... final3   the whole matrix on the compiled code (~9.5 min; its last cell did not finish in one call)
 #   ... matrix_a / matrix_b   the matrix in two calls: p40, p100, v100-16gb, t4 / rtx3090, a100-40gb, h200
+#   ... speed4   the windowed decode's GPU tests, the GRPO row, decode speed on short and full prompts (~8 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a or matrix_b}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b or speed4}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -99,6 +100,15 @@ elif [ "$mode" = speed3 ]; then
     echo "compile A/B exit $?"; sed -n '/^profile  setting/,/^$/p' "$W/compile/profile_step.txt"
     grep -iE "recompil|limit" "$W/compile.log" | cut -c1-160 | sort | uniq -c | sort -rn | head -6
   fi
+elif [ "$mode" = speed4 ]; then
+  # the windowed, trimmed decode: its GPU tests, the GRPO row (the goal still open), then decode speed on
+  # GSM8K-like prompts padded to 512 (h200_short: what trimming serves) and on near-full prompts (h200)
+  timeout 150 python3 -m pytest -q -m gpu tests/rollout > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -3 "$W/gpu_tests.log"
+  SPEED_ROWS=grpo GRPO_STEPS=4 GRPO_TIMEOUT=200 timeout 210 python3 benchmarks/speed.py --out "$W/speed_grpo" > "$W/speed_grpo.log" 2>&1
+  echo "grpo exit $? at $(( $(date +%s) - t0 )) s"; tail -12 "$W/speed_grpo.log"
+  left=$(( 560 - ($(date +%s) - t0) ))
+  timeout $left python3 benchmarks/rollout_speed.py --skip-old --cases h200_short,h200 --out "$W/rollout" > "$W/rollout.log" 2>&1
+  echo "rollout_speed exit $? at $(( $(date +%s) - t0 )) s"; tail -8 "$W/rollout.log"
 elif [ "$mode" = final3 ]; then
   # the whole matrix on this session's code (compiled layers and decode on sm_70+ profiles, kept gathers),
   # 3 steps with validation at steps 2 and 3; inductor's on-disk cache is shared by the cells
