@@ -95,9 +95,8 @@ class StaticDecoder:
         self.scaling = getattr(attn, "scaling", self.head_dim ** -0.5)
         self.max_len = max_len
         self.bucket = WINDOW_BUCKET
-        # one slot more than any window reads: every window is then a strided view of the cache, never
-        # the whole (contiguous) tensor, and the compiled step, whose matmuls guard on contiguity, runs
-        # one graph for all of them
+        # one slot more than any window reads: the window the step slices is then never the whole
+        # (contiguous) cache, and the compiled step, whose matmuls guard on contiguity, runs one graph
         shape = (batch, self.kv_heads, max_len + 1, self.head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
@@ -115,6 +114,7 @@ class StaticDecoder:
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}  # window -> its recorded step
         self._pool = None  # one memory pool for every window's graph: they replay one at a time
         self._graph_logits = None  # every graph writes its logits here (float32, batch x vocab)
+        self._compiled = bool(compile_backend)
         self._layer_step = _compiled_layer_step(compile_backend) if compile_backend else decode_layer
 
     # ------------------------------------------------------------------ passes
@@ -159,10 +159,11 @@ class StaticDecoder:
         cos, sin = cos[:, None], sin[:, None]
         # padding and unwritten slots
         hidden = ~(self.key_valid[:, :window] & (self.slots[:window] <= self.slot))[:, None, None, :]
+        if self._compiled:  # the window is a symbol from the first compile on, not one graph per window
+            torch._dynamo.mark_dynamic(hidden, 3)
         x = self.embed(self.token)
         for layer, keys, values in zip(self.layers, self.keys, self.values):
-            x = self._layer_step(layer, x, cos, sin, hidden, keys[:, :, :window], values[:, :, :window], self.slot,
-                                 self.head_dim, self.scaling)
+            x = self._layer_step(layer, x, cos, sin, hidden, keys, values, self.slot, self.head_dim, self.scaling)
         logits = self.head(self.norm(x[:, -1]))
         return logits.float() if out is None else out.copy_(logits)
 
@@ -224,14 +225,20 @@ def _project(attn, h, cos, sin, head_dim, cache_dtype):
 
 def decode_layer(layer, x, cos, sin, hidden, keys, values, slot, head_dim: int, scaling: float) -> torch.Tensor:
     """One decoder layer for one new token per row: write its key/value to cache `slot`, attend over
-    `keys`/`values` (the cache's leading window, `hidden` masking its padding and unwritten slots),
+    the cache's leading window (as many slots as `hidden`, which masks padding and unwritten slots),
     then the MLP. A plain function of its inputs, so one compiled graph serves every layer of the
-    model, and (shapes symbolic) every window."""
+    model, and (shapes symbolic) every window.
+
+    The whole cache comes in and the window is sliced here, after the write: handed a window view
+    instead, a compiled step writes the mutated view back in full on every call (measured on CPU with
+    inductor: 5.6x slower at a 4,096-slot window; 2.5x on the H200)."""
     attn = layer.self_attn
     batch = x.shape[0]
     q, k, v = _project(attn, layer.input_layernorm(x), cos, sin, head_dim, keys.dtype)
     keys[:, :, slot] = k
     values[:, :, slot] = v
+    window = hidden.shape[-1]
+    keys, values = keys[:, :, :window], values[:, :, :window]
     # query heads grouped by their shared KV head (head h reads KV head h // groups): no repeated cache copy
     kv_heads = keys.shape[1]
     qg = q.reshape(batch, kv_heads, -1, head_dim)
