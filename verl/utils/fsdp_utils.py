@@ -205,21 +205,23 @@ _EARLIER_PEAKS = {"allocated": 0, "reserved": 0}
 
 
 @contextlib.contextmanager
-def phase_peak(device_type: str, phase: str, metrics: dict):
-    """Measure one worker call's own allocator peak into `metrics["perf/max_memory_allocated_gb/<phase>"]`.
+def phase_peak(device_type: str, phase: str):
+    """Yields a dict that receives, on exit, the call's own allocator peak as
+    `perf/max_memory_allocated_gb/<phase>`.
 
     The run-long peak cannot say which phase set it (training or validation, update or scoring);
     the memory plan predicts each phase, so the matrix compares them phase by phase. Nothing is
     recorded on CPU, where there is no device allocator.
     """
+    metrics: dict[str, float] = {}
     if device_type == "cpu":
-        yield
+        yield metrics
         return
     mod = torch.get_device_module(device_type)
     _EARLIER_PEAKS["allocated"] = max(_EARLIER_PEAKS["allocated"], mod.max_memory_allocated())
     _EARLIER_PEAKS["reserved"] = max(_EARLIER_PEAKS["reserved"], mod.max_memory_reserved())
     mod.reset_peak_memory_stats()
-    yield
+    yield metrics
     metrics[f"perf/max_memory_allocated_gb/{phase}"] = mod.max_memory_allocated() / _GIB
 
 

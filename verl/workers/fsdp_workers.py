@@ -441,9 +441,8 @@ class ActorRolloutRefWorker(Worker):
         prompts.meta_info.setdefault("pad_token_id", self.tokenizer.pad_token_id)
         self._guard(self._actor_model, self.actor_module, prompts)
         phase = "validation" if prompts.meta_info.get("validate", False) else "gen"
-        peaks = {}
         # No autocast here: the engine alone runs in the plan's rollout dtype (it also sets eval mode).
-        with fsdp_utils.phase_peak(self.plan.device_type, phase, peaks), torch.no_grad(), \
+        with fsdp_utils.phase_peak(self.plan.device_type, phase) as peaks, torch.no_grad(), \
                 fsdp_utils.full_params(self.actor_module):
             output = self.rollout.generate_sequences(prompts)
         output = output.to("cpu")
@@ -466,8 +465,7 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info["use_dynamic_bsz"] = bool(rollout_cfg.get("log_prob_use_dynamic_bsz", False))
         data.meta_info["temperature"] = float(rollout_cfg.get("temperature", 1.0))
         self._guard(self._actor_model, self.actor_module, data)
-        peaks = {}
-        with fsdp_utils.phase_peak(self.plan.device_type, "old_log_prob", peaks), \
+        with fsdp_utils.phase_peak(self.plan.device_type, "old_log_prob") as peaks, \
                 _gathered_for_forward(self.actor_module, self.plan.actor):
             log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
         meta = {"temperature": data.meta_info["temperature"], "metrics": {**peaks, **self._perf_metrics()}}
@@ -486,8 +484,7 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info["use_dynamic_bsz"] = bool(ref_cfg.get("log_prob_use_dynamic_bsz", False))
         data.meta_info["temperature"] = float(self.config.rollout.get("temperature", 1.0))
         self._guard(self._ref_model, self.ref_module, data)
-        peaks = {}
-        with fsdp_utils.phase_peak(self.plan.device_type, "ref", peaks), \
+        with fsdp_utils.phase_peak(self.plan.device_type, "ref") as peaks, \
                 _gathered_for_forward(self.ref_module, self.plan.ref):
             log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
         meta = _with_plan_updates({"metrics": {**peaks, **self._perf_metrics()}}, self._plan_updates)
@@ -502,8 +499,7 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info.setdefault("temperature", float(self.config.rollout.get("temperature", 1.0)))
         self._guard(self._actor_model, self.actor_module, data)
         start = time.perf_counter()
-        peaks = {}
-        with fsdp_utils.phase_peak(self.plan.device_type, "update_actor", peaks):
+        with fsdp_utils.phase_peak(self.plan.device_type, "update_actor") as peaks:
             metrics = self.actor.update_policy(data)
         metrics.update(peaks)
         metrics.update(_mfu("actor", self.actor_module, self.plan, self._actor_model.compute_dtype, data,
@@ -608,8 +604,7 @@ class CriticWorker(Worker):
         data.meta_info["micro_batch_size"] = self.config.forward_micro_batch_size_per_gpu
         data.meta_info["max_token_len"] = self.config.forward_max_token_len_per_gpu
         self._guard(data)
-        peaks = {}
-        with fsdp_utils.phase_peak(self.plan.device_type, "values", peaks), \
+        with fsdp_utils.phase_peak(self.plan.device_type, "values") as peaks, \
                 _gathered_for_forward(self.critic_module, self.plan.critic):
             values = self.critic.compute_values(data)
         return _output(self._meta(peaks), values=values.cpu())
@@ -619,8 +614,7 @@ class CriticWorker(Worker):
         data = data.to(self.device)
         self._guard(data)
         start = time.perf_counter()
-        peaks = {}
-        with fsdp_utils.phase_peak(self.plan.device_type, "update_critic", peaks):
+        with fsdp_utils.phase_peak(self.plan.device_type, "update_critic") as peaks:
             metrics = self.critic.update_critic(data)
         metrics.update(peaks)
         metrics.update(_mfu("critic", self.critic_module, self.plan, self._critic_model.compute_dtype, data,
