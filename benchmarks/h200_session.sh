@@ -19,9 +19,11 @@
 #   ... final3   the whole matrix on the compiled code (~9.5 min; its last cell did not finish in one call)
 #   ... matrix_a / matrix_b   the matrix in two calls: p40, p100, v100-16gb, t4 / rtx3090, a100-40gb, h200
 #   ... speed4   the windowed decode's GPU tests, the GRPO row, decode speed on short and full prompts (~8 min)
+#   ... long_p40 the 200-step field-report run under p40 (validation every 50, checkpoints at 100 and 200; ~7 min)
+#   ... speed5   TRL's GRPOTrainer row (after `bash benchmarks/pack_trl.sh`), then the quick-start row (~9 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b or speed4}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40 or speed5}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -109,6 +111,25 @@ elif [ "$mode" = speed4 ]; then
   left=$(( 560 - ($(date +%s) - t0) ))
   timeout $left python3 benchmarks/rollout_speed.py --skip-old --cases h200_short,h200 --out "$W/rollout" > "$W/rollout.log" 2>&1
   echo "rollout_speed exit $? at $(( $(date +%s) - t0 )) s"; tail -8 "$W/rollout.log"
+elif [ "$mode" = long_p40 ]; then
+  # issue 8's 200-step run of the field report's settings under the p40 profile: perf/max_memory_allocated_gb
+  # per step (flat, no crash), with validation every 50 steps on 256 test prompts and checkpoints at 100 and 200
+  # (the field report validated and saved every 10 and crashed at step 9)
+  SPEED_EXTRA="trainer.test_freq=50 data.val_max_samples=256 trainer.save_freq=100 trainer.default_local_dir=/tmp/ckpt_p40" \
+      SPEED_ROWS=p40 P40_STEPS=200 P40_TIMEOUT=540 timeout 550 python3 benchmarks/speed.py --out "$W/p40" > "$W/p40.log" 2>&1
+  echo "p40 200 steps exit $? at $(( $(date +%s) - t0 )) s"; tail -10 "$W/p40.log"
+  python3 benchmarks/summarize_run.py "$W/p40/p40.jsonl" 2>&1 | tail -12; ls /tmp/ckpt_p40 2>&1 | head
+  python3 -c "import json,sys; sys.path.insert(0,'benchmarks'); from summarize_run import summarize
+m=summarize('$W/p40/p40.jsonl')['max_allocated_gb_by_step']; print('peak GiB by step', len(m), 'steps: step 1', m[0],
+'| steps 2+ min', min(m[1:] or m), 'max', max(m[1:] or m), '| every 25th', m[::25])"
+elif [ "$mode" = speed5 ]; then
+  # TRL's GRPOTrainer beside ours on the GRPO shape (needs `bash benchmarks/pack_trl.sh` before the call),
+  # then the quick-start row on the windowed decode
+  SPEED_ROWS=trl TRL_STEPS=3 TRL_TIMEOUT=240 timeout 250 python3 benchmarks/speed.py --out "$W/trl" > "$W/trl.log" 2>&1
+  echo "trl exit $? at $(( $(date +%s) - t0 )) s"; tail -4 "$W/trl.log"
+  left=$(( 560 - ($(date +%s) - t0) ))
+  SPEED_ROWS=quickstart QS_STEPS=5 QS_TIMEOUT=$(( left - 10 )) timeout $left python3 benchmarks/speed.py --out "$W/qs" > "$W/qs.log" 2>&1
+  echo "quickstart exit $? at $(( $(date +%s) - t0 )) s"; tail -12 "$W/qs.log"
 elif [ "$mode" = final3 ]; then
   # the whole matrix on this session's code (compiled layers and decode on sm_70+ profiles, kept gathers),
   # 3 steps with validation at steps 2 and 3; inductor's on-disk cache is shared by the cells
