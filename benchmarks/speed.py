@@ -146,7 +146,7 @@ per_device = n * 4   # 16 completions per forward; accumulation makes prompts x 
 wanted = dict(output_dir="/tmp/trl_grpo", max_steps=steps, per_device_train_batch_size=per_device,
               gradient_accumulation_steps=prompts * n // per_device, num_generations=n,
               max_completion_length=new, max_prompt_length=plen, beta=0.001, bf16=torch.cuda.is_available(),
-              use_cpu=not torch.cuda.is_available(),   # the script's own CPU check (tests/benchmarks)
+              use_cpu=not torch.cuda.is_available(),   # so the script also runs (slowly) on a CPU, to check it
               learning_rate=1e-6, logging_steps=1, save_strategy="no", report_to=[])
 fields = set(GRPOConfig.__dataclass_fields__)
 print("GRPOConfig fields not in this TRL:", sorted(set(wanted) - fields), flush=True)

@@ -155,7 +155,7 @@ def trim_common_padding(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor
     """
     width = ids.shape[1]
     filled = mask.bool().any(dim=0)
-    first = int(filled.to(torch.int8).argmax()) if bool(filled.any()) else 0
+    first = int(filled.to(torch.int8).argmax())  # the first filled column; 0 (keep all) when none is
     keep = min(width, -(-(width - first) // TRIM_MULTIPLE) * TRIM_MULTIPLE)
     return ids[:, width - keep:], mask[:, width - keep:], pos[:, width - keep:]
 
