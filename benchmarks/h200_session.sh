@@ -18,7 +18,7 @@
 #   ... speed3   quick-start and GRPO rows (compiled decode/layers, kept gathers), then a compile A/B (~9.5 min)
 #   ... final3   the whole matrix on the compiled code (~9.5 min; its last cell did not finish in one call)
 #   ... matrix_a / matrix_b   the matrix in two calls: p40, p100, v100-16gb, t4 / rtx3090, a100-40gb, h200
-#   ... speed4   the windowed decode's GPU tests, the GRPO row, decode speed on short and full prompts (~8 min)
+#   ... speed4   the windowed decode's GPU tests, the GRPO row, decode speed on short and full prompts (~5 min)
 #   ... long_p40 the 200-step field-report run under p40 (validation every 50, checkpoints at 100 and 200; ~7 min)
 #   ... speed5   TRL's GRPOTrainer row (after `bash benchmarks/pack_trl.sh`), then the quick-start row (~9 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
