@@ -21,9 +21,10 @@
 #   ... speed4   the windowed decode's GPU tests, the GRPO row, decode speed on short and full prompts (~5 min)
 #   ... long_p40 the 200-step field-report run under p40 (validation every 50, checkpoints at 100 and 200; ~7 min)
 #   ... speed5   TRL's GRPOTrainer row (after `bash benchmarks/pack_trl.sh`), then the quick-start row (~9 min)
+#   ... speed6   offload GPU tests, GRPO row, p40 field report with optimizer offload, quick-start row (~9.5 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40 or speed5}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5 or speed6}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -129,6 +130,21 @@ elif [ "$mode" = speed5 ]; then
   echo "trl exit $? at $(( $(date +%s) - t0 )) s"; tail -4 "$W/trl.log"
   left=$(( 560 - ($(date +%s) - t0) ))
   SPEED_ROWS=quickstart QS_STEPS=5 QS_TIMEOUT=$(( left - 10 )) timeout $left python3 benchmarks/speed.py --out "$W/qs" > "$W/qs.log" 2>&1
+  echo "quickstart exit $? at $(( $(date +%s) - t0 )) s"; tail -12 "$W/qs.log"
+elif [ "$mode" = speed6 ]; then
+  # grown token budgets (one micro-batch per mini-batch on the H200) and pinned optimizer offload: the GPU
+  # tests of the offload, the GRPO row, the field report under p40 with both optimizer offloads forced (the
+  # memory goal's price), then the quick-start row (MFU) with what is left
+  timeout 90 python3 -m pytest -q -m gpu --noconftest tests/workers/test_offload_gpu.py tests/utils/test_phase_peak.py \
+      > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -3 "$W/gpu_tests.log"
+  SPEED_ROWS=grpo GRPO_STEPS=6 GRPO_TIMEOUT=220 timeout 230 python3 benchmarks/speed.py --out "$W/grpo" > "$W/grpo.log" 2>&1
+  echo "grpo exit $? at $(( $(date +%s) - t0 )) s"; tail -12 "$W/grpo.log"
+  SPEED_EXTRA="actor_rollout_ref.actor.fsdp_config.optimizer_offload=True critic.fsdp.optimizer_offload=True" \
+      SPEED_ROWS=p40 P40_STEPS=10 P40_TIMEOUT=100 timeout 110 python3 benchmarks/speed.py --out "$W/p40_off" > "$W/p40_off.log" 2>&1
+  echo "p40 offload exit $? at $(( $(date +%s) - t0 )) s"; tail -6 "$W/p40_off.log"
+  python3 benchmarks/summarize_run.py "$W/p40_off/p40.jsonl" 2>&1 | tail -8
+  left=$(( 565 - ($(date +%s) - t0) ))
+  SPEED_ROWS=quickstart QS_STEPS=4 QS_TIMEOUT=$(( left - 10 )) timeout $left python3 benchmarks/speed.py --out "$W/qs" > "$W/qs.log" 2>&1
   echo "quickstart exit $? at $(( $(date +%s) - t0 )) s"; tail -12 "$W/qs.log"
 elif [ "$mode" = final3 ]; then
   # the whole matrix on this session's code (compiled layers and decode on sm_70+ profiles, kept gathers),

@@ -78,7 +78,7 @@ def test_checkpointing_left_to_compat_is_off_where_activations_fit_and_budgets_s
     _, _, big = plan_for(QUICKSTART, device="h200", model_spec="qwen2.5-0.5b")
     assert not big.actor.gradient_checkpointing and not big.critic.gradient_checkpointing
     assert big.reasons["actor.gradient_checkpointing"] == "activations fit without it"
-    assert big.actor.max_token_len_per_gpu == 16384
+    assert big.actor.max_token_len_per_gpu == 64 * 1024   # grown to the whole mini-batch (see below)
     _, _, mid = plan_for(QUICKSTART, device="a100-40gb", model_spec="qwen2.5-0.5b")
     assert not mid.actor.gradient_checkpointing
     assert CHECKPOINT_FLOOR_TOKENS <= mid.actor.max_token_len_per_gpu < 16384
@@ -86,3 +86,43 @@ def test_checkpointing_left_to_compat_is_off_where_activations_fit_and_budgets_s
     _, _, asked = plan_for(QUICKSTART + ["actor_rollout_ref.model.enable_gradient_checkpointing=true"],
                            device="h200", model_spec="qwen2.5-0.5b")
     assert asked.actor.gradient_checkpointing and asked.reasons["actor.gradient_checkpointing"] == "set by the user"
+
+
+def test_auto_budgets_grow_towards_the_whole_pass_while_the_plan_fits():
+    """Left `auto`, each token budget doubles (after every offload, checkpointing and resharding
+    decision) towards its whole pass while the plan still fits: on the H200 the quick-start's update
+    runs one 64 x 1024-token micro-batch per mini-batch, forwards stop at GROWN_BUDGET_CAP; on an
+    A100-80GB the update stops below that because the next doubling does not fit."""
+    from verl.compat.fit import GROWN_BUDGET_CAP
+
+    whole_mini_batch = 64 * 1024
+    _, _, h200 = plan_for(QUICKSTART, device="h200", model_spec="qwen2.5-0.5b")
+    assert h200.actor.max_token_len_per_gpu == h200.critic.max_token_len_per_gpu == whole_mini_batch
+    assert h200.actor.forward_max_token_len_per_gpu == h200.ref.max_token_len_per_gpu == GROWN_BUDGET_CAP
+    assert h200.reasons["actor.max_token_len_per_gpu"].startswith("grown from 16384 (the whole pass)")
+    assert h200.reasons["critic.forward_max_token_len_per_gpu"].startswith("grown from 32768")
+    assert h200.memory["required_gb"] <= h200.memory_limit_gb
+
+    _, _, a100 = plan_for(QUICKSTART, device="a100-80gb", model_spec="qwen2.5-0.5b")
+    grown = a100.actor.max_token_len_per_gpu
+    assert 16384 < grown < whole_mini_batch and a100.memory["required_gb"] <= a100.memory_limit_gb
+    # the next doubling, asked for explicitly, does not fit: the fit halves it back
+    _, _, asked = plan_for(QUICKSTART + [f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={2 * grown}"],
+                           device="a100-80gb", model_spec="qwen2.5-0.5b")
+    assert asked.actor.max_token_len_per_gpu < 2 * grown
+
+
+def test_budgets_the_user_sets_are_not_grown():
+    """An explicit budget is kept (and, as upstream, the log-prob passes follow the actor's key); the
+    critic's, still `auto`, grows."""
+    config, _, plan = plan_for(QUICKSTART + ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384"],
+                               device="h200", model_spec="qwen2.5-0.5b")
+    assert plan.actor.max_token_len_per_gpu == plan.actor.forward_max_token_len_per_gpu == 16384
+    assert plan.ref.max_token_len_per_gpu == 16384
+    assert plan.reasons["actor.max_token_len_per_gpu"] == "as configured"
+    assert plan.critic.max_token_len_per_gpu == 64 * 1024
+    from verl.compat import apply
+
+    apply.resolve_config(config, plan)
+    assert config.critic.ppo_max_token_len_per_gpu == config.critic.forward_max_token_len_per_gpu == 64 * 1024
+    assert config.actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu == 16384

@@ -130,7 +130,7 @@ def test_defaults_keep_upstream_values_except_hardware_keys():
     assert cfg.actor_rollout_ref.actor.loss_agg_mode == "token-mean"
     assert cfg.actor_rollout_ref.actor.kl_loss_type == "low_var_kl"
     assert cfg.algorithm.adv_estimator == "gae" and cfg.algorithm.gamma == 1.0
-    assert cfg.critic.cliprange_value == 0.5 and cfg.critic.ppo_max_token_len_per_gpu == 32768
+    assert cfg.critic.cliprange_value == 0.5
     assert cfg.trainer.total_epochs == 30 and cfg.trainer.n_gpus_per_node == 8
     autos = {
         "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.dtype",
@@ -138,6 +138,9 @@ def test_defaults_keep_upstream_values_except_hardware_keys():
         "actor_rollout_ref.model.attn_implementation", "actor_rollout_ref.model.use_remove_padding",
         "actor_rollout_ref.actor.use_torch_compile", "critic.model.attn_implementation",
         "critic.model.use_remove_padding", "trainer.device",
+        # token budgets: compat starts from upstream's 16384 / 32768 and may grow them
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu",
     }
     for fsdp in ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp"):
         autos |= {f"{fsdp}.{k}" for k in ("param_offload", "optimizer_offload", "model_dtype", "dtype",

@@ -48,14 +48,19 @@ def _train(offload: bool, fused: bool) -> tuple[list[torch.Tensor], list[set]]:
 
     model.register_forward_pre_hook(state_devices)
     data = torch.randn(8, 64, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    host_buffers = []
     for _ in range(3):
         model(data).pow(2).mean().backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if offload:
-            after = {v.device.type for s in opt.state.values() for v in s.values()
-                     if isinstance(v, torch.Tensor) and v.dim() > 0}
-            assert after == {"cpu"}, after
+            local = [v.to_local() for s in opt.state.values() for v in s.values()
+                     if isinstance(v, torch.Tensor) and v.dim() > 0]
+            assert {t.device.type for t in local} == {"cpu"}
+            assert all(t.is_pinned() for t in local)   # page-locked: DMA copies, no staging
+            host_buffers.append([t.data_ptr() for t in local])
+    if offload:   # the same buffers every step (made once, not per step)
+        assert host_buffers[0] == host_buffers[1] == host_buffers[2]
     return [p.full_tensor().detach().cpu() for p in model.parameters()], seen_in_forward
 
 

@@ -15,6 +15,7 @@ import torch
 
 from verl.compat import settings
 from verl.compat.plan import Plan, RolePlan
+from verl.compat.throughput import UPSTREAM_TOKEN_BUDGET
 
 if TYPE_CHECKING:      # omegaconf loads only when a config is resolved: `import verl.compat` stays light
     from omegaconf import DictConfig
@@ -172,15 +173,15 @@ _ROLE_KEYS = {
 # "train" for the update pass or "forward" for no-grad log-prob / value passes).
 _BATCH_KEYS = {
     "actor": [("actor_rollout_ref.actor", "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size",
-               "ppo_max_token_len_per_gpu", "train"),
+               "ppo_max_token_len_per_gpu", "train", "actor"),
               ("actor_rollout_ref.rollout", "log_prob_micro_batch_size_per_gpu",
-               "log_prob_micro_batch_size", "log_prob_max_token_len_per_gpu", "forward")],
+               "log_prob_micro_batch_size", "log_prob_max_token_len_per_gpu", "forward", "actor_forward")],
     "ref": [("actor_rollout_ref.ref", "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size",
-             "log_prob_max_token_len_per_gpu", "forward")],
+             "log_prob_max_token_len_per_gpu", "forward", "ref")],
     "critic": [("critic", "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size",
-                "ppo_max_token_len_per_gpu", "train"),
+                "ppo_max_token_len_per_gpu", "train", "critic"),
                ("critic", "forward_micro_batch_size_per_gpu", "forward_micro_batch_size",
-                "forward_max_token_len_per_gpu", "forward")],
+                "forward_max_token_len_per_gpu", "forward", "critic_forward")],
 }
 # Leaf names that are hardware decisions; one of these still `auto` after resolving is a bug.
 _HARDWARE_LEAVES = {"attn_implementation", "use_remove_padding", "use_torch_compile", "param_offload",
@@ -264,7 +265,7 @@ def _resolve_role(config: DictConfig, name: str, role: RolePlan, plan: Plan, wri
         _set(config, f"{model}.enable_gradient_checkpointing", role.gradient_checkpointing, written)
     if name == "actor":   # critic, ref and log-prob passes follow the actor's key (upstream's interpolations)
         _set(config, f"{block}.use_dynamic_bsz", role.use_dynamic_bsz, written)
-    for section, per_gpu, global_key, tokens, which in _BATCH_KEYS[name]:
+    for section, per_gpu, global_key, tokens, which, budget_name in _BATCH_KEYS[name]:
         micro, budget = role.micro_batch_size_per_gpu, role.max_token_len_per_gpu
         if which == "forward":
             micro = role.forward_micro_batch_size_per_gpu or micro
@@ -275,6 +276,8 @@ def _resolve_role(config: DictConfig, name: str, role: RolePlan, plan: Plan, wri
             _set(config, f"{section}.{per_gpu}", micro, written, over_interpolation=True)
         elif _is_auto(config, f"{section}.{per_gpu}"):
             _set(config, f"{section}.{per_gpu}", None, written)   # token budgets batch this pass
+        if budget is None and _is_auto(config, f"{section}.{tokens}"):
+            budget = UPSTREAM_TOKEN_BUDGET[budget_name]   # a plan without budgets: upstream's number, no `auto` left
         if budget is not None:
             _set(config, f"{section}.{tokens}", budget, written, over_interpolation=True)
 

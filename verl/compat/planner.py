@@ -22,7 +22,7 @@ from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.profile import DeviceProfile, SoftwareInfo
 from verl.compat.settings import AUTO
-from verl.compat.throughput import decide_dynamic_bsz, decide_fused_optimizer, dynamic_auto
+from verl.compat.throughput import UPSTREAM_TOKEN_BUDGET, decide_dynamic_bsz, decide_fused_optimizer, dynamic_auto
 
 __all__ = ["MAX_ROLLOUT_MICRO_BATCH", "PlanError", "make_plan"]
 
@@ -475,11 +475,13 @@ def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], rol
                         world_size=world, val_batch_per_gpu=_val_batch_per_gpu(config, world),
                         update_batch_per_gpu=max(mini * n // world, 1),
                         critic_update_batch_per_gpu=max(critic_mini * n // world, 1))
-    budgets = {"actor": int(_get(config, f"{arr}.actor.ppo_max_token_len_per_gpu", 16384)),
-               "actor_forward": int(_get(config, f"{arr}.rollout.log_prob_max_token_len_per_gpu", 16384)),
-               "critic": int(_get(config, "critic.ppo_max_token_len_per_gpu", 32768)),
-               "critic_forward": int(_get(config, "critic.forward_max_token_len_per_gpu", 32768)),
-               "ref": int(_get(config, f"{arr}.ref.log_prob_max_token_len_per_gpu", 16384))}
+    # `auto` budgets start from upstream's defaults (16384; the critic's 32768) and may grow in the fit.
+    budget_keys = {"actor": f"{arr}.actor.ppo_max_token_len_per_gpu",
+                   "actor_forward": f"{arr}.rollout.log_prob_max_token_len_per_gpu",
+                   "critic": "critic.ppo_max_token_len_per_gpu", "critic_forward": "critic.forward_max_token_len_per_gpu",
+                   "ref": f"{arr}.ref.log_prob_max_token_len_per_gpu"}
+    budgets = {k: int(_get(config, path, UPSTREAM_TOKEN_BUDGET[k])) for k, path in budget_keys.items()}
+    growable = frozenset(k for k, path in budget_keys.items() if _get(config, path) is AUTO)
     asked_ckpt = {name: _flag(_first(config, f"{rc.model_prefix}.enable_gradient_checkpointing"))
                   for name, rc in roles_cfg.items()}
     asked_reshard = {name: _asked_reshard(config, rc) for name, rc in roles_cfg.items()}
@@ -497,7 +499,8 @@ def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], rol
     return FitInputs(model=model, workload=workload, roles=roles, rollout=rollout, rollout_asked=rollout_asked,
                      batches=batches, dynamic=dynamic, budgets=budgets,
                      asked_ckpt=asked_ckpt, asked_off=asked_off, asked_reshard=asked_reshard,
-                     margin=float(_get(config, "compat.memory_margin", 0.1)), compiled_layers=compiled)
+                     margin=float(_get(config, "compat.memory_margin", 0.1)), compiled_layers=compiled,
+                     growable=growable)
 
 
 def _asked_reshard(config: Any, rc: _RoleConfig) -> tuple[str, Any]:

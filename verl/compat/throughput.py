@@ -14,6 +14,10 @@ from verl.compat.settings import raw
 _KEY = "actor_rollout_ref.actor.use_dynamic_bsz"
 
 
+# Upstream's token budgets (`*_max_token_len_per_gpu`), where `auto` budgets start.
+UPSTREAM_TOKEN_BUDGET = {"actor": 16384, "actor_forward": 16384, "ref": 16384, "critic": 32768, "critic_forward": 32768}
+
+
 def decide_dynamic_bsz(note, profile: DeviceProfile, config: Any) -> bool:
     """use_dynamic_bsz: the user's true/false; `auto` turns token budgets on where a device runs the passes.
 

@@ -154,12 +154,14 @@ def _shard_device(param: torch.Tensor) -> torch.device:
     return param.to_local().device if isinstance(param, DTensor) else param.device
 
 
-def move_optimizer_state(optimizer: torch.optim.Optimizer, device, *, keep_host_shards: bool = False) -> None:
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device, *, keep_host_shards: bool = False,
+                         non_blocking: bool = False) -> None:
     """Move the optimizer's per-element state to `device`.
 
     With `keep_host_shards`, the state of a parameter whose shard lives in host memory stays there:
     that is where its step runs. Scalar state (AdamW's `step`) stays where the optimizer keeps it
-    (torch holds it on the host unless the optimizer is fused/capturable). Copies are blocking, so a
+    (torch holds it on the host unless the optimizer is fused/capturable). Copies are blocking unless
+    `non_blocking` (only for copies *to* a device, which later work on its stream waits for), so a
     tensor moved to the host is complete before anything (a checkpoint save) reads it.
     """
     device = torch.device(device)
@@ -173,7 +175,7 @@ def move_optimizer_state(optimizer: torch.optim.Optimizer, device, *, keep_host_
                 target = torch.device("cpu")
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != target:
-                    state[key] = value.to(target)
+                    state[key] = value.to(target, non_blocking=non_blocking and target.type != "cpu")
 
 
 def offload_optimizer_state(optimizer: torch.optim.Optimizer, device) -> None:
@@ -187,15 +189,59 @@ def offload_optimizer_state(optimizer: torch.optim.Optimizer, device) -> None:
     Qwen2.5-0.5B. With param offload FSDP2's CPUOffloadPolicy keeps shards and gradients in host
     memory and steps them there, so their state never moves to `device`. State the optimizer creates
     lazily (its first step) is made beside the shard by torch and sent to the host after that step.
+
+    The host copies live in page-locked buffers made once and reused every step, so both copies run
+    at the bus's DMA speed without a staging copy (pageable copies ran at ~4.5 GB/s on the H200
+    host, 1.6 s per step for a 0.5B model's state).
     """
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    pinned = _PinnedHostState(pin=accelerator is not None and torch.device(device).type == accelerator.type)
+
     def to_device(opt, args, kwargs) -> None:   # a pre-hook's return value would replace the step's arguments
-        move_optimizer_state(opt, device, keep_host_shards=True)
+        move_optimizer_state(opt, device, keep_host_shards=True, non_blocking=True)
 
     def to_host(opt, args, kwargs) -> None:
-        move_optimizer_state(opt, "cpu")
+        pinned.store(opt)
 
     optimizer.register_step_pre_hook(to_device)
     optimizer.register_step_post_hook(to_host)
+
+
+class _PinnedHostState:
+    """One page-locked host buffer per optimizer state tensor; `store` copies the state into them."""
+
+    def __init__(self, pin: bool):
+        self.pin = pin
+        self.buffers: dict[tuple[int, str], torch.Tensor] = {}
+
+    def store(self, optimizer: torch.optim.Optimizer) -> None:
+        copied = False
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                state = optimizer.state.get(param)
+                for key, value in (state or {}).items():
+                    if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.device.type == "cpu":
+                        continue
+                    local = value.to_local() if isinstance(value, DTensor) else value
+                    buf = self.buffers.get((id(param), key))
+                    if buf is None or buf.shape != local.shape or buf.dtype != local.dtype:
+                        buf = torch.empty(local.shape, dtype=local.dtype, pin_memory=self.pin)
+                        self.buffers[(id(param), key)] = buf
+                    buf.copy_(local, non_blocking=self.pin)
+                    state[key] = _like(value, buf)
+                    copied = True
+        if copied and self.pin:
+            # the copies must be complete before the host reads the buffers (a checkpoint save) and
+            # before the device memory they come from is reused; the step has just ended anyway
+            torch.accelerator.synchronize()
+
+
+def _like(value: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """`local` as the state tensor `value` was: a DTensor with its mesh and placements, or itself."""
+    if isinstance(value, DTensor):
+        return DTensor.from_local(local, value.device_mesh, value.placements, run_check=False,
+                                  shape=value.shape, stride=value.stride())
+    return local
 
 
 _GIB = 1024**3
