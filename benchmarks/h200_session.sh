@@ -22,9 +22,10 @@
 #   ... long_p40 the 200-step field-report run under p40 (validation every 50, checkpoints at 100 and 200; ~7 min)
 #   ... speed5   TRL's GRPOTrainer row (after `bash benchmarks/pack_trl.sh`), then the quick-start row (~9 min)
 #   ... speed6   offload GPU tests, GRPO row, p40 field report with optimizer offload, quick-start row (~9.5 min)
+#   ... speed7   offload GPU test, memory growth per step (h200 GRPO, p40 field), p40 with offload, update profile
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5 or speed6}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6 or speed7}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -146,6 +147,27 @@ elif [ "$mode" = speed6 ]; then
   left=$(( 565 - ($(date +%s) - t0) ))
   SPEED_ROWS=quickstart QS_STEPS=4 QS_TIMEOUT=$(( left - 10 )) timeout $left python3 benchmarks/speed.py --out "$W/qs" > "$W/qs.log" 2>&1
   echo "quickstart exit $? at $(( $(date +%s) - t0 )) s"; tail -12 "$W/qs.log"
+elif [ "$mode" = speed7 ]; then
+  # the pinned offload's GPU test again (DTensor state), where the device memory of a step goes from step to step
+  # (the GRPO row's per-phase peaks rose ~0.25 GiB a step), the p40 field report with optimizer offload, and a
+  # profile of the quick-start update under the grown budgets
+  timeout 90 python3 -m pytest -q -m gpu --noconftest tests/workers/test_offload_gpu.py > "$W/gpu_tests.log" 2>&1
+  echo "gpu tests exit $?"; tail -3 "$W/gpu_tests.log"
+  timeout 200 python3 benchmarks/memory_growth.py --model $MODEL --profile h200 --algo grpo --shape grpo --steps 6 \
+      --json "$W/growth_h200.json" > "$W/growth_h200.log" 2>&1 &
+  g=$!
+  timeout 200 python3 benchmarks/memory_growth.py --model $MODEL --profile p40 --algo ppo --shape field --steps 8 \
+      --json "$W/growth_p40.json" > "$W/growth_p40.log" 2>&1
+  echo "growth p40 exit $?"; grep -A14 "^step 1" "$W/growth_p40.log"
+  wait $g; echo "growth h200 exit $? at $(( $(date +%s) - t0 )) s"; grep -A14 "^step 1" "$W/growth_h200.log"
+  SPEED_EXTRA="actor_rollout_ref.actor.fsdp_config.optimizer_offload=True critic.fsdp.optimizer_offload=True" \
+      SPEED_ROWS=p40 P40_STEPS=10 P40_TIMEOUT=100 timeout 110 python3 benchmarks/speed.py --out "$W/p40_off" > "$W/p40_off.log" 2>&1
+  echo "p40 offload exit $? at $(( $(date +%s) - t0 )) s"; tail -4 "$W/p40_off.log"
+  python3 benchmarks/summarize_run.py "$W/p40_off/p40.jsonl" 2>&1 | tail -8
+  left=$(( 560 - ($(date +%s) - t0) ))
+  timeout $left python3 benchmarks/profile_step.py --model $MODEL --profiles h200 --settings quickstart --steps 2 \
+      --phases update_actor --tgz-limit-mb 9 --out "$W/profile" > "$W/profile.log" 2>&1
+  echo "profile exit $? at $(( $(date +%s) - t0 )) s"; sed -n '/^profile  setting/,/^$/p' "$W/profile/profile_step.txt"
 elif [ "$mode" = final3 ]; then
   # the whole matrix on this session's code (compiled layers and decode on sm_70+ profiles, kept gathers),
   # 3 steps with validation at steps 2 and 3; inductor's on-disk cache is shared by the cells

@@ -222,26 +222,19 @@ class _PinnedHostState:
                 for key, value in (state or {}).items():
                     if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.device.type == "cpu":
                         continue
-                    local = value.to_local() if isinstance(value, DTensor) else value
                     buf = self.buffers.get((id(param), key))
-                    if buf is None or buf.shape != local.shape or buf.dtype != local.dtype:
-                        buf = torch.empty(local.shape, dtype=local.dtype, pin_memory=self.pin)
+                    if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
+                        # a DTensor's like-op keeps its mesh and placements and makes the local tensor
+                        # here (DTensor.from_local would move a host tensor back to the mesh's device)
+                        buf = torch.empty_like(value, device="cpu", pin_memory=self.pin)
                         self.buffers[(id(param), key)] = buf
-                    buf.copy_(local, non_blocking=self.pin)
-                    state[key] = _like(value, buf)
+                    buf.copy_(value, non_blocking=self.pin)
+                    state[key] = buf
                     copied = True
         if copied and self.pin:
             # the copies must be complete before the host reads the buffers (a checkpoint save) and
             # before the device memory they come from is reused; the step has just ended anyway
             torch.accelerator.synchronize()
-
-
-def _like(value: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
-    """`local` as the state tensor `value` was: a DTensor with its mesh and placements, or itself."""
-    if isinstance(value, DTensor):
-        return DTensor.from_local(local, value.device_mesh, value.placements, run_check=False,
-                                  shape=value.shape, stride=value.stride())
-    return local
 
 
 _GIB = 1024**3
