@@ -25,7 +25,7 @@
 #   ... speed7   offload GPU test, memory growth per step (h200 GRPO, p40 field), p40 with offload, update profile
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6 or speed7}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7 or long_p40b}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -124,6 +124,29 @@ elif [ "$mode" = long_p40 ]; then
   python3 -c "import json,sys; sys.path.insert(0,'benchmarks'); from summarize_run import summarize
 m=summarize('$W/p40/p40.jsonl')['max_allocated_gb_by_step']; print('peak GiB by step', len(m), 'steps: step 1', m[0],
 '| steps 2+ min', min(m[1:] or m), 'max', max(m[1:] or m), '| every 25th', m[::25])"
+elif [ "$mode" = long_p40b ]; then
+  # long_p40, with the per-step memory growth diagnosis (benchmarks/memory_growth.py: h200 GRPO and p40 field
+  # shapes, allocation sites of what each step adds) beside it for its first ~2 minutes
+  timeout 240 python3 benchmarks/memory_growth.py --model $MODEL --profile h200 --algo grpo --shape grpo --steps 6 \
+      --json "$W/growth_h200.json" > "$W/growth_h200.log" 2>&1 &
+  timeout 240 python3 benchmarks/memory_growth.py --model $MODEL --profile p40 --algo ppo --shape field --steps 10 \
+      --json "$W/growth_p40.json" > "$W/growth_p40.log" 2>&1 &
+  SPEED_EXTRA="trainer.test_freq=50 data.val_max_samples=256 trainer.save_freq=100 trainer.default_local_dir=/tmp/ckpt_p40" \
+      SPEED_ROWS=p40 P40_STEPS=200 P40_TIMEOUT=540 timeout 550 python3 benchmarks/speed.py --out "$W/p40" > "$W/p40.log" 2>&1
+  echo "p40 200 steps exit $? at $(( $(date +%s) - t0 )) s"; tail -6 "$W/p40.log"
+  wait
+  for g in p40 h200; do echo "== growth $g"; grep -A40 "^step 1" "$W/growth_$g.log" | grep -v Warn | cut -c1-240; done
+  ls /tmp/ckpt_p40 2>&1 | head
+  python3 - "$W/p40/p40.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l)["data"] for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if "timing_s/step" in r]
+key = "perf/max_memory_allocated_gb"
+print("steps", len(rows), "| run peak: step 1", round(rows[0][key], 2), "last", round(rows[-1][key], 2))
+for phase in ("gen", "update_actor", "update_critic", "validation"):
+    v = [(i + 1, round(r[f"{key}/{phase}"], 3)) for i, r in enumerate(rows) if f"{key}/{phase}" in r]
+    print(phase, "peak GiB (step, value) every 20th:", v[::20], "last", v[-1:] if v else None)
+PY
 elif [ "$mode" = speed5 ]; then
   # TRL's GRPOTrainer beside ours on the GRPO shape (needs `bash benchmarks/pack_trl.sh` before the call),
   # then the quick-start row on the windowed decode

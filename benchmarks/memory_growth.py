@@ -17,7 +17,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 from worker_harness import StepPhases, build_workers, stock_overrides  # noqa: E402
 
 GiB = 1024**3
@@ -45,6 +47,24 @@ def live_tensors(device_type: str) -> collections.Counter:
     return census
 
 
+def allocation_sites(top: int = 4) -> collections.Counter:
+    """Bytes of live device blocks by where they were allocated (the innermost `top` frames of this
+    repository's or torch's Python code), from the allocator's snapshot; needs the allocation history
+    to be recording (CUDA only)."""
+    import torch
+
+    sites: collections.Counter = collections.Counter()
+    for segment in torch.cuda.memory._snapshot()["segments"]:
+        for block in segment["blocks"]:
+            if block["state"] != "active_allocated":
+                continue
+            frames = [f for f in block.get("frames", []) if f["filename"].endswith(".py")]
+            mine = [f for f in frames if "/verl/" in f["filename"] or "benchmarks" in f["filename"]][:top]
+            where = " < ".join(f"{Path(f['filename']).name}:{f['line']} {f['name']}" for f in (mine or frames[:top]))
+            sites[where or "(no Python frame)"] += block["size"]
+    return sites
+
+
 def allocated(device) -> float:
     import torch
 
@@ -69,12 +89,19 @@ def main(argv=None) -> int:
     w = build_workers(overrides + args.override, total_training_steps=args.steps + 1)
     step = StepPhases(w, prompt=s["prompt"], real_prompt=(max(s["prompt"] // 8, 1), s["prompt"] // 2))
     device_type = w.device.type
-    rows, censuses = [], []
+    if device_type == "cuda":
+        import torch
+
+        torch.cuda.memory._record_memory_history(max_entries=200_000)
+    rows, censuses, cyclic, sites = [], [], [], []
     for i in range(args.steps):
         step.seed = 3 + i     # new prompts (and prompt widths) every step, as a data loader gives
         for phase in step.available():
             step.call(phase)
         before = allocated(w.device)
+        if i in (1, args.steps - 1):
+            held = live_tensors(device_type)
+            cyclic.append(held)
         unreachable = gc.collect()
         after = allocated(w.device)
         rows.append({"step": i + 1, "allocated_gb": round(before, 3), "after_gc_gb": round(after, 3),
@@ -83,13 +110,27 @@ def main(argv=None) -> int:
               f"({unreachable} unreachable objects)", flush=True)
         if i in (1, args.steps - 1):
             censuses.append(live_tensors(device_type))
+            if device_type == "cuda":
+                sites.append(allocation_sites())
+    # what only a collection freed at the last step (held by reference cycles), and what survived it
+    in_cycles = cyclic[-1] - censuses[-1] if cyclic else collections.Counter()
+    print(f"live {device_type} tensors that gc.collect freed after step {args.steps} (held by reference cycles):")
+    for (shape, dtype), nbytes in in_cycles.most_common(12):
+        print(f"  {nbytes / GiB:8.4f} GiB  {dtype:9s} {list(shape)}")
     added = censuses[-1] - censuses[0] if len(censuses) == 2 else collections.Counter()
     print(f"live {device_type} tensors added between step 2 and step {args.steps} (after gc):")
     for (shape, dtype), nbytes in added.most_common(12):
         print(f"  {nbytes / GiB:8.4f} GiB  {dtype:9s} {list(shape)}")
+    grown = sites[-1] - sites[0] if len(sites) == 2 else collections.Counter()
+    print(f"live device blocks added between step 2 and step {args.steps}, by allocation site:")
+    for where, nbytes in grown.most_common(10):
+        print(f"  {nbytes / GiB:8.4f} GiB  {where}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"steps": rows, "added": [[list(k[0]), k[1], v] for k, v in
-                                                                       added.most_common(40)]}, indent=1))
+        Path(args.json).write_text(json.dumps({"steps": rows,
+                                               "added": [[list(k[0]), k[1], v] for k, v in added.most_common(40)],
+                                               "in_cycles": [[list(k[0]), k[1], v] for k, v in in_cycles.most_common(40)],
+                                               "sites": grown.most_common(20)},
+                                              indent=1))
     return 0
 
 
