@@ -25,7 +25,7 @@
 #   ... speed7   offload GPU test, memory growth per step (h200 GRPO, p40 field), p40 with offload, update profile
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7 or long_p40b}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b or final4}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -147,6 +147,22 @@ for phase in ("gen", "update_actor", "update_critic", "validation"):
     v = [(i + 1, round(r[f"{key}/{phase}"], 3)) for i, r in enumerate(rows) if f"{key}/{phase}" in r]
     print(phase, "peak GiB (step, value) every 20th:", v[::20], "last", v[-1:] if v else None)
 PY
+elif [ "$mode" = final4 ]; then
+  # the decode's GPU tests (one warm-up stream: no memory left behind per recording), the field report under
+  # p40 for 8 steps (per-phase peaks flat from step 2), then TRL's GRPOTrainer row with what is left
+  timeout 100 python3 -m pytest -q -m gpu tests/rollout > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -3 "$W/gpu_tests.log"
+  SPEED_ROWS=p40 P40_STEPS=8 P40_TIMEOUT=90 timeout 100 python3 benchmarks/speed.py --out "$W/p40" > "$W/p40.log" 2>&1
+  echo "p40 exit $? at $(( $(date +%s) - t0 )) s"; tail -3 "$W/p40.log"
+  python3 - "$W/p40/p40.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l)["data"] for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if "timing_s/step" in r]
+for phase in ("gen", "update_actor"):
+    print(phase, [round(r.get(f"perf/max_memory_allocated_gb/{phase}", 0), 3) for r in rows])
+PY
+  left=$(( ${FINAL4_WALL:-360} - ($(date +%s) - t0) ))
+  SPEED_ROWS=trl TRL_STEPS=2 TRL_TIMEOUT=$(( left - 10 )) timeout $left python3 benchmarks/speed.py --out "$W/trl" > "$W/trl.log" 2>&1
+  echo "trl exit $? at $(( $(date +%s) - t0 )) s"; tail -6 "$W/trl.log"; grep -iE "error|Traceback" -A3 "$W/trl/trl.log" 2>/dev/null | head -12
 elif [ "$mode" = speed5 ]; then
   # TRL's GRPOTrainer beside ours on the GRPO shape (needs `bash benchmarks/pack_trl.sh` before the call),
   # then the quick-start row on the windowed decode

@@ -141,7 +141,9 @@ def reward(completions, ground_truth, **_):
 times = []
 class Clock(TrainerCallback):
     def on_step_begin(self, args, state, control, **kw): self.t = time.perf_counter()
-    def on_step_end(self, args, state, control, **kw): times.append(time.perf_counter() - self.t)
+    def on_step_end(self, args, state, control, **kw):   # written every step: a timeout keeps the steps done
+        times.append(time.perf_counter() - self.t)
+        json.dump({"step_s": times}, open(out, "w"))
 per_device = n * 4   # 16 completions per forward; accumulation makes prompts x n completions per optimizer step
 wanted = dict(output_dir="/tmp/trl_grpo", max_steps=steps, per_device_train_batch_size=per_device,
               gradient_accumulation_steps=prompts * n // per_device, num_generations=n,

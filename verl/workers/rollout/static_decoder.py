@@ -172,7 +172,7 @@ class StaticDecoder:
         requires; it computes the current step for real, and the replay that follows rewrites the same
         slot. Every window's graph shares one memory pool (only one replays at a time, and nothing a
         graph allocates outlives its replay) and writes one logits buffer (read before the next step)."""
-        side = torch.cuda.Stream()
+        side = _warmup_stream(self.keys[0].device)
         side.wait_stream(torch.cuda.current_stream())
         try:
             with torch.cuda.stream(side):
@@ -247,6 +247,15 @@ def decode_layer(layer, x, cos, sin, hidden, keys, values, slot, head_dim: int, 
     out = torch.matmul(weights, values).reshape(batch, -1, 1, head_dim)
     x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, 1, -1))
     return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
+@functools.lru_cache(maxsize=None)
+def _warmup_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one side stream every recording's warm-up runs on, per device. cuBLAS keeps a workspace for
+    each stream it has run on for the life of the process (32 MiB on the H200), so a new stream per
+    recording (a decoder per generate call, a graph per window) grew device memory ~0.25 GiB a step
+    until torch's stream pool (32 streams) wrapped around."""
+    return torch.cuda.Stream(device=device)
 
 
 @functools.lru_cache(maxsize=None)
