@@ -243,11 +243,18 @@ def test_offloaded_optimizer_state_is_on_the_device_only_for_its_step(model_dir,
     sent: dict[int, str] = {}      # id(optimizer) -> "device" | "host", where its state was last sent
     moves = fsdp_utils.move_optimizer_state
 
-    def recorded_move(optimizer, device, *, keep_host_shards=False):
+    store = fsdp_utils._PinnedHostState.store   # the move back to the host, into the reused host buffers
+
+    def recorded_move(optimizer, device, *, keep_host_shards=False, non_blocking=False):
         sent[id(optimizer)] = "device" if keep_host_shards else "host"
-        moves(optimizer, device, keep_host_shards=keep_host_shards)
+        moves(optimizer, device, keep_host_shards=keep_host_shards, non_blocking=non_blocking)
+
+    def recorded_store(self, optimizer):
+        sent[id(optimizer)] = "host"
+        store(self, optimizer)
 
     monkeypatch.setattr(fsdp_utils, "move_optimizer_state", recorded_move)
+    monkeypatch.setattr(fsdp_utils._PinnedHostState, "store", recorded_store)
     seen = {"forward": [], "step": []}
 
     def watch(actor, critic):

@@ -263,6 +263,9 @@ def test_update_loads_the_optimizer_state_only_for_each_step(model_dir, monkeypa
     real_move = fsdp_utils.move_optimizer_state
     monkeypatch.setattr(fsdp_utils, "move_optimizer_state",
                         lambda opt, device, **kw: (events.append(("move", str(device))), real_move(opt, device, **kw)))
+    store = fsdp_utils._PinnedHostState.store     # back to the host, into the reused host buffers
+    monkeypatch.setattr(fsdp_utils._PinnedHostState, "store",
+                        lambda self, opt: (events.append(("move", "cpu")), store(self, opt)))
     worker = _actor(model_dir, cpu_plan(model_dir, actor=role_plan(optimizer_offload=True)), role="actor")
     worker.actor_module.register_forward_pre_hook(lambda *_: events.append(("forward",)))
     worker.actor_optimizer.register_step_pre_hook(lambda *_: events.append(("step",)))

@@ -258,6 +258,29 @@ def entropy_from_logits_with_chunking(logits: torch.Tensor, chunk_size: int = 20
 # --------------------------------------------------------------------------- sequences and masks
 
 
+def model_attention_mask(module: torch.nn.Module, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The attention mask to hand `module` for a padded (batch, seq) micro-batch of left-padded prompts.
+
+    For SDPA: the (batch, 1, seq, seq) boolean mask transformers would build (causal, padding keys
+    hidden), except that a query with no key at all attends to itself. Such a query (left padding) has
+    no real key at or before it, so its row of the mask would be empty, and an empty row's log-sum-exp is
+    -inf: cuDNN's SDPA backward on sm_90 then returns NaN query gradients at widths that are an odd
+    multiple of 64 (torch 2.11, pytorch/pytorch#196678), which made every optimizer step of the bf16
+    quick start on the H200 skip on a non-finite grad norm. Attending to itself changes no real
+    position's output (real queries never see padding keys) and no gradient (nothing reads a padding
+    position's output). Other attention implementations get the 2D mask unchanged.
+    """
+    config = getattr(module, "config", None)
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        return attention_mask
+    seq = attention_mask.shape[-1]
+    key_real = attention_mask.bool()[:, None, None, :]
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=attention_mask.device).tril()
+    mask = causal & key_real
+    itself = torch.eye(seq, dtype=torch.bool, device=attention_mask.device)
+    return mask | (itself & ~mask.any(dim=-1, keepdim=True))
+
+
 def get_response_mask(response_id: torch.Tensor, eos_token: int | list[int] = 2, dtype=torch.int64) -> torch.Tensor:
     """1 for every response token up to and including the first EOS, 0 after it.
 

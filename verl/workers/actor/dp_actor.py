@@ -20,7 +20,8 @@ from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils.fsdp_utils import global_batch_info, optimizer_step
 from verl.utils.packing import pack, padding_windows, unpack
 from verl.utils.seqlen_balancing import group_to_agree, make_micro_batches, restore_dynamic_batch
-from verl.utils.torch_functional import compiled_log_prob_kernels, logprobs_and_entropy, logprobs_from_logits
+from verl.utils.torch_functional import (compiled_log_prob_kernels, logprobs_and_entropy, logprobs_from_logits,
+                                         model_attention_mask)
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ class DataParallelPPOActor:
         with self.precision.autocast():
             output = self.actor_module(
                 input_ids=micro_batch["input_ids"][:, columns],
-                attention_mask=micro_batch["attention_mask"][:, columns],
+                attention_mask=model_attention_mask(self.actor_module, micro_batch["attention_mask"][:, columns]),
                 position_ids=micro_batch["position_ids"][:, columns],
                 use_cache=False,
                 **kwargs,

@@ -16,7 +16,7 @@ from verl.trainer.ppo.core_algos import compute_value_loss
 from verl.utils.fsdp_utils import global_batch_info, optimizer_step
 from verl.utils.packing import pack, padding_windows, unpack
 from verl.utils.seqlen_balancing import group_to_agree, make_micro_batches, restore_dynamic_batch
-from verl.utils.torch_functional import masked_mean
+from verl.utils.torch_functional import masked_mean, model_attention_mask
 from verl.workers.actor.dp_actor import MODEL_INPUTS, Precision, _reduce_micro_metrics
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class DataParallelPPOCritic:
         with self.precision.autocast():
             output = self.critic_module(
                 input_ids=micro_batch["input_ids"][:, columns],
-                attention_mask=micro_batch["attention_mask"][:, columns],
+                attention_mask=model_attention_mask(self.critic_module, micro_batch["attention_mask"][:, columns]),
                 position_ids=micro_batch["position_ids"][:, columns],
                 use_cache=False,
             )
