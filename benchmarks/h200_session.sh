@@ -23,9 +23,11 @@
 #   ... speed5   TRL's GRPOTrainer row (after `bash benchmarks/pack_trl.sh`), then the quick-start row (~9 min)
 #   ... speed6   offload GPU tests, GRPO row, p40 field report with optimizer offload, quick-start row (~9.5 min)
 #   ... speed7   offload GPU test, memory growth per step (h200 GRPO, p40 field), p40 with offload, update profile
+#   ... long_p40b long_p40 with memory_growth.py beside it;  final4: rollout GPU tests, p40 8 steps, TRL row
+#   ... next8    GPU tests of the SDPA mask / warm-up stream / pinned offload, GRPO and quick-start rows (~9.5 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b or final4}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4 or next8}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -147,6 +149,20 @@ for phase in ("gen", "update_actor", "update_critic", "validation"):
     v = [(i + 1, round(r[f"{key}/{phase}"], 3)) for i, r in enumerate(rows) if f"{key}/{phase}" in r]
     print(phase, "peak GiB (step, value) every 20th:", v[::20], "last", v[-1:] if v else None)
 PY
+elif [ "$mode" = next8 ]; then
+  # not yet run on a GPU: the square SDPA mask (cuDNN's NaN backward, pytorch#196678), the single warm-up stream
+  # (no device memory left per recording) and the pinned offload, by their GPU tests; then the GRPO and
+  # quick-start rows with real optimizer steps (every bf16 step of the earlier rows was skipped on a NaN grad
+  # norm: summarize_run now counts skipped updates)
+  timeout 150 python3 -m pytest -q -m gpu tests/rollout tests/workers/test_attention_mask.py \
+      tests/workers/test_offload_gpu.py > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -4 "$W/gpu_tests.log"
+  SPEED_ROWS=grpo GRPO_STEPS=6 GRPO_TIMEOUT=210 timeout 220 python3 benchmarks/speed.py --out "$W/grpo" > "$W/grpo.log" 2>&1
+  echo "grpo exit $? at $(( $(date +%s) - t0 )) s"; tail -8 "$W/grpo.log"
+  python3 benchmarks/summarize_run.py "$W/grpo/grpo.jsonl" 2>&1 | tail -4
+  left=$(( 565 - ($(date +%s) - t0) ))
+  SPEED_ROWS=quickstart QS_STEPS=5 QS_TIMEOUT=$(( left - 10 )) timeout $left python3 benchmarks/speed.py --out "$W/qs" > "$W/qs.log" 2>&1
+  echo "quickstart exit $? at $(( $(date +%s) - t0 )) s"; tail -12 "$W/qs.log"
+  python3 benchmarks/summarize_run.py "$W/qs/quickstart.jsonl" 2>&1 | tail -4
 elif [ "$mode" = final4 ]; then
   # the decode's GPU tests (one warm-up stream: no memory left behind per recording), the field report under
   # p40 for 8 steps (per-phase peaks flat from step 2), then TRL's GRPOTrainer row with what is left

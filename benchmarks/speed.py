@@ -231,6 +231,11 @@ def table(rows: dict) -> str:
             t = r["timing_s"]
             phases.append(f"| {name} | {r['s_per_step']} | " + " | ".join(
                 str(t.get(k)) for k in ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor")) + " |")
+    for name in ("quickstart", "p40", "p40_manual", "grpo"):
+        skipped = {k: v for k, v in (rows.get(name, {}).get("skipped_updates") or {}).items() if v}
+        if skipped:
+            phases.append(f"\nWARNING {name}: optimizer steps skipped on a non-finite grad norm {skipped} "
+                          f"(of {rows[name]['steps']} steps): its timings include no optimizer step")
     return "\n".join(lines + phases) + "\n"
 
 

@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 
 TIMINGS = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "step")
 MEMORY = ("perf/predicted_peak_gb", "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb",
           "perf/cpu_memory_used_gb")
+
+
+def _finite(value) -> bool:
+    """A logged number is finite (non-finite norms are logged as the strings "nan" / "inf")."""
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
 
 
 def summarize(path: str) -> dict:
@@ -42,6 +51,10 @@ def summarize(path: str) -> dict:
         "phase_peak_gb": {k.rsplit("/", 1)[-1]: max(s[k] for s in steps if isinstance(s.get(k), (int, float)))
                           for k in sorted({k for s in steps for k in s
                                            if k.startswith("perf/max_memory_allocated_gb/")})},
+        # steps whose optimizer step was skipped on a non-finite gradient norm: a timing measured there
+        # has no optimizer step in it, and nothing was learned
+        "skipped_updates": {role: sum(1 for s in steps if f"{role}/grad_norm" in s and not _finite(s[f"{role}/grad_norm"]))
+                            for role in ("actor", "critic")},
         "score_first_last": (steps[0].get("critic/score/mean"), steps[-1].get("critic/score/mean")),
         "response_length_mean": median("response_length/mean"),
         "throughput_tokens_per_s": median("perf/throughput"),
@@ -59,6 +72,9 @@ def main() -> None:
           f"(first {summary['first_step_s']} s), throughput {summary['throughput_tokens_per_s']} tok/s")
     print("  " + "  ".join(f"{k}={v}" for k, v in summary["timing_s"].items()))
     print("  " + "  ".join(f"{k.split('/')[-1]}={v}" for k, v in summary["memory_gb"].items()))
+    skipped = {k: v for k, v in summary["skipped_updates"].items() if v}
+    if skipped:
+        print(f"  WARNING: optimizer steps skipped on a non-finite grad norm: {skipped} of {summary['steps']} steps")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
