@@ -29,9 +29,10 @@ class FakeWorkerGroup:
 
     world_size = 1
 
-    def __init__(self, calls, pg_loss=0.5):
+    def __init__(self, calls, pg_loss=0.5, grad_norms=None):
         self.calls = calls
         self.pg_loss = pg_loss
+        self.grad_norms = list(grad_norms or [])   # the actor's grad norm at each update, when given
         self.seen = {}
 
     def generate_sequences(self, gen_batch):
@@ -74,6 +75,8 @@ class FakeWorkerGroup:
         self.seen["actor_batch"] = batch
         metrics = {"actor/pg_loss": [self.pg_loss], "actor/ppo_kl": [0.0], "actor/pg_clipfrac": [0.0],
                    "perf/max_memory_allocated_gb": [0.1]}
+        if self.grad_norms:
+            metrics["actor/grad_norm"] = [self.grad_norms.pop(0)]
         return DataProto(meta_info={"metrics": metrics})
 
 
@@ -117,7 +120,7 @@ def make_config(tmp_path, **overrides):
     return cfg
 
 
-def make_trainer(cfg, calls, use_critic=True, pg_loss=0.5):
+def make_trainer(cfg, calls, use_critic=True, pg_loss=0.5, grad_norms=None):
     roles = {Role.ActorRollout: object}
     if use_critic:
         roles[Role.Critic] = object
@@ -126,7 +129,7 @@ def make_trainer(cfg, calls, use_critic=True, pg_loss=0.5):
                             role_worker_mapping=roles, resource_pool_manager=pool, reward_fn=reward_fn,
                             val_reward_fn=reward_fn, train_dataset=make_dataset(8), val_dataset=make_dataset(3),
                             collate_fn=collate_fn, train_sampler=torch.utils.data.SequentialSampler(range(8)))
-    wg = FakeWorkerGroup(calls, pg_loss)
+    wg = FakeWorkerGroup(calls, pg_loss, grad_norms)
     trainer.actor_rollout_wg = trainer.ref_policy_wg = trainer.critic_wg = wg
     return trainer, wg
 
@@ -228,6 +231,25 @@ def test_nan_loss_stops_with_actionable_error_after_logging(tmp_path, monkeypatc
         trainer.fit()
     records = read_log(log)  # the failing step is on disk, the file closed cleanly
     assert [r["step"] for r in records] == [1] and records[0]["data"]["actor/pg_loss"] == "nan"
+
+
+def test_updates_skipped_for_five_steps_in_a_row_stop_training(tmp_path, monkeypatch):
+    """A non-finite grad norm skips the optimizer step with a warning; a finite one resets the count; the
+    fifth non-finite step in a row stops training with an error naming what to try, after logging it."""
+    from verl.trainer.ppo.ray_trainer import SKIPPED_UPDATES_LIMIT
+
+    log = tmp_path / "log.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(log))
+    cfg = make_config(tmp_path, **{"trainer.val_before_train": False, "trainer.test_freq": -1,
+                                   "trainer.total_training_steps": 12, "trainer.total_epochs": 12})
+    nan = float("nan")
+    norms = [nan, nan, nan, nan, 1.0] + [nan] * SKIPPED_UPDATES_LIMIT + [1.0, 1.0]
+    trainer, _ = make_trainer(cfg, [], grad_norms=norms)
+    with pytest.raises(TrainingDivergedError, match="actor_rollout_ref.model.attn_implementation=eager"):
+        trainer.fit()
+    records = read_log(log)
+    assert [r["step"] for r in records] == list(range(1, 11))   # stopped at step 10, logged first
+    assert records[-1]["data"]["actor/grad_norm"] == "nan" and records[4]["data"]["actor/grad_norm"] == 1.0
 
 
 def test_workers_receive_the_plan(tmp_path, monkeypatch):

@@ -147,6 +147,11 @@ def _pop_metrics(output: DataProto) -> dict[str, float]:
 
 # Metrics that must stay finite. grad_norm is left out on purpose: with fp16 a dynamic loss scaler
 # meets inf gradients routinely and skips that step, which is not a failure.
+# Consecutive steps whose gradient norm was not finite (each skipped its optimizer step, or some of its
+# mini-batch steps) before training stops: a grad scaler settling skips a step or two at the start; five in
+# a row means the gradients are broken while the losses are not, and nothing is being learned.
+SKIPPED_UPDATES_LIMIT = 5
+
 _MUST_BE_FINITE = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "critic/vf_loss",
                    "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/values/mean")
 
@@ -220,6 +225,7 @@ class RayPPOTrainer:
         self.ray_worker_group_cls = ray_worker_group_cls
         self.plan = plan
         self._worker_groups = worker_groups   # from spawn_worker_groups, when started before this trainer
+        self._skipped_in_a_row: dict[str, int] = {}   # role -> steps in a row with a non-finite grad norm
         self._plan_lines: set[str] = set()
         self.device_name = device_name or (plan.device_type if plan is not None else config.trainer.get("device"))
 
@@ -415,6 +421,7 @@ class RayPPOTrainer:
                         metrics["perf/predicted_peak_gb"] = self.plan.predicted_peak_gb
                     logger.log(data=metrics, step=self.global_steps)
                     self._check_finite(metrics)  # before saving: a diverged step never becomes a checkpoint
+                    self._check_updates(metrics)
                     save_freq = config.trainer.get("save_freq", -1)
                     if save_freq > 0 and (is_last_step or self.global_steps % save_freq == 0):
                         self._save_checkpoint(epoch, batches_done)
@@ -701,6 +708,26 @@ class RayPPOTrainer:
             self.config.actor_rollout_ref.rollout.get("micro_batch_size")
         per_worker = micro if isinstance(micro, int) and micro > 0 else VALIDATION_ROWS_PER_WORKER
         return per_worker * self.actor_rollout_wg.world_size
+
+    def _check_updates(self, metrics: dict) -> None:
+        """Stop when a role's gradient norm has not been finite for SKIPPED_UPDATES_LIMIT steps in a row."""
+        skipped = self._skipped_in_a_row
+        for role in ("actor", "critic"):
+            norm = metrics.get(f"{role}/grad_norm")
+            if norm is None:
+                continue
+            skipped[role] = 0 if math.isfinite(norm) else skipped.get(role, 0) + 1
+            if skipped[role] >= SKIPPED_UPDATES_LIMIT:
+                model = "actor_rollout_ref.model" if role == "actor" else "critic.model"
+                raise TrainingDivergedError(
+                    f"Training stopped at step {self.global_steps}: the {role}'s gradient norm was not finite in "
+                    f"each of the last {skipped[role]} steps, so their optimizer steps were skipped and nothing was "
+                    "learned, while the losses stayed finite: the gradient computation is broken, not the data. "
+                    "Nothing written before was touched. To narrow it down: run the attention in another kernel "
+                    f"({model}.attn_implementation=eager) or in float32 (the compat plan printed at start-up "
+                    "says which dtype and attention were chosen; `python -m verl.compat` explains how to "
+                    "override them)."
+                )
 
     def _check_finite(self, metrics: dict) -> None:
         bad = {k: metrics[k] for k in _MUST_BE_FINITE if k in metrics and not math.isfinite(metrics[k])}
