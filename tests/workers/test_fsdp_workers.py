@@ -430,7 +430,12 @@ def test_gradient_checkpointing_stays_in_force_with_compiled_layers_under_fsdp2(
 
 def test_init_model_sizes_the_schedule_of_workers_started_before_the_data(model_dir):
     """Workers spawned while the driver still filters the data get no total_training_steps in their
-    config; init_model(total_training_steps=N) sizes the cosine schedule, and reports its set-up pieces."""
+    config; init_model(total_training_steps=N) sizes the cosine schedule, and reports its set-up pieces.
+    Neither loads the tokenizer (the trainer sends eos/pad ids; a checkpoint save loads it), and the two
+    roles of a process share it once loaded."""
+    from verl.workers import fsdp_workers
+
+    fsdp_workers._process_tokenizer.cache_clear()
     schedule = {"lr": 1.0, "lr_scheduler_type": "cosine", "total_training_steps": -1}
     actor_optim = {**actor_rollout_ref_config(model_dir).actor.optim, **schedule}
     actor = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir, optim=actor_optim), role="actor_rollout",
@@ -444,7 +449,9 @@ def test_init_model_sizes_the_schedule_of_workers_started_before_the_data(model_
         optimizer.step()
         scheduler.step()
         assert scheduler.get_last_lr()[0] == pytest.approx(0.5 * (1 + 0.5 ** 0.5))  # cos(pi/4): step 1 of 4
-    assert {"process_start", "constructor", "tokenizer", "actor_load", "actor_shard", "actor_optimizer",
+    assert {"process_start", "constructor", "actor_load", "actor_shard", "actor_optimizer",
             "rollout_engine"} <= set(pieces)
     assert {"critic_load", "critic_shard", "critic_optimizer"} <= set(critic_pieces)
-    assert critic.tokenizer is actor.tokenizer   # one tokenizer per process and path
+    assert fsdp_workers._process_tokenizer.cache_info().currsize == 0      # not loaded at start-up
+    assert critic.tokenizer.eos_token_id == actor.tokenizer.eos_token_id is not None
+    assert fsdp_workers._process_tokenizer.cache_info().currsize == 1      # one per process and path
