@@ -252,6 +252,28 @@ def test_updates_skipped_for_five_steps_in_a_row_stop_training(tmp_path, monkeyp
     assert records[-1]["data"]["actor/grad_norm"] == "nan" and records[4]["data"]["actor/grad_norm"] == 1.0
 
 
+def test_a_grad_scaler_may_skip_longer_while_its_scale_settles(tmp_path, monkeypatch):
+    """With an fp16 grad scaler in the actor's plan (the planner's, for a T4), the same skipped steps are
+    the scaler halving its scale: training goes on."""
+    from verl.compat.__main__ import plan_for
+    from verl.trainer.ppo.ray_trainer import SCALED_SKIPPED_UPDATES_LIMIT, SKIPPED_UPDATES_LIMIT
+
+    _, _, t4 = plan_for(["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                         "actor_rollout_ref.actor.use_dynamic_bsz=true", "trainer.n_gpus_per_node=1"],
+                        device="t4", model_spec="qwen2.5-0.5b")
+    assert t4.actor.grad_scaler
+
+    assert SCALED_SKIPPED_UPDATES_LIMIT > SKIPPED_UPDATES_LIMIT + 1
+    log = tmp_path / "log.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(log))
+    cfg = make_config(tmp_path, **{"trainer.val_before_train": False, "trainer.test_freq": -1,
+                                   "trainer.total_training_steps": 8, "trainer.total_epochs": 8})
+    trainer, _ = make_trainer(cfg, [], grad_norms=[float("nan")] * (SKIPPED_UPDATES_LIMIT + 1) + [1.0, 1.0])
+    trainer.plan = t4
+    trainer.fit()
+    assert [r["step"] for r in read_log(log)] == list(range(1, 9))
+
+
 def test_workers_receive_the_plan(tmp_path, monkeypatch):
     """init_workers builds ActorRolloutRefWorker and CriticWorker with `plan`, an argument their
     constructors accept (compat.numerics_guard reaches them inside the plan's role plans)."""

@@ -148,9 +148,11 @@ def _pop_metrics(output: DataProto) -> dict[str, float]:
 # Metrics that must stay finite. grad_norm is left out on purpose: with fp16 a dynamic loss scaler
 # meets inf gradients routinely and skips that step, which is not a failure.
 # Consecutive steps whose gradient norm was not finite (each skipped its optimizer step, or some of its
-# mini-batch steps) before training stops: a grad scaler settling skips a step or two at the start; five in
-# a row means the gradients are broken while the losses are not, and nothing is being learned.
+# mini-batch steps) before training stops: without a grad scaler five in a row mean the gradients are broken
+# while the losses are not, and nothing is being learned. An fp16 grad scaler skips on purpose while it
+# halves its scale from 65536 to one that fits, so it gets more: 20 halvings take that scale below 0.1.
 SKIPPED_UPDATES_LIMIT = 5
+SCALED_SKIPPED_UPDATES_LIMIT = 20
 
 _MUST_BE_FINITE = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "critic/vf_loss",
                    "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/values/mean")
@@ -710,14 +712,17 @@ class RayPPOTrainer:
         return per_worker * self.actor_rollout_wg.world_size
 
     def _check_updates(self, metrics: dict) -> None:
-        """Stop when a role's gradient norm has not been finite for SKIPPED_UPDATES_LIMIT steps in a row."""
+        """Stop when a role's gradient norm has not been finite for SKIPPED_UPDATES_LIMIT steps in a row
+        (SCALED_SKIPPED_UPDATES_LIMIT for a role the plan gives a grad scaler)."""
         skipped = self._skipped_in_a_row
         for role in ("actor", "critic"):
             norm = metrics.get(f"{role}/grad_norm")
             if norm is None:
                 continue
             skipped[role] = 0 if math.isfinite(norm) else skipped.get(role, 0) + 1
-            if skipped[role] >= SKIPPED_UPDATES_LIMIT:
+            role_plan = getattr(self.plan, role, None) if self.plan is not None else None
+            scaled = bool(getattr(role_plan, "grad_scaler", False))
+            if skipped[role] >= (SCALED_SKIPPED_UPDATES_LIMIT if scaled else SKIPPED_UPDATES_LIMIT):
                 model = "actor_rollout_ref.model" if role == "actor" else "critic.model"
                 raise TrainingDivergedError(
                     f"Training stopped at step {self.global_steps}: the {role}'s gradient norm was not finite in "
