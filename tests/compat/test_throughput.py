@@ -126,3 +126,19 @@ def test_budgets_the_user_sets_are_not_grown():
     apply.resolve_config(config, plan)
     assert config.critic.ppo_max_token_len_per_gpu == config.critic.forward_max_token_len_per_gpu == 64 * 1024
     assert config.actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu == 16384
+
+
+def test_budgets_grow_less_far_at_several_ranks():
+    """At 2+ ranks a grown budget must leave MULTI_RANK_RESHARD_HEADROOM of the device free (the multi-rank
+    memory terms are modelled, not measured); one rank may fill the device up to the margin."""
+    from verl.compat.fit import MULTI_RANK_RESHARD_HEADROOM
+
+    two = [o if not o.startswith("trainer.n_gpus_per_node") else "trainer.n_gpus_per_node=2" for o in QUICKSTART]
+    _, _, one_rank = plan_for(QUICKSTART, device="h200", model_spec="qwen2.5-0.5b")
+    # the same per-rank shape at two ranks
+    _, _, two_ranks = plan_for(two + ["data.train_batch_size=512", "actor_rollout_ref.actor.ppo_mini_batch_size=128"],
+                               device="h200", model_spec="qwen2.5-0.5b")
+    assert "grown" in one_rank.reasons["actor.max_token_len_per_gpu"]
+    assert one_rank.memory["required_gb"] > two_ranks.memory_limit_gb * (1 - MULTI_RANK_RESHARD_HEADROOM)
+    assert two_ranks.memory["required_gb"] <= two_ranks.memory_limit_gb * (1 - MULTI_RANK_RESHARD_HEADROOM)
+    assert 16384 < two_ranks.actor.max_token_len_per_gpu < one_rank.actor.max_token_len_per_gpu

@@ -424,6 +424,9 @@ def grow_budgets(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan, est):
     if not inp.dynamic:
         return rs, est
     limit, wl = d.profile.memory_gb, inp.workload
+    # at several ranks the memory model's gather buffers are modelled, not measured: keep the same share free
+    # as the resharding decision does
+    room = limit if wl.world_size == 1 else limit * (1 - MULTI_RANK_RESHARD_HEADROOM)
     for key in [k for k in _BUDGET_FIELDS if k in inp.growable]:
         name, fields, forward = _BUDGET_FIELDS[key]
         if name not in rs:
@@ -435,7 +438,7 @@ def grow_budgets(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan, est):
             bigger = min(2 * budget, whole)
             trial = dict(rs, **{name: replace(rs[name], **{f: bigger for f in fields})})
             trial_est = _estimate(d, inp, trial, ro)
-            if trial_est.required_gb > limit:
+            if trial_est.required_gb > room:
                 break
             rs, est, budget = trial, trial_est, bigger
         if budget > start:
