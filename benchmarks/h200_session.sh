@@ -27,7 +27,7 @@
 #   ... next8    GPU tests of the SDPA mask / warm-up stream / pinned offload, GRPO and quick-start rows (~9.5 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4 or next8}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8 or next8a}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -163,6 +163,22 @@ elif [ "$mode" = next8 ]; then
   SPEED_ROWS=quickstart QS_STEPS=5 QS_TIMEOUT=$(( left - 10 )) timeout $left python3 benchmarks/speed.py --out "$W/qs" > "$W/qs.log" 2>&1
   echo "quickstart exit $? at $(( $(date +%s) - t0 )) s"; tail -12 "$W/qs.log"
   python3 benchmarks/summarize_run.py "$W/qs/quickstart.jsonl" 2>&1 | tail -4
+elif [ "$mode" = next8a ]; then
+  # next8's first half, for a call of ~340 s: the three GPU tests, then the GRPO row with real optimizer steps
+  timeout 120 python3 -m pytest -q -m gpu tests/rollout tests/workers/test_attention_mask.py \
+      tests/workers/test_offload_gpu.py > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -4 "$W/gpu_tests.log"
+  left=$(( ${NEXT8A_WALL:-330} - ($(date +%s) - t0) ))
+  SPEED_ROWS=grpo GRPO_STEPS=5 GRPO_TIMEOUT=$(( left - 15 )) timeout $(( left - 5 )) python3 benchmarks/speed.py \
+      --out "$W/grpo" > "$W/grpo.log" 2>&1
+  echo "grpo exit $? at $(( $(date +%s) - t0 )) s"; tail -8 "$W/grpo.log"
+  python3 benchmarks/summarize_run.py "$W/grpo/grpo.jsonl" 2>&1 | tail -4
+  python3 - "$W/grpo/grpo.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l)["data"] for l in open(sys.argv[1]) if l.strip()]
+print("actor/grad_norm by step:", [r.get("actor/grad_norm") for r in rows if "timing_s/step" in r])
+print("update_actor s by step:", [round(r.get("timing_s/update_actor", 0), 3) for r in rows if "timing_s/step" in r])
+print("mfu by step:", [round(r.get("perf/mfu/actor", 0), 4) for r in rows if "timing_s/step" in r])
+PY
 elif [ "$mode" = final4 ]; then
   # the decode's GPU tests (one warm-up stream: no memory left behind per recording), the field report under
   # p40 for 8 steps (per-phase peaks flat from step 2), then TRL's GRPOTrainer row with what is left
