@@ -33,6 +33,18 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_
 MODEL=/tmp/qwen05b-random
 [ -f $MODEL/config.json ] || python3 benchmarks/build_qwen_shaped.py $MODEL --tokenizer .gpu-assets/tok > "$W/build.log" 2>&1
 pack() { tar czf "${OUT:-/tmp}/$mode.tgz" -C /tmp/h200 "$mode"; }
+# One speed.py row into $W/<out>, within <seconds> of wall time: its exit, its table and its run summary
+# (skipped updates included). `SPEED_EXTRA=... row ...` passes more overrides.
+row() {
+  local out=$1 name=$2 steps=$3 secs=$4 key
+  case $name in quickstart) key=QS ;; *) key=$(echo "$name" | tr '[:lower:]' '[:upper:]') ;; esac
+  env SPEED_ROWS="$name" "${key}_STEPS=$steps" "${key}_TIMEOUT=$(( secs - 10 ))" timeout "$secs" \
+      python3 benchmarks/speed.py --out "$W/$out" > "$W/$out.log" 2>&1
+  echo "$out exit $? at $(( $(date +%s) - t0 )) s"; tail -8 "$W/$out.log"
+  [ -f "$W/$out/$name.jsonl" ] && python3 benchmarks/summarize_run.py "$W/$out/$name.jsonl" 2>&1 | tail -4
+}
+left() { echo $(( $1 - ($(date +%s) - t0) )); }   # seconds left of a call's <wall>
+OPT_OFFLOAD="actor_rollout_ref.actor.fsdp_config.optimizer_offload=True critic.fsdp.optimizer_offload=True"
 trap pack EXIT
 trap 'exit 143' TERM
 t0=$(date +%s)
@@ -156,22 +168,13 @@ elif [ "$mode" = next8 ]; then
   # norm: summarize_run now counts skipped updates)
   timeout 150 python3 -m pytest -q -m gpu tests/rollout tests/workers/test_attention_mask.py \
       tests/workers/test_offload_gpu.py > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -4 "$W/gpu_tests.log"
-  SPEED_ROWS=grpo GRPO_STEPS=6 GRPO_TIMEOUT=210 timeout 220 python3 benchmarks/speed.py --out "$W/grpo" > "$W/grpo.log" 2>&1
-  echo "grpo exit $? at $(( $(date +%s) - t0 )) s"; tail -8 "$W/grpo.log"
-  python3 benchmarks/summarize_run.py "$W/grpo/grpo.jsonl" 2>&1 | tail -4
-  left=$(( 565 - ($(date +%s) - t0) ))
-  SPEED_ROWS=quickstart QS_STEPS=5 QS_TIMEOUT=$(( left - 10 )) timeout $left python3 benchmarks/speed.py --out "$W/qs" > "$W/qs.log" 2>&1
-  echo "quickstart exit $? at $(( $(date +%s) - t0 )) s"; tail -12 "$W/qs.log"
-  python3 benchmarks/summarize_run.py "$W/qs/quickstart.jsonl" 2>&1 | tail -4
+  row grpo grpo 6 220
+  row qs quickstart 5 "$(left 565)"
 elif [ "$mode" = next8a ]; then
   # next8's first half, for a call of ~340 s: the three GPU tests, then the GRPO row with real optimizer steps
   timeout 120 python3 -m pytest -q -m gpu tests/rollout tests/workers/test_attention_mask.py \
       tests/workers/test_offload_gpu.py > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -4 "$W/gpu_tests.log"
-  left=$(( ${NEXT8A_WALL:-330} - ($(date +%s) - t0) ))
-  SPEED_ROWS=grpo GRPO_STEPS=5 GRPO_TIMEOUT=$(( left - 15 )) timeout $(( left - 5 )) python3 benchmarks/speed.py \
-      --out "$W/grpo" > "$W/grpo.log" 2>&1
-  echo "grpo exit $? at $(( $(date +%s) - t0 )) s"; tail -8 "$W/grpo.log"
-  python3 benchmarks/summarize_run.py "$W/grpo/grpo.jsonl" 2>&1 | tail -4
+  row grpo grpo 5 "$(( $(left "${NEXT8A_WALL:-330}") - 5 ))"
   python3 - "$W/grpo/grpo.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l)["data"] for l in open(sys.argv[1]) if l.strip()]
@@ -183,8 +186,7 @@ elif [ "$mode" = final4 ]; then
   # the decode's GPU tests (one warm-up stream: no memory left behind per recording), the field report under
   # p40 for 8 steps (per-phase peaks flat from step 2), then TRL's GRPOTrainer row with what is left
   timeout 100 python3 -m pytest -q -m gpu tests/rollout > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -3 "$W/gpu_tests.log"
-  SPEED_ROWS=p40 P40_STEPS=8 P40_TIMEOUT=90 timeout 100 python3 benchmarks/speed.py --out "$W/p40" > "$W/p40.log" 2>&1
-  echo "p40 exit $? at $(( $(date +%s) - t0 )) s"; tail -3 "$W/p40.log"
+  row p40 p40 8 100
   python3 - "$W/p40/p40.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l)["data"] for l in open(sys.argv[1]) if l.strip()]
@@ -192,32 +194,22 @@ rows = [r for r in rows if "timing_s/step" in r]
 for phase in ("gen", "update_actor"):
     print(phase, [round(r.get(f"perf/max_memory_allocated_gb/{phase}", 0), 3) for r in rows])
 PY
-  left=$(( ${FINAL4_WALL:-360} - ($(date +%s) - t0) ))
-  SPEED_ROWS=trl TRL_STEPS=2 TRL_TIMEOUT=$(( left - 10 )) timeout $left python3 benchmarks/speed.py --out "$W/trl" > "$W/trl.log" 2>&1
-  echo "trl exit $? at $(( $(date +%s) - t0 )) s"; tail -6 "$W/trl.log"; grep -iE "error|Traceback" -A3 "$W/trl/trl.log" 2>/dev/null | head -12
+  row trl trl 2 "$(left "${FINAL4_WALL:-360}")"
+  grep -iE "error|Traceback" -A3 "$W/trl/trl.log" 2>/dev/null | head -12
 elif [ "$mode" = speed5 ]; then
   # TRL's GRPOTrainer beside ours on the GRPO shape (needs `bash benchmarks/pack_trl.sh` before the call),
   # then the quick-start row on the windowed decode
-  SPEED_ROWS=trl TRL_STEPS=3 TRL_TIMEOUT=240 timeout 250 python3 benchmarks/speed.py --out "$W/trl" > "$W/trl.log" 2>&1
-  echo "trl exit $? at $(( $(date +%s) - t0 )) s"; tail -4 "$W/trl.log"
-  left=$(( 560 - ($(date +%s) - t0) ))
-  SPEED_ROWS=quickstart QS_STEPS=5 QS_TIMEOUT=$(( left - 10 )) timeout $left python3 benchmarks/speed.py --out "$W/qs" > "$W/qs.log" 2>&1
-  echo "quickstart exit $? at $(( $(date +%s) - t0 )) s"; tail -12 "$W/qs.log"
+  row trl trl 3 250
+  row qs quickstart 5 "$(left 560)"
 elif [ "$mode" = speed6 ]; then
   # grown token budgets (one micro-batch per mini-batch on the H200) and pinned optimizer offload: the GPU
   # tests of the offload, the GRPO row, the field report under p40 with both optimizer offloads forced (the
   # memory goal's price), then the quick-start row (MFU) with what is left
   timeout 90 python3 -m pytest -q -m gpu --noconftest tests/workers/test_offload_gpu.py tests/utils/test_phase_peak.py \
       > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -3 "$W/gpu_tests.log"
-  SPEED_ROWS=grpo GRPO_STEPS=6 GRPO_TIMEOUT=220 timeout 230 python3 benchmarks/speed.py --out "$W/grpo" > "$W/grpo.log" 2>&1
-  echo "grpo exit $? at $(( $(date +%s) - t0 )) s"; tail -12 "$W/grpo.log"
-  SPEED_EXTRA="actor_rollout_ref.actor.fsdp_config.optimizer_offload=True critic.fsdp.optimizer_offload=True" \
-      SPEED_ROWS=p40 P40_STEPS=10 P40_TIMEOUT=100 timeout 110 python3 benchmarks/speed.py --out "$W/p40_off" > "$W/p40_off.log" 2>&1
-  echo "p40 offload exit $? at $(( $(date +%s) - t0 )) s"; tail -6 "$W/p40_off.log"
-  python3 benchmarks/summarize_run.py "$W/p40_off/p40.jsonl" 2>&1 | tail -8
-  left=$(( 565 - ($(date +%s) - t0) ))
-  SPEED_ROWS=quickstart QS_STEPS=4 QS_TIMEOUT=$(( left - 10 )) timeout $left python3 benchmarks/speed.py --out "$W/qs" > "$W/qs.log" 2>&1
-  echo "quickstart exit $? at $(( $(date +%s) - t0 )) s"; tail -12 "$W/qs.log"
+  row grpo grpo 6 230
+  SPEED_EXTRA="$OPT_OFFLOAD" row p40_off p40 10 110
+  row qs quickstart 4 "$(left 565)"
 elif [ "$mode" = speed7 ]; then
   # the pinned offload's GPU test again (DTensor state), where the device memory of a step goes from step to step
   # (the GRPO row's per-phase peaks rose ~0.25 GiB a step), the p40 field report with optimizer offload, and a
@@ -231,12 +223,8 @@ elif [ "$mode" = speed7 ]; then
       --json "$W/growth_p40.json" > "$W/growth_p40.log" 2>&1
   echo "growth p40 exit $?"; grep -A14 "^step 1" "$W/growth_p40.log"
   wait $g; echo "growth h200 exit $? at $(( $(date +%s) - t0 )) s"; grep -A14 "^step 1" "$W/growth_h200.log"
-  SPEED_EXTRA="actor_rollout_ref.actor.fsdp_config.optimizer_offload=True critic.fsdp.optimizer_offload=True" \
-      SPEED_ROWS=p40 P40_STEPS=10 P40_TIMEOUT=100 timeout 110 python3 benchmarks/speed.py --out "$W/p40_off" > "$W/p40_off.log" 2>&1
-  echo "p40 offload exit $? at $(( $(date +%s) - t0 )) s"; tail -4 "$W/p40_off.log"
-  python3 benchmarks/summarize_run.py "$W/p40_off/p40.jsonl" 2>&1 | tail -8
-  left=$(( 560 - ($(date +%s) - t0) ))
-  timeout $left python3 benchmarks/profile_step.py --model $MODEL --profiles h200 --settings quickstart --steps 2 \
+  SPEED_EXTRA="$OPT_OFFLOAD" row p40_off p40 10 110
+  timeout "$(left 560)" python3 benchmarks/profile_step.py --model $MODEL --profiles h200 --settings quickstart --steps 2 \
       --phases update_actor --tgz-limit-mb 9 --out "$W/profile" > "$W/profile.log" 2>&1
   echo "profile exit $? at $(( $(date +%s) - t0 )) s"; sed -n '/^profile  setting/,/^$/p' "$W/profile/profile_step.txt"
 elif [ "$mode" = final3 ]; then

@@ -720,8 +720,7 @@ class RayPPOTrainer:
             if norm is None:
                 continue
             skipped[role] = 0 if math.isfinite(norm) else skipped.get(role, 0) + 1
-            role_plan = getattr(self.plan, role, None) if self.plan is not None else None
-            scaled = bool(getattr(role_plan, "grad_scaler", False))
+            scaled = bool(getattr(getattr(self.plan, role, None), "grad_scaler", False))
             if skipped[role] >= (SCALED_SKIPPED_UPDATES_LIMIT if scaled else SKIPPED_UPDATES_LIMIT):
                 model = "actor_rollout_ref.model" if role == "actor" else "critic.model"
                 raise TrainingDivergedError(
