@@ -166,6 +166,11 @@ elif [ "$mode" = next8 ]; then
   # (no device memory left per recording) and the pinned offload, by their GPU tests; then the GRPO and
   # quick-start rows with real optimizer steps (every bf16 step of the earlier rows was skipped on a NaN grad
   # norm: summarize_run now counts skipped updates)
+  # the driver's plan stage alone (8.6 s of the quick start's start-up): wall and the slowest imports
+  a=$(date +%s.%N); timeout 60 python3 -X importtime -m verl.compat --json trainer.n_gpus_per_node=1 \
+      actor_rollout_ref.model.path=$MODEL > "$W/plan.json" 2> "$W/importtime.log"
+  echo "plan alone: $(awk "BEGIN{print $(date +%s.%N) - $a}") s"
+  grep "import time:" "$W/importtime.log" | sort -t'|' -k2 -n -r | head -12 | cut -c1-110
   timeout 150 python3 -m pytest -q -m gpu tests/rollout tests/workers/test_attention_mask.py \
       tests/workers/test_offload_gpu.py > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -4 "$W/gpu_tests.log"
   row grpo grpo 6 220
