@@ -25,12 +25,31 @@ from verl.utils.packing import pack, unpack  # noqa: E402
 from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker  # noqa: E402
 
 torch.set_num_threads(1)
-ATTENTION = ["sdpa", "eager"]
+# torch_varlen runs here with its reference kernel (per-sequence causal SDPA): the layout, the
+# sequence boundaries and the SDPA fallback are this code's; the real kernel is tested on a GPU
+# (tests/workers/test_varlen_gpu.py).
+ATTENTION = ["sdpa", "eager", "torch_varlen"]
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return tiny_model(str(tmp_path_factory.mktemp("tiny_qwen2")))
+
+
+@pytest.fixture(autouse=True)
+def varlen_reference_kernel(monkeypatch):
+    """torch_varlen with the reference kernel, counting packed calls (the test sees the kernel ran)."""
+    from verl.compat import varlen_attention
+
+    calls = []
+
+    def kernel(q, k, v, cu_seq_lens, max_length, scale):
+        calls.append((q.shape[0], cu_seq_lens.tolist(), max_length))
+        return varlen_attention.reference_kernel(q, k, v, cu_seq_lens, max_length, scale)
+
+    monkeypatch.setattr(varlen_attention, "torch_varlen_kernel", kernel)
+    varlen_attention.register_varlen_attention()
+    yield calls
 
 
 def test_pack_keeps_real_tokens_and_maps_predictions_to_response_slots():
@@ -54,17 +73,42 @@ def test_pack_refuses_positions_that_would_merge_sequences():
 
 
 @pytest.mark.parametrize("attn", ATTENTION)
-def test_transformers_runs_a_packed_row_as_independent_sequences(model_dir, attn):
+def test_transformers_runs_a_packed_row_as_independent_sequences(model_dir, attn, varlen_reference_kernel):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
     lengths = [5, 3, 7]
     seqs = [torch.randint(3, 60, (n,), generator=torch.Generator().manual_seed(n)) for n in lengths]
+    ids = torch.stack([torch.cat([torch.zeros(7 - n, dtype=torch.long), s]) for n, s in zip(lengths, seqs)])
+    mask = (torch.arange(7) >= 7 - torch.tensor(lengths)[:, None]).long()
+    packed = pack(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), response_length=1)
+    assert packed.cu_seq_lens.tolist() == [0, 5, 8, 15] and packed.max_length == 7
     with torch.no_grad():
         alone = torch.cat([model(input_ids=s[None], use_cache=False).logits[0] for s in seqs])
-        packed = model(input_ids=torch.cat(seqs)[None], attention_mask=None, use_cache=False,
-                       position_ids=torch.cat([torch.arange(n) for n in lengths])[None]).logits[0]
-    torch.testing.assert_close(packed, alone, atol=1e-5, rtol=0)
+        varlen_reference_kernel.clear()
+        out = model(input_ids=packed.input_ids, attention_mask=None, use_cache=False,
+                    position_ids=packed.position_ids, **packed.attention_kwargs()).logits[0]
+    torch.testing.assert_close(out, alone, atol=1e-5, rtol=0)
+    # the packed call reached the varlen kernel in both layers, with the boundaries of the three sequences
+    assert varlen_reference_kernel == ([(15, [0, 5, 8, 15], 7)] * 2 if attn == "torch_varlen" else [])
+
+
+def test_torch_varlen_runs_padded_batches_and_caches_through_sdpa(model_dir, varlen_reference_kernel):
+    """The same loaded model serves padded batches (SDPA masks) and generate's KV cache; the kernel is not used."""
+    from transformers import AutoModelForCausalLM
+
+    models = {a: AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=a)
+              for a in ("sdpa", "torch_varlen")}
+    ids = torch.randint(3, 60, (2, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        logits = {a: m(input_ids=ids, attention_mask=mask, use_cache=False).logits for a, m in models.items()}
+        tokens = {a: m.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+                  for a, m in models.items()}
+    real = mask.bool()
+    torch.testing.assert_close(logits["torch_varlen"][real], logits["sdpa"][real], atol=1e-5, rtol=0)
+    assert torch.equal(tokens["torch_varlen"], tokens["sdpa"])
+    assert varlen_reference_kernel == []
 
 
 def _actor(model_dir, attn, packed):
@@ -77,7 +121,7 @@ def _actor(model_dir, attn, packed):
 
 
 @pytest.mark.parametrize("attn", ATTENTION)
-def test_packed_actor_matches_padded_log_probs_entropy_and_update(model_dir, attn):
+def test_packed_actor_matches_padded_log_probs_entropy_and_update(model_dir, attn, varlen_reference_kernel):
     data = ppo_batch()
     mask = data.batch["response_mask"].bool()
     results = {}
@@ -97,10 +141,11 @@ def test_packed_actor_matches_padded_log_probs_entropy_and_update(model_dir, att
     assert (lp1[~mask] == 0).all()   # no real token predicted there: zero, as upstream's re-padding gives
     for name in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
         assert m1[name] == pytest.approx(m0[name], rel=1e-5, abs=1e-7), name
+    assert bool(varlen_reference_kernel) == (attn == "torch_varlen")   # the packed passes ran the varlen kernel
 
 
 @pytest.mark.parametrize("attn", ATTENTION)
-def test_packed_critic_matches_padded_values_and_update(model_dir, attn):
+def test_packed_critic_matches_padded_values_and_update(model_dir, attn, varlen_reference_kernel):
     data = ppo_batch()
     mask = data.batch["response_mask"].bool()
     results = {}
@@ -117,3 +162,4 @@ def test_packed_critic_matches_padded_values_and_update(model_dir, attn):
     torch.testing.assert_close(v1[mask], v0[mask], atol=1e-5, rtol=0)
     for name in ("critic/vf_loss", "critic/grad_norm", "critic/vpred_mean"):
         assert m1[name] == pytest.approx(m0[name], rel=1e-5, abs=1e-7), name
+    assert bool(varlen_reference_kernel) == (attn == "torch_varlen")

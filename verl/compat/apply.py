@@ -101,10 +101,14 @@ def apply_in_process(plan: Plan, local_rank: int = 0) -> torch.device:
         from verl.compat.attention import register_xformers_attention
 
         register_xformers_attention()
+    if "torch_varlen" in attn:
+        from verl.compat.varlen_attention import register_varlen_attention
+
+        register_varlen_attention()
     return device
 
 
-_GPU_ONLY_ATTENTION = ("flash_attention_2", "xformers")
+_GPU_ONLY_ATTENTION = ("flash_attention_2", "xformers", "torch_varlen")
 
 
 def on_host_cpu(plan: Plan) -> Plan:

@@ -6,7 +6,9 @@ from typing import Any
 
 from verl.compat.profile import DeviceProfile, SoftwareInfo
 
-ATTENTION_KERNELS = ("eager", "sdpa", "xformers", "flash_attention_2")
+ATTENTION_KERNELS = ("eager", "sdpa", "xformers", "torch_varlen", "flash_attention_2")
+# attention that runs packed micro-batches (use_remove_padding) without a dense mask
+PACKED_KERNELS = ("flash_attention_2", "torch_varlen")
 
 
 class PlanError(RuntimeError):
@@ -72,6 +74,11 @@ class Decider:
                                                   "(needs compute capability >= 8.0)")
             if compute == "float32":
                 return "flash_attention_2 runs only in float16/bfloat16"
+        if attn == "torch_varlen":
+            if not sw.torch_varlen_usable:
+                return sw.notes.get("torch_varlen", "torch's varlen FlashAttention kernel is not usable here")
+            if compute == "float32":
+                return "torch_varlen runs only in float16/bfloat16"
         if attn == "xformers" and not sw.xformers_usable:
             return sw.notes.get("xformers", "xformers is not installed or its kernels do not load on this device")
         if attn not in ATTENTION_KERNELS:

@@ -328,6 +328,17 @@ def _flash_attn_verdict(profile: DeviceProfile, version: str | None) -> tuple[bo
     return True, f"{what} usable on {_sm(cc)} with float16/bfloat16"
 
 
+def _torch_varlen_verdict(profile: DeviceProfile) -> tuple[bool, str]:
+    """torch's built-in varlen FlashAttention kernel: this torch build and an sm_80+ CUDA device."""
+    from verl.compat.varlen_attention import varlen_kernel_available
+
+    if profile.backend != "cuda":
+        return False, f"torch's varlen FlashAttention kernel runs on CUDA only (this is {profile.backend})"
+    if profile.compute_capability < (8, 0):
+        return False, f"torch's varlen FlashAttention kernel needs sm_80+ (this is {_sm(profile.compute_capability)})"
+    return varlen_kernel_available()
+
+
 def _xformers_verdict(profile: DeviceProfile, version: str | None, probe: bool = True) -> tuple[bool, str]:
     what = _installed("xformers", version)
     if profile.backend == "cpu":
@@ -398,11 +409,12 @@ def detect_software(profile: DeviceProfile, probe_xformers: bool = True) -> Soft
     xf_ok, notes["xformers"] = _xformers_verdict(profile, xf_version, probe_xformers)
     vllm_ok, notes["vllm"] = _vllm_verdict(profile, vllm_version)
     compile_ok, notes["triton"] = _compile_verdict(profile)
+    varlen_ok, notes["torch_varlen"] = _torch_varlen_verdict(profile)
     return SoftwareInfo(
         torch_version=torch.__version__, torch_arch_list=arch,
         transformers_version=_version("transformers"),
         flash_attn_version=fa_version, flash_attn_usable=fa_ok,
-        xformers_version=xf_version, xformers_usable=xf_ok,
+        xformers_version=xf_version, xformers_usable=xf_ok, torch_varlen_usable=varlen_ok,
         vllm_version=vllm_version, vllm_usable=vllm_ok,
         triton_usable=compile_ok, rollout_engines=engine_names(), notes=notes)
 

@@ -150,6 +150,8 @@ def layer_activation_bytes(m: ModelSpec, compute: str, residual: str, attn: str,
     attention = (2 * q + 2 * kv + 2 * q) * c + 4 * m.num_heads
     if attn == "eager":
         attention += m.num_heads * seq_len * (4 + c)
+    if attn == "torch_varlen":   # torch releases without enable_gqa get k/v copied out to every query head
+        attention += 2 * (q - kv) * c
     mlp = 4 * m.intermediate_size * c
     return norms + attention + mlp
 

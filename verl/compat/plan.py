@@ -19,7 +19,7 @@ class RolePlan:
     param_dtype: str            # dtype the FSDP-sharded master weights are kept in
     compute_dtype: str          # autocast / mixed-precision compute dtype
     grad_scaler: bool           # True for float16 compute (dynamic loss scaling)
-    attn_implementation: str    # "eager" | "sdpa" | "xformers" | "flash_attention_2"
+    attn_implementation: str    # "eager" | "sdpa" | "xformers" | "torch_varlen" | "flash_attention_2"
     use_remove_padding: bool    # pack sequences (only with a kernel that handles packed input)
     gradient_checkpointing: bool
     param_offload: bool

@@ -14,7 +14,7 @@ from typing import Any
 
 from verl.compat import engines, settings
 from verl.compat.decider import Decider as _Decider
-from verl.compat.decider import PlanError
+from verl.compat.decider import PACKED_KERNELS, PlanError
 from verl.compat.decider import cc_name as _cc
 from verl.compat.fit import MAX_ROLLOUT_MICRO_BATCH, FitInputs, apply_batches, fit, micro_batches
 from verl.compat.memory import Workload
@@ -84,11 +84,17 @@ def _decide_role(d: _Decider, config: Any, rc: _RoleConfig, compute_default: str
     numerics = _decide_numerics(d, config, rc, fsdp, compute, param, guard_wanted)
 
     attn_asked = _attn_asked(config, rc)
-    default_attn = "flash_attention_2" if d.attn_missing("flash_attention_2", compute) is None else "sdpa"
-    attn_reason = ("flash_attn is installed and usable on this device" if default_attn == "flash_attention_2"
-                   else "PyTorch SDPA (memory-efficient kernel, fp32 from sm_50; flash kernel from sm_80)"
-                        + (f"; flash_attention_2 unavailable: {d.attn_missing('flash_attention_2', compute)}"
-                           if d.profile.backend != "cpu" else ""))
+    no_fa2 = d.attn_missing("flash_attention_2", compute)
+    no_fa2_note = f"; flash_attention_2 unavailable: {no_fa2}" if d.profile.backend != "cpu" else ""
+    if no_fa2 is None:
+        default_attn, attn_reason = "flash_attention_2", "flash_attn is installed and usable on this device"
+    elif d.attn_missing("torch_varlen", compute) is None:
+        default_attn = "torch_varlen"
+        attn_reason = ("torch's own variable-length FlashAttention kernel: packed micro-batches without the "
+                       "flash_attn package (padded calls use SDPA)" + no_fa2_note)
+    else:
+        default_attn = "sdpa"
+        attn_reason = "PyTorch SDPA (memory-efficient kernel, fp32 from sm_50; flash kernel from sm_80)" + no_fa2_note
     if attn_asked is AUTO:
         attn = d.note(f"{n}.attn_implementation", default_attn, attn_reason)
     elif (why := d.attn_missing(str(attn_asked), compute)) is not None:
@@ -98,14 +104,14 @@ def _decide_role(d: _Decider, config: Any, rc: _RoleConfig, compute_default: str
         attn = d.note(f"{n}.attn_implementation", str(attn_asked), "set by the user; usable here")
 
     rmpad_asked = _flag(_first(config, f"{rc.model_prefix}.use_remove_padding"))
-    packs = attn == "flash_attention_2"
+    packs = attn in PACKED_KERNELS
     if rmpad_asked is AUTO:
         rmpad = d.note(f"{n}.use_remove_padding", packs,
-                       "flash_attention_2 handles packed sequences" if packs
+                       f"{attn} runs packed sequences: the layers see real tokens only" if packs
                        else f"{attn} needs padded batches (no packed-sequence kernel)")
     elif rmpad_asked and not packs:
         rmpad = d.adapt(f"{n}.use_remove_padding", f"{rc.model_prefix}.use_remove_padding", True, False,
-                        f"packed sequences need flash_attention_2, and attention here is {attn}")
+                        f"packed sequences need {' or '.join(PACKED_KERNELS)}, and attention here is {attn}")
     else:
         rmpad = d.note(f"{n}.use_remove_padding", bool(rmpad_asked), "set by the user")
 

@@ -52,6 +52,7 @@ class SoftwareInfo:
     flash_attn_usable: bool = False
     xformers_version: str | None = None
     xformers_usable: bool = False
+    torch_varlen_usable: bool = False       # torch's own variable-length FlashAttention kernel (sm_80+)
     vllm_version: str | None = None
     vllm_usable: bool = False
     triton_usable: bool = False

@@ -20,6 +20,14 @@ class PackedBatch:
     position_ids: torch.Tensor     # (1, tokens): restarting at 0 per sequence
     predictor_index: torch.Tensor  # (k,): packed columns whose output predicts a real response token
     target: torch.Tensor           # (batch, response_length) bool: the response slots those k outputs fill
+    cu_seq_lens: torch.Tensor      # (sequences + 1,) int32: where each sequence starts in the packed row, then the end
+    max_length: int                # the longest sequence's token count
+
+    def attention_kwargs(self) -> dict:
+        """The sequence boundaries as transformers' flash kwargs: variable-length kernels read them
+        instead of deriving them from the position ids in every layer (a host sync each)."""
+        return {"cu_seq_lens_q": self.cu_seq_lens, "cu_seq_lens_k": self.cu_seq_lens,
+                "max_length_q": self.max_length, "max_length_k": self.max_length}
 
 
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
@@ -39,6 +47,8 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
         # starting at 0 could silently merge with its neighbour.
         raise ValueError("packed sequences need position ids that start at 0 on each sequence's first real token")
     column = keep.flatten().cumsum(0).view(keep.shape) - 1  # packed column of every real token
+    lengths = keep.sum(dim=1)[has_tokens].to(torch.int32)
+    cu_seq_lens = torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
     seq_len = keep.shape[1]
     responses = slice(seq_len - response_length, seq_len)
     predictors = slice(seq_len - response_length - 1, seq_len - 1)  # position t predicts token t+1
@@ -48,6 +58,8 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
         position_ids=position_ids[keep].unsqueeze(0),
         predictor_index=column[:, predictors][target],  # row-major, so ascending like the packed row
         target=target,
+        cu_seq_lens=cu_seq_lens,
+        max_length=int(lengths.max()) if len(lengths) else 0,
     )
 
 

@@ -271,7 +271,7 @@ def model_attention_mask(module: torch.nn.Module, attention_mask: torch.Tensor) 
     position's output). Other attention implementations get the 2D mask unchanged.
     """
     config = getattr(module, "config", None)
-    if getattr(config, "_attn_implementation", None) != "sdpa":
+    if getattr(config, "_attn_implementation", None) not in ("sdpa", "torch_varlen"):   # the latter pads via SDPA
         return attention_mask
     seq = attention_mask.shape[-1]
     key_real = attention_mask.bool()[:, None, None, :]

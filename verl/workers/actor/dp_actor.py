@@ -143,6 +143,7 @@ class DataParallelPPOActor:
                       responses.shape[-1])
         # Only the predicting positions go through the LM head (transformers takes an index tensor here).
         kwargs = {"logits_to_keep": packed.predictor_index} if self._logits_to_keep else {}
+        kwargs.update(packed.attention_kwargs())
         with self.precision.autocast():
             output = self.actor_module(input_ids=packed.input_ids, attention_mask=None,
                                        position_ids=packed.position_ids, use_cache=False, **kwargs)

@@ -50,7 +50,8 @@ class DataParallelPPOCritic:
                           response_length)
             with self.precision.autocast():
                 output = self.critic_module(input_ids=packed.input_ids, attention_mask=None,
-                                            position_ids=packed.position_ids, use_cache=False)
+                                            position_ids=packed.position_ids, use_cache=False,
+                                            **packed.attention_kwargs())
             return unpack(output.logits[0, packed.predictor_index, 0].float(), packed)
         seq_len = micro_batch["input_ids"].shape[1]
         start, end = window or (0, seq_len)

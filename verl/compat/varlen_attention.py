@@ -1,0 +1,130 @@
+"""PyTorch's own variable-length FlashAttention kernel as a transformers attention function, "torch_varlen".
+
+Packed micro-batches (`use_remove_padding`) feed the linear layers real tokens only; the attention
+then needs a kernel that keeps the packed sequences apart. FlashAttention-2's varlen kernel does, but
+the `flash_attn` package is a separate build that many machines lack. torch (2.10+) ships the same
+kind of kernel for sm_80+ in half precision (`torch.nn.attention.varlen.varlen_attn`), so on those
+GPUs the planner can pack without `flash_attn`.
+
+A packed call carries the sequence boundaries as transformers' flash kwargs (`cu_seq_lens_q/k`,
+`max_length_q/k`, from `verl.utils.packing`): computed once per micro-batch, not per layer.
+Every other call (padded batches, a KV cache during `generate`) goes to transformers' SDPA function
+with SDPA's masks, so the same loaded model serves both. The mask function returns no mask for a
+call without padding and without a cache: such a call is either plain causal or packed with
+boundaries in the kwargs.
+
+The kernel is a parameter: the layout (heads, grouped-query heads, causal packing) is tested on CPU
+against eager attention with a reference kernel; the real kernel on a GPU.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+
+import torch
+
+NAME = "torch_varlen"
+
+# kernel(q, k, v, cu_seq_lens, max_length, scale) -> out, causal within each sequence; q (tokens,
+# heads, head_dim), k/v (tokens, kv_heads, head_dim); cu_seq_lens int32 (sequences + 1,).
+Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor]
+
+
+def torch_varlen_kernel(q, k, v, cu_seq_lens, max_length, scale):
+    """The real kernel: torch.nn.attention.varlen.varlen_attn (causal spelled as its torch release does)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    if k.shape[1] != q.shape[1] and "enable_gqa" not in params:
+        # releases before enable_gqa take equal head counts: one copy of each kv head per query head
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    kwargs = {"scale": scale}
+    if "enable_gqa" in params and k.shape[1] != q.shape[1]:
+        kwargs["enable_gqa"] = True
+    if "is_causal" in params:   # torch 2.10
+        kwargs["is_causal"] = True
+    else:                       # later releases: a (left, right) window; (-1, 0) is causal
+        kwargs["window_size"] = (-1, 0)
+    return varlen_attn(q, k, v, cu_seq_lens, cu_seq_lens, max_length, max_length, **kwargs)
+
+
+def reference_kernel(q, k, v, cu_seq_lens, max_length, scale):
+    """Per-sequence causal SDPA: what the varlen kernel computes, for CPU tests of the layout."""
+    if k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    bounds = cu_seq_lens.tolist()
+    outs = []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
+        outs.append(torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)
+                    .transpose(0, 1))
+    return torch.cat(outs)
+
+
+def varlen_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    kernel: Kernel = torch_varlen_kernel,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention-function signature: q [b, h, q, d], k/v [b, h_kv, kv, d] ->
+    ([b, q, h, d], None). Packed rows (cu_seq_lens_q given) go to `kernel`, the rest to SDPA."""
+    cu_seq_lens = kwargs.get("cu_seq_lens_q")
+    if cu_seq_lens is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    if query.shape[0] != 1 or attention_mask is not None or dropout or kwargs.get("sliding_window"):
+        raise ValueError("torch_varlen attention takes one packed row with no mask, no dropout and no sliding "
+                         f"window (got batch {query.shape[0]}, mask {attention_mask is not None}, dropout "
+                         f"{dropout}, sliding_window {kwargs.get('sliding_window')}); use sdpa for this model")
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    # (1, heads, tokens, head_dim) -> (tokens, heads, head_dim): views, last dimension contiguous
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    out = kernel(q, k, v, cu_seq_lens, int(kwargs["max_length_q"]), scale)
+    return out.unsqueeze(0), None
+
+
+def varlen_mask(*args, **kwargs):
+    """SDPA's mask, except none at all for a call without padding or cache (causal, or packed)."""
+    from transformers.masking_utils import sdpa_mask
+
+    kv_length = kwargs.get("kv_length")
+    q_length = kwargs.get("q_length")
+    if q_length is None and kwargs.get("cache_position") is not None:   # transformers before q_length
+        q_length = kwargs["cache_position"].shape[0]
+    if (kwargs.get("attention_mask") is None and q_length == kv_length and not kwargs.get("kv_offset")
+            and not kwargs.get("q_offset") and not kwargs.get("local_size")):
+        return None
+    return sdpa_mask(*args, **kwargs)
+
+
+def register_varlen_attention(kernel: Kernel | None = None) -> None:
+    """Register "torch_varlen" with transformers' attention and mask registries (idempotent); `kernel`
+    defaults to this module's `torch_varlen_kernel` (looked up now, so a test can swap it)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(NAME, functools.partial(varlen_attention_forward,
+                                                        kernel=kernel or torch_varlen_kernel))
+    AttentionMaskInterface.register(NAME, varlen_mask)
+
+
+def varlen_kernel_available() -> tuple[bool, str]:
+    """Whether this torch build has the varlen FlashAttention kernel (the device check is the planner's)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False, f"torch {torch.__version__} has no torch.nn.attention.varlen (added in 2.10)"
+    if not torch.backends.cuda.is_flash_attention_available():
+        return False, f"torch {torch.__version__} was built without its FlashAttention kernels"
+    return True, f"torch {torch.__version__} ships a variable-length FlashAttention kernel"
