@@ -25,9 +25,10 @@
 #   ... speed7   offload GPU test, memory growth per step (h200 GRPO, p40 field), p40 with offload, update profile
 #   ... long_p40b long_p40 with memory_growth.py beside it;  final4: rollout GPU tests, p40 8 steps, TRL row
 #   ... next8    GPU tests of the SDPA mask / warm-up stream / pinned offload, GRPO and quick-start rows (~9.5 min)
+#   ... next9    torch_varlen's GPU tests, then the quick-start and GRPO rows with packed micro-batches (~9 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8 or next8a}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a or next9}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -175,6 +176,19 @@ elif [ "$mode" = next8 ]; then
       tests/workers/test_offload_gpu.py > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -4 "$W/gpu_tests.log"
   row grpo grpo 6 220
   row qs quickstart 5 "$(left 565)"
+elif [ "$mode" = next9 ]; then
+  # torch_varlen (torch's varlen FlashAttention kernel, packed micro-batches): its GPU tests, then the
+  # quick-start and GRPO rows on the plan that now packs; if the tests fail, the p40 and TRL rows instead
+  timeout 200 python3 -m pytest -q -m gpu tests/workers/test_varlen_gpu.py tests/workers/test_attention_mask.py \
+      > "$W/gpu_tests.log" 2>&1; rc=$?; echo "gpu tests exit $rc"; tail -15 "$W/gpu_tests.log" | cut -c1-300
+  if [ $rc -eq 0 ]; then
+    row qs quickstart 5 200
+    grep -m3 "torch_varlen\|use_remove_padding" "$W/qs/quickstart.log" 2>/dev/null | cut -c1-200
+    row grpo grpo 5 "$(left 560)"
+  else
+    row p40 p40 8 100
+    row trl trl 2 "$(left 560)"
+  fi
 elif [ "$mode" = next8a ]; then
   # next8's first half, for a call of ~340 s: the three GPU tests, then the GRPO row with real optimizer steps
   timeout 120 python3 -m pytest -q -m gpu tests/rollout tests/workers/test_attention_mask.py \
