@@ -93,6 +93,30 @@ def test_transformers_runs_a_packed_row_as_independent_sequences(model_dir, attn
     assert varlen_reference_kernel == ([(15, [0, 5, 8, 15], 7)] * 2 if attn == "torch_varlen" else [])
 
 
+def test_torch_varlen_kernel_gets_the_autocast_dtype(model_dir, varlen_reference_kernel, monkeypatch):
+    """Under bf16 autocast the half-precision kernel must get bf16 q/k/v, as SDPA would (rotary
+    embeddings hand over float32), and the packed logits stay those of per-sequence calls."""
+    from transformers import AutoModelForCausalLM
+
+    from verl.compat import varlen_attention
+
+    dtypes = []
+    kernel = varlen_attention.torch_varlen_kernel
+    monkeypatch.setattr(varlen_attention, "torch_varlen_kernel",
+                        lambda q, k, v, *rest: dtypes.append({q.dtype, k.dtype, v.dtype}) or kernel(q, k, v, *rest))
+    varlen_attention.register_varlen_attention()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="torch_varlen")
+    ids = torch.randint(3, 60, (2, 5), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    packed = pack(ids, mask, (mask.cumsum(-1) - 1), response_length=1)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(input_ids=packed.input_ids, attention_mask=None, position_ids=packed.position_ids,
+                    use_cache=False, **packed.attention_kwargs()).logits[0]
+        alone = torch.cat([model(input_ids=row[None], use_cache=False).logits[0] for row in ids])
+    assert dtypes == [{torch.bfloat16}] * 2
+    torch.testing.assert_close(out.float(), alone.float(), atol=5e-2, rtol=0)
+
+
 def test_torch_varlen_runs_padded_batches_and_caches_through_sdpa(model_dir, varlen_reference_kernel):
     """The same loaded model serves padded batches (SDPA masks) and generate's KV cache; the kernel is not used."""
     from transformers import AutoModelForCausalLM

@@ -90,6 +90,12 @@ def varlen_attention_forward(
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     # (1, heads, tokens, head_dim) -> (tokens, heads, head_dim): views, last dimension contiguous
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    device = query.device.type
+    if torch.is_autocast_enabled(device):
+        # a custom op is outside autocast's lists (SDPA is on them): rotary embeddings in float32 hand
+        # over float32 q/k, which the half-precision kernel refuses
+        dtype = torch.get_autocast_dtype(device)
+        q, k, v = (t.to(dtype) for t in (q, k, v))
     out = kernel(q, k, v, cu_seq_lens, int(kwargs["max_length_q"]), scale)
     return out.unsqueeze(0), None
 
