@@ -25,10 +25,11 @@
 #   ... speed7   offload GPU test, memory growth per step (h200 GRPO, p40 field), p40 with offload, update profile
 #   ... long_p40b long_p40 with memory_growth.py beside it;  final4: rollout GPU tests, p40 8 steps, TRL row
 #   ... next8    GPU tests of the SDPA mask / warm-up stream / pinned offload, GRPO and quick-start rows (~9.5 min)
-#   ... next9    torch_varlen's GPU tests, then the quick-start and GRPO rows with packed micro-batches (~9 min)
+#   ... next9    torch_varlen's GPU tests, then the quick-start and GRPO rows with packed micro-batches (~5 min)
+#   ... final5   the built-in engine's speed rows (rollout_speed.py --skip-old; ~3 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a or next9}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9 or final5}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -189,6 +190,10 @@ elif [ "$mode" = next9 ]; then
     row p40 p40 8 100
     row trl trl 2 "$(left 560)"
   fi
+elif [ "$mode" = final5 ]; then
+  # the built-in engine's speed rows on the current code (h200 bf16 256 x 512 new; p40 decode of 1 sequence)
+  timeout 330 python3 benchmarks/rollout_speed.py --skip-old --out "$W/rollout" > "$W/rollout.log" 2>&1
+  echo "rollout_speed exit $?"; tail -14 "$W/rollout.log" | cut -c1-220
 elif [ "$mode" = next8a ]; then
   # next8's first half, for a call of ~340 s: the three GPU tests, then the GRPO row with real optimizer steps
   timeout 120 python3 -m pytest -q -m gpu tests/rollout tests/workers/test_attention_mask.py \
