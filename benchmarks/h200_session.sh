@@ -27,9 +27,10 @@
 #   ... next8    GPU tests of the SDPA mask / warm-up stream / pinned offload, GRPO and quick-start rows (~9.5 min)
 #   ... next9    torch_varlen's GPU tests, then the quick-start and GRPO rows with packed micro-batches (~5 min)
 #   ... final5   the built-in engine's speed rows (rollout_speed.py --skip-old; ~3 min)
+#   ... matrix_c the rtx3090 and a100-40gb matrix cells (torch_varlen, packed) alone (~4 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9 or final5}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5 or matrix_c}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -265,6 +266,13 @@ elif [ "$mode" = matrix_a ] || [ "$mode" = matrix_b ]; then
   timeout 560 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --profiles "$P" --steps 3 --test-freq 2 --jobs 8 \
       --budget-gb 136 --cell-timeout 420 --out "$W/matrix" > "$W/matrix.log" 2>&1
   echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -40
+elif [ "$mode" = matrix_c ]; then
+  # the sm_80 profiles below the H200 now plan torch_varlen with packed micro-batches: their matrix cells
+  # (PPO + critic, GRPO + KL; 3 steps, validation at steps 2 and 3) under their memory caps
+  timeout 245 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --profiles rtx3090,a100-40gb --steps 3 \
+      --test-freq 2 --jobs 4 --budget-gb 136 --cell-timeout 235 --out "$W/matrix" > "$W/matrix.log" 2>&1
+  echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -14
+  grep -h "torch_varlen" "$W"/matrix/*.log 2>/dev/null | grep -m2 "actor " | cut -c1-160
 elif [ "$mode" = final2 ]; then
   # the matrix with the calibrated planner (3 steps, validation at steps 2 and 3), then the p40 and quick-start rows alone
   timeout 270 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --steps 3 --test-freq 2 --jobs 8 --budget-gb 136 \
