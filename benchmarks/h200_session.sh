@@ -268,9 +268,9 @@ elif [ "$mode" = matrix_a ] || [ "$mode" = matrix_b ]; then
   echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -40
 elif [ "$mode" = matrix_c ]; then
   # the sm_80 profiles below the H200 now plan torch_varlen with packed micro-batches: their matrix cells
-  # (PPO + critic, GRPO + KL; 3 steps, validation at steps 2 and 3) under their memory caps
-  timeout 245 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --profiles rtx3090,a100-40gb --steps 3 \
-      --test-freq 2 --jobs 4 --budget-gb 136 --cell-timeout 235 --out "$W/matrix" > "$W/matrix.log" 2>&1
+  # (PPO + critic, GRPO + KL; 2 steps, validation at step 2) under their memory caps
+  timeout 190 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --profiles rtx3090,a100-40gb --steps 2 \
+      --test-freq 2 --jobs 4 --budget-gb 136 --cell-timeout 180 --out "$W/matrix" > "$W/matrix.log" 2>&1
   echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -14
   grep -h "torch_varlen" "$W"/matrix/*.log 2>/dev/null | grep -m2 "actor " | cut -c1-160
 elif [ "$mode" = final2 ]; then
