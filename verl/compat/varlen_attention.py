@@ -32,22 +32,34 @@ Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, 
 
 
 def torch_varlen_kernel(q, k, v, cu_seq_lens, max_length, scale):
-    """The real kernel: torch.nn.attention.varlen.varlen_attn (causal spelled as its torch release does)."""
+    """The real kernel: torch.nn.attention.varlen.varlen_attn, causal as this torch release spells it."""
     from torch.nn.attention.varlen import varlen_attn
 
-    params = inspect.signature(varlen_attn).parameters
-    if k.shape[1] != q.shape[1] and "enable_gqa" not in params:
+    gqa, causal_kwargs = _varlen_options()
+    if k.shape[1] != q.shape[1] and not gqa:
         # releases before enable_gqa take equal head counts: one copy of each kv head per query head
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    kwargs = {"scale": scale}
-    if "enable_gqa" in params and k.shape[1] != q.shape[1]:
-        kwargs["enable_gqa"] = True
-    if "is_causal" in params:   # torch 2.10
-        kwargs["is_causal"] = True
-    else:                       # later releases: a (left, right) window; (-1, 0) is causal
-        kwargs["window_size"] = (-1, 0)
-    return varlen_attn(q, k, v, cu_seq_lens, cu_seq_lens, max_length, max_length, **kwargs)
+    extra = {"enable_gqa": True} if gqa and k.shape[1] != q.shape[1] else {}
+    return varlen_attn(q, k, v, cu_seq_lens, cu_seq_lens, max_length, max_length, scale=scale,
+                       **causal_kwargs, **extra)
+
+
+_OPTIONS: tuple[bool, dict] | None = None
+
+
+def _varlen_options() -> tuple[bool, dict]:
+    """(takes enable_gqa, the causal keyword) of this torch's varlen_attn, read once: inside a compiled
+    layer the kernel then sees constants, not a signature lookup."""
+    global _OPTIONS
+    if _OPTIONS is None:
+        from torch.nn.attention.varlen import varlen_attn
+
+        params = inspect.signature(varlen_attn).parameters
+        # torch 2.10 has is_causal; later releases a (left, right) window, (-1, 0) being causal
+        causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+        _OPTIONS = ("enable_gqa" in params, causal)
+    return _OPTIONS
 
 
 def reference_kernel(q, k, v, cu_seq_lens, max_length, scale):
@@ -120,8 +132,10 @@ def register_varlen_attention(kernel: Kernel | None = None) -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    AttentionInterface.register(NAME, functools.partial(varlen_attention_forward,
-                                                        kernel=kernel or torch_varlen_kernel))
+    if kernel is None:
+        kernel = torch_varlen_kernel
+        _varlen_options()   # read the signature now, outside any compiled region
+    AttentionInterface.register(NAME, functools.partial(varlen_attention_forward, kernel=kernel))
     AttentionMaskInterface.register(NAME, varlen_mask)
 
 
