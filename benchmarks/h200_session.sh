@@ -30,7 +30,7 @@
 #   ... matrix_c the rtx3090 and a100-40gb matrix cells (torch_varlen, packed) alone (~4 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5 or matrix_c}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c or matrix_d}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -272,6 +272,12 @@ elif [ "$mode" = matrix_c ]; then
   timeout 190 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --profiles rtx3090,a100-40gb --steps 2 \
       --test-freq 2 --jobs 4 --budget-gb 136 --cell-timeout 180 --out "$W/matrix" > "$W/matrix.log" 2>&1
   echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -14
+  grep -h "torch_varlen" "$W"/matrix/*.log 2>/dev/null | grep -m2 "actor " | cut -c1-160
+elif [ "$mode" = matrix_d ]; then
+  # matrix_c cut to what little device time is left: the rtx3090 PPO cell, one step and a validation
+  timeout 135 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --profiles rtx3090 --algos ppo --steps 1 \
+      --test-freq 1 --jobs 1 --budget-gb 136 --cell-timeout 125 --out "$W/matrix" > "$W/matrix.log" 2>&1
+  echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -6
   grep -h "torch_varlen" "$W"/matrix/*.log 2>/dev/null | grep -m2 "actor " | cut -c1-160
 elif [ "$mode" = final2 ]; then
   # the matrix with the calibrated planner (3 steps, validation at steps 2 and 3), then the p40 and quick-start rows alone
