@@ -76,17 +76,9 @@ def reference_kernel(q, k, v, cu_seq_lens, max_length, scale):
     return torch.cat(outs)
 
 
-def varlen_attention_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    kernel: Kernel = torch_varlen_kernel,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
+def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                             kernel: Kernel = torch_varlen_kernel, **kwargs) -> tuple[torch.Tensor, None]:
     """transformers attention-function signature: q [b, h, q, d], k/v [b, h_kv, kv, d] ->
     ([b, q, h, d], None). Packed rows (cu_seq_lens_q given) go to `kernel`, the rest to SDPA."""
     cu_seq_lens = kwargs.get("cu_seq_lens_q")
