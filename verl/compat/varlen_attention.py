@@ -126,7 +126,8 @@ def register_varlen_attention(kernel: Kernel | None = None) -> None:
 
     if kernel is None:
         kernel = torch_varlen_kernel
-        _varlen_options()   # read the signature now, outside any compiled region
+        if varlen_kernel_available()[0]:
+            _varlen_options()   # read the signature now, outside any compiled region
     AttentionInterface.register(NAME, functools.partial(varlen_attention_forward, kernel=kernel))
     AttentionMaskInterface.register(NAME, varlen_mask)
 
