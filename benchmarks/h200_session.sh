@@ -28,9 +28,10 @@
 #   ... next9    torch_varlen's GPU tests, then the quick-start and GRPO rows with packed micro-batches (~5 min)
 #   ... final5   the built-in engine's speed rows (rollout_speed.py --skip-old; ~3 min)
 #   ... matrix_c the rtx3090 and a100-40gb matrix cells (torch_varlen, packed) alone (~4 min)
+#   ... next10   unwrapped one-device models: GPU tests, the p40 field report's peak breakdown, p40 and GRPO rows
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c or matrix_d}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d or next10}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -266,6 +267,24 @@ elif [ "$mode" = matrix_a ] || [ "$mode" = matrix_b ]; then
   timeout 560 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --profiles "$P" --steps 3 --test-freq 2 --jobs 8 \
       --budget-gb 136 --cell-timeout 420 --out "$W/matrix" > "$W/matrix.log" 2>&1
   echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -40
+elif [ "$mode" = next10 ]; then
+  # on one device a model FSDP2 would only copy runs unwrapped: the GPU tests, the allocator's breakdown of
+  # each phase's peak for the p40 field report, its row for 8 steps (per-phase peaks), then the GRPO row
+  # (its bfloat16 reference is now unwrapped)
+  timeout 150 python3 -m pytest -q -m gpu tests/workers tests/rollout > "$W/gpu_tests.log" 2>&1
+  echo "gpu tests exit $?"; tail -5 "$W/gpu_tests.log" | cut -c1-300
+  timeout 170 python3 benchmarks/peak_breakdown.py --model $MODEL --profile p40 --shape field --algo ppo \
+      --json "$W/breakdown.json" > "$W/breakdown.log" 2>&1
+  echo "breakdown exit $? at $(( $(date +%s) - t0 )) s"; grep -vE "^Loading|Writing|it/s" "$W/breakdown.log" | tail -64 | cut -c1-240
+  row p40 p40 8 110
+  python3 - "$W/p40/p40.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l)["data"] for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if "timing_s/step" in r]
+for phase in ("gen", "old_log_prob", "values", "update_critic", "update_actor"):
+    print(phase, [round(r.get(f"perf/max_memory_allocated_gb/{phase}", 0), 3) for r in rows])
+PY
+  row grpo grpo 5 "$(left 570)"
 elif [ "$mode" = matrix_c ]; then
   # the sm_80 profiles below the H200 now plan torch_varlen with packed micro-batches: their matrix cells
   # (PPO + critic, GRPO + KL; 2 steps, validation at step 2) under their memory caps

@@ -25,7 +25,10 @@ RESHARD_ALL = {"actor_rollout_ref__actor__fsdp_config__reshard_after_forward": T
 
 
 def plan(memory_gb: float = 80.0, gpus: int = 1, **extra):
+    """Every role wrapped in FSDP2 (on one device a bfloat16 reference would otherwise run unwrapped,
+    `test_wrapping.py`)."""
     profile = dataclasses.replace(CATALOG["a100-80gb"], memory_gb=memory_gb)
+    extra.setdefault("compat__always_fsdp", True)
     cfg = config(16, 512, 512, 16, 4, 8, trainer__n_gpus_per_node=gpus, data__val_batch_size=16, **extra)
     return make_plan(profile, cfg, PLAIN, QWEN05)
 

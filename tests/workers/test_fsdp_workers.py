@@ -14,6 +14,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from worker_setup import (  # noqa: E402
+    whole,
     PROMPT_LEN,
     RESPONSE_LEN,
     actor_rollout_ref_config,
@@ -91,11 +92,11 @@ def test_update_actor_changes_weights_and_reports_upstream_metrics(model_dir):
     data = _with_old_log_probs(worker, ppo_batch())
     data = data.union(worker.compute_ref_log_prob(data))
     torch.testing.assert_close(data.batch["ref_log_prob"], data.batch["old_log_probs"])
-    before = [p.detach().full_tensor().clone() for p in worker.actor_module.parameters()]
+    before = [whole(p.detach()).clone() for p in worker.actor_module.parameters()]
 
     metrics = worker.update_actor(data).meta_info["metrics"]
 
-    after = [p.detach().full_tensor() for p in worker.actor_module.parameters()]
+    after = [whole(p.detach()) for p in worker.actor_module.parameters()]
     assert any(not torch.equal(a, b) for a, b in zip(before, after))
     for name in ("actor/pg_loss", "actor/entropy", "actor/ppo_kl", "actor/pg_clipfrac", "actor/pg_clipfrac_lower",
                  "actor/kl_loss", "actor/kl_coef", "actor/grad_norm", "actor/lr", "perf/max_memory_allocated_gb",
@@ -347,7 +348,7 @@ def test_planned_torch_compile_compiles_layers_and_log_prob_kernels_with_equal_r
     for key in ("actor/pg_loss", "actor/grad_norm"):
         assert mb[key] == pytest.approx(ma[key], rel=1e-5, abs=1e-7), key
     for pa, pb in zip(eager.actor_module.parameters(), compiled.actor_module.parameters()):
-        torch.testing.assert_close(pb.full_tensor(), pa.full_tensor(), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(whole(pb), whole(pa), atol=1e-6, rtol=1e-5)
 
 
 def test_compiled_layers_under_fsdp2_mixed_precision_and_autocast_match_eager(model_dir, monkeypatch, dynamo_cache):

@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from worker_setup import (  # noqa: E402
+    whole,
     PROMPT_LEN,
     actor_rollout_ref_config,
     cpu_plan,
@@ -168,7 +169,7 @@ def _run(model_dir, tmp_path, device_type, param_offload, optimizer_offload, ste
         for key in ("values", "ref_log_prob"):
             numbers[key].append(data.batch[key])
         numbers["log_prob"].append(log_prob)
-    weights = {name: [p.full_tensor().detach().clone() for p in role.module.parameters()]
+    weights = {name: [whole(p).detach().clone() for p in role.module.parameters()]
                for name, role in (("actor", actor), ("critic", critic))}
     ref_devices = _devices(ref_module.parameters())
     return trace, numbers, weights, records, ref_devices

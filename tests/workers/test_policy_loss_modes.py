@@ -10,7 +10,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from worker_setup import actor_rollout_ref_config, cpu_plan, ppo_batch, tiny_model  # noqa: E402
+from worker_setup import actor_rollout_ref_config, cpu_plan, ppo_batch, tiny_model, whole  # noqa: E402
 
 from verl.trainer.config_check import POLICY_LOSS_MODES  # noqa: E402
 from verl.workers.fsdp_workers import ActorRolloutRefWorker  # noqa: E402
@@ -34,8 +34,8 @@ def test_loss_mode_trains_the_actor(model_dir, loss_mode):
     worker.init_model()
     data = ppo_batch()
     data.batch["old_log_probs"] = worker.compute_log_prob(data).batch["old_log_probs"]
-    before = [p.detach().full_tensor().clone() for p in worker.actor_module.parameters()]
+    before = [whole(p.detach()).clone() for p in worker.actor_module.parameters()]
     metrics = worker.update_actor(data).meta_info["metrics"]
-    after = [p.detach().full_tensor() for p in worker.actor_module.parameters()]
+    after = [whole(p.detach()) for p in worker.actor_module.parameters()]
     assert any(not torch.equal(a, b) for a, b in zip(before, after))
     assert metrics["actor/pg_loss"] and all(math.isfinite(v) for v in metrics["actor/pg_loss"])

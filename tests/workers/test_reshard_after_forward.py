@@ -1,7 +1,8 @@
 """The plan's reshard_after_forward reaches FSDP2 in the actor worker, and changes no number.
 
-Real planner, real worker, float32 on CPU (FSDP2 on gloo at world size 1, where the CPU plan keeps
-gathered weights). A decoder layer unit's registered parameters are its DTensor shards when resharded
+Real planner, real worker, float32 on CPU (FSDP2 on gloo at world size 1, asked for with
+`compat.always_fsdp=true`, where the CPU plan keeps gathered weights; its default there is no
+wrapper at all, tested last). A decoder layer unit's registered parameters are its DTensor shards when resharded
 and plain tensors while gathered, which is what is checked at the end of each update forward.
 Tolerance: the same float32 math either way (only when weights are gathered differs): 1e-6.
 """
@@ -22,6 +23,7 @@ from verl.protocol import DataProto  # noqa: E402
 from verl.workers.fsdp_workers import ActorRolloutRefWorker  # noqa: E402
 
 torch.set_num_threads(1)
+WRAPPED = {"compat__always_fsdp": True}
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +67,7 @@ def _run(model_dir, plan) -> tuple[list, list]:
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_the_plans_reshard_after_forward_reaches_fsdp_and_the_update_is_unchanged(model_dir, checkpointing):
     """With gradient checkpointing too: the recomputed forward finds its layer still gathered."""
-    ckpt = {"actor_rollout_ref__model__enable_gradient_checkpointing": checkpointing}
+    ckpt = {"actor_rollout_ref__model__enable_gradient_checkpointing": checkpointing, **WRAPPED}
     kept_plan = cpu_plan(model_dir, **ckpt)
     resharded_plan = cpu_plan(model_dir, actor_rollout_ref__actor__fsdp_config__reshard_after_forward=True, **ckpt)
     assert kept_plan.actor.gradient_checkpointing is resharded_plan.actor.gradient_checkpointing is checkpointing
@@ -101,7 +103,7 @@ def _log_probs_and_layer_states(model_dir, plan):
 def test_the_plans_gather_for_forward_holds_the_whole_model_for_a_log_prob_call(model_dir):
     """The real CPU plan gathers once per forward-only call: every micro-batch's forward starts with
     every layer gathered; per-layer gathering (the plan with it off) starts each with none. Same numbers."""
-    plan = cpu_plan(model_dir)
+    plan = cpu_plan(model_dir, **WRAPPED)
     assert plan.actor.gather_for_forward is True
     assert plan.reasons["actor.gather_for_forward"].startswith("one gather per call")
     per_layer_plan = dataclasses.replace(plan, actor=dataclasses.replace(plan.actor, gather_for_forward=False))
@@ -110,3 +112,48 @@ def test_the_plans_gather_for_forward_holds_the_whole_model_for_a_log_prob_call(
     assert whole_states and all(all(layers) for layers in whole_states)
     assert per_layer_states and not any(any(layers) for layers in per_layer_states)
     torch.testing.assert_close(whole, per_layer, atol=1e-6, rtol=0)
+
+
+def test_one_device_default_runs_unwrapped_with_the_same_numbers(model_dir):
+    """The real CPU plan at one device runs the actor unwrapped (FSDP2 would only copy its float32
+    weights there); old log-probs, a greedy validation rollout and the weights after one update equal
+    those of the same plan wrapped (`compat.always_fsdp=true`)."""
+    from verl.utils import fsdp_utils
+
+    results = {}
+    for name, plan in (("unwrapped", cpu_plan(model_dir)), ("wrapped", cpu_plan(model_dir, **WRAPPED))):
+        worker = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir), role="actor_rollout", plan=plan)
+        worker.init_model()
+        module = worker.actor_module
+        assert bool(fsdp_utils.fsdp_modules(module)) is plan.actor.fsdp is (name == "wrapped")
+        if name == "unwrapped":
+            initial = [p.detach().clone() for p in module.parameters()]
+        data = ppo_batch()
+        data.batch["old_log_probs"] = worker.compute_log_prob(data).batch["old_log_probs"]
+        prompts = DataProto.from_dict({k: data.batch[k][:, :PROMPT_LEN]
+                                       for k in ("input_ids", "attention_mask", "position_ids")},
+                                      meta_info={"validate": True})
+        responses = worker.generate_sequences(prompts).batch["responses"]
+        worker.update_actor(data)
+        weights = [p.detach().full_tensor() if isinstance(p, DTensor) else p.detach().clone()
+                   for p in module.parameters()]
+        results[name] = data.batch["old_log_probs"], responses, weights
+    (lp_u, resp_u, w_u), (lp_w, resp_w, w_w) = results["unwrapped"], results["wrapped"]
+    torch.testing.assert_close(lp_u, lp_w, atol=1e-6, rtol=0)
+    assert torch.equal(resp_u, resp_w)
+    assert len(w_u) == len(w_w) and all(a.shape == b.shape for a, b in zip(w_u, w_w))
+    for a, b in zip(w_u, w_w):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    assert not all(torch.equal(a, b) for a, b in zip(w_u, initial))     # the update changed the weights
+
+
+def test_a_one_device_plan_refuses_to_run_unwrapped_on_several_ranks(model_dir, monkeypatch):
+    """Unwrapped replicas would each train on their own share of the batch and drift apart silently."""
+    from verl.workers import fsdp_workers
+
+    plan = cpu_plan(model_dir)
+    assert plan.actor.fsdp is False
+    monkeypatch.setattr(fsdp_workers, "_ranks", lambda: 2)
+    worker = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir), role="actor", plan=plan)
+    with pytest.raises(RuntimeError, match="trainer.n_gpus_per_node x trainer.nnodes = 2"):
+        worker.init_model()

@@ -19,6 +19,12 @@ from verl.protocol import DataProto
 PROMPT_LEN, RESPONSE_LEN = 8, 6
 
 
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: a DTensor's (FSDP2-wrapped model), else `t` itself (the one-device plan runs
+    models unwrapped, verl.compat.wrapping)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def tiny_model(out_dir: str) -> str:
     from verl.utils.tiny_model import build_tiny_model_dir
 
@@ -49,7 +55,9 @@ def cpu_plan(model_dir: str, actor: RolePlan | None = None, critic: RolePlan | N
         "actor_rollout_ref": actor_rollout_ref_config(model_dir, use_kl_loss=True),
         "critic": critic_config(model_dir),
         "data": {"max_prompt_length": PROMPT_LEN, "max_response_length": RESPONSE_LEN, "train_batch_size": 4},
-        "trainer": {"n_gpus_per_node": 1, "nnodes": 1},
+        # the ranks this process runs among (the runners of the multi-process tests set WORLD_SIZE): a plan
+        # for one device runs models unwrapped, which the worker refuses at more ranks
+        "trainer": {"n_gpus_per_node": int(os.environ.get("WORLD_SIZE", 1)), "nnodes": 1},
         "algorithm": {"adv_estimator": "gae"},
     })
     for key, value in overrides.items():
@@ -178,7 +186,7 @@ class GradRecorder:
         self.grads = []
 
     def step(self):
-        self.grads.append([p.grad.full_tensor().clone() for p in self.params])
+        self.grads.append([whole(p.grad).clone() for p in self.params])
 
     def zero_grad(self, set_to_none=True):
         for p in self.params:

@@ -18,6 +18,7 @@ from verl.compat.memory import (BYTES, FORWARD_PHASES, GiB, Workload, estimate_m
 from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.settings import AUTO, first, get
+from verl.compat.wrapping import wraps_in_fsdp
 
 MAX_ROLLOUT_MICRO_BATCH = 1024   # past this, bigger built-in generate passes gain little and hold the device longer
 # Below this many tokens a pass no longer fills a large GPU's matmuls; above it, halving a token budget
@@ -143,6 +144,13 @@ class FitInputs:
     asked_reshard: dict   # role -> (config key, True | False | AUTO): fsdp reshard_after_forward
     compiled_layers: bool = False   # the plan's torch_compile (compiled layers keep less for backward)
     growable: frozenset = frozenset()   # budget names ("actor", "actor_forward", ...) the user left `auto`
+    ranks: int = 1                  # data-parallel processes (the workload's world is 1 on a CPU host)
+    always_fsdp: bool = False       # compat.always_fsdp (verl.compat.wrapping)
+
+
+def wrapped(inp: FitInputs, rp: RolePlan) -> RolePlan:
+    """`rp` with its FSDP2 wrapping decided (it depends on the offload the fit chose)."""
+    return replace(rp, fsdp=wraps_in_fsdp(rp, inp.ranks, inp.always_fsdp)[0])
 
 
 def _estimate(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan):
@@ -170,8 +178,8 @@ class _Search:
         inp = self.inp
         rs = apply_batches(inp.roles, b, inp.dynamic, budgets_now)
         for name in rs:
-            rs[name] = replace(rs[name], gradient_checkpointing=ckpt_on[name], param_offload=offload[name][0],
-                               optimizer_offload=offload[name][1])
+            rs[name] = wrapped(inp, replace(rs[name], gradient_checkpointing=ckpt_on[name],
+                                            param_offload=offload[name][0], optimizer_offload=offload[name][1]))
         ro = replace(inp.rollout, gpu_memory_utilization=util, micro_batch_size=chunk)
         return rs, ro, _estimate(self.d, inp, rs, ro)
 
@@ -283,6 +291,7 @@ def fit(d: Decider, inp: FitInputs, plan_kwargs: dict) -> Plan:
 
 def _note_roles(d: Decider, inp: FitInputs, rs: dict, rung: str, halvings: int) -> None:
     for name, rp in rs.items():
+        d.note(f"{name}.fsdp", rp.fsdp, wraps_in_fsdp(rp, inp.ranks, inp.always_fsdp)[1])
         ck = inp.asked_ckpt[name]
         d.note(f"{name}.gradient_checkpointing", rp.gradient_checkpointing,
                "set by the user" if ck is not AUTO else
@@ -336,6 +345,9 @@ def _fitted_plan(d: Decider, inp: FitInputs, search: _Search, found, b: _Batch, 
 MULTI_RANK_RESHARD_HEADROOM = 0.25
 
 
+UNWRAPPED = "the model runs unwrapped (see fsdp): nothing is gathered"
+
+
 def decide_reshard(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan, est):
     """FSDP2's `reshard_after_forward` per role, on top of the fitted plan; returns (roles, estimate).
 
@@ -351,6 +363,9 @@ def decide_reshard(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan, est):
     limit, ws = d.profile.memory_gb, inp.workload.world_size
     for name in list(rs):
         key, asked = inp.asked_reshard[name]
+        if not rs[name].fsdp:
+            d.note(f"{name}.reshard_after_forward", rs[name].reshard_after_forward, UNWRAPPED)
+            continue
         skip = _keeps_resharding(name, rs[name])
         if name == "ref" and asked is False:   # honoured; its forwards have no gradients and reshard anyway
             rs = dict(rs, ref=replace(rs["ref"], reshard_after_forward=False))
@@ -384,6 +399,9 @@ def decide_forward_gather(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan,
     limit, ws = d.profile.memory_gb, inp.workload.world_size
     for name in list(rs):
         phase = FORWARD_PHASES[name]
+        if not rs[name].fsdp:
+            d.note(f"{name}.gather_for_forward", False, UNWRAPPED)
+            continue
         if rs[name].param_offload or phase not in est.phases:
             d.note(f"{name}.gather_for_forward", False, "parameters offloaded to the host: gathered per layer"
                    if rs[name].param_offload else f"no {phase} pass in this run")
@@ -508,8 +526,8 @@ def raise_shortfall(d: Decider, inp: FitInputs, b: _Batch, bud: dict, limit: flo
     def required(wl: Workload) -> float:
         rs = apply_batches(roles, b, dynamic, bud)
         for name in rs:
-            rs[name] = replace(rs[name], gradient_checkpointing=ck[name], param_offload=offload[name][0],
-                               optimizer_offload=offload[name][1])
+            rs[name] = wrapped(inp, replace(rs[name], gradient_checkpointing=ck[name], param_offload=offload[name][0],
+                                            optimizer_offload=offload[name][1]))
         ro = replace(rollout, gpu_memory_utilization=0.0, micro_batch_size=1)   # the engine can chunk to 1
         if rollout.name == "vllm":
             ro = replace(ro, gpu_memory_utilization=vllm_need_gb(model, wl, rollout.dtype) / limit)

@@ -172,14 +172,20 @@ def _vocab_grad_bytes(m: ModelSpec, role: _Role) -> float:
     Tied embeddings get two (output projection and dense embedding gradient) plus their sum,
     all in the master dtype (measured: 3x). Untied, the output projection's gradient exists in
     compute dtype and then in the master dtype, one matrix at a time. A critic has only the
-    embedding's, plus the copy FSDP2 reduces from (measured on CPU: 2x)."""
+    embedding's, plus the copy FSDP2 reduces from (measured on CPU: 2x).
+
+    An unwrapped model's .grad is in the grads term already: what backward adds is one vocabulary
+    matrix being accumulated into it in place (the embedding's dense gradient; untied, as above)."""
     vh = m.vocab_size * m.hidden_size
     master, compute = BYTES[role.plan.param_dtype], BYTES[role.plan.compute_dtype]
+    untied = vh * (master + (compute if compute != master else 0))
+    if not role.plan.fsdp:
+        return vh * master if (role.name == "critic" or m.tie_word_embeddings) else untied
     if role.name == "critic":
         return 2 * vh * master
     if m.tie_word_embeddings:
         return 3 * vh * master
-    return vh * (master + (compute if compute != master else 0))
+    return untied
 
 
 def _generation_terms(m: ModelSpec, actor: RolePlan, rollout: RolloutPlan, prompt_length: int,
@@ -230,14 +236,16 @@ def _builtin_rollout(m: ModelSpec, actor: _Role, wl: Workload, rollout: RolloutP
 
 
 def _generation_weights(m: ModelSpec, actor: _Role, rollout: RolloutPlan) -> dict[str, float]:
-    """The whole actor unsharded in its gather dtype (`fsdp_utils.full_params`), plus, when the
+    """The whole actor unsharded in its gather dtype (`fsdp_utils.full_params`; nothing for an unwrapped
+    model, whose stored weights the engine reads), plus, when the
     engine computes in another dtype, autocast's cast of the largest weight: the engine runs
     autocast without its weight cache (a recorded CUDA graph must recast on every replay), so each
     matmul casts its weight for that op only, and the output projection (vocab x hidden) is the
     largest (measured on CPU, bfloat16 over float32 weights: one such copy, not the whole model)."""
     gather = gather_dtype(actor.plan)
     cast = m.vocab_size * m.hidden_size * BYTES[rollout.dtype] if gather != rollout.dtype else 0.0
-    return {"rollout.gathered weights": actor.params * BYTES[gather], "rollout.weights": cast}
+    gathered = actor.params * BYTES[gather] if actor.plan.fsdp else 0.0   # unwrapped: read in place
+    return {"rollout.gathered weights": gathered, "rollout.weights": cast}
 
 
 # ----------------------------------------------------------------------------- roles
@@ -286,7 +294,7 @@ def _compute_copy(m: ModelSpec, role: _Role, dtype: str, train: bool = False) ->
     whose plan does not reshard after forward, every unit instead (each layer stays gathered from its
     forward to its backward: a whole model at the end of forward; forwards without gradients reshard
     as they go, `fsdp_utils.shard_model`), and in forwards whose plan gathers the model once per call
-    (`gather_for_forward`). Plus autocast's casts when the weights are gathered in
+    (`gather_for_forward`); none for an unwrapped model. Plus autocast's casts when the weights are gathered in
     another dtype than `dtype`. Autocast caches the cast of a leaf weight that requires grad for the
     whole forward: a trained role holds a cast copy of its weights; a frozen one (the reference)
     casts op by op, the output projection the largest at once."""
@@ -294,7 +302,7 @@ def _compute_copy(m: ModelSpec, role: _Role, dtype: str, train: bool = False) ->
     root = _root_unit(m, role)
     per_layer = (role.params - root) / m.num_layers
     kept = (not role.plan.reshard_after_forward) if train else role.plan.gather_for_forward
-    units = (role.params if kept else root + 2 * per_layer) * BYTES[gather]
+    units = (role.params if kept else root + 2 * per_layer) * BYTES[gather] if role.plan.fsdp else 0.0
     if gather == dtype:
         return units
     if not role.trainable:
@@ -425,12 +433,14 @@ def _update_phase(s: _Step, name: str) -> dict[str, float]:
     # mid-backward: a layer unit's gradients, unsharded and in the flat copy FSDP2 reduces from, next
     # to the gathered units (all of them when the plan keeps them gathered for backward; what bounds a
     # model of few wide layers and a small vocabulary)
+    # (an unwrapped model's gradients accumulate in place: the grads term holds them)
     per_layer = (role.params - _root_unit(spec, role)) / spec.num_layers
+    wrapped = role.plan.fsdp
     layer_bwd = {f"{name}.grads": grads, f"{name}.compute_copy": forwards[0][f"{name}.compute_copy"],
-                 "layer grads (backward)": 2 * per_layer * BYTES[role.plan.param_dtype]}
+                 "layer grads (backward)": 2 * per_layer * BYTES[role.plan.param_dtype] if wrapped else 0.0}
     # the root unit stays gathered until its gradients are reduced, at the very end of backward
     bwd_end = {f"{name}.grads": grads,
-               f"{name}.compute_copy": _root_unit(spec, role) * BYTES[gather_dtype(role.plan)],
+               f"{name}.compute_copy": _root_unit(spec, role) * BYTES[gather_dtype(role.plan)] if wrapped else 0.0,
                "vocab grads (end of backward)": _vocab_grad_bytes(spec, role)}
     step = {f"{name}.grads": grads, "optimizer step": ADAM_STEP_SCRATCH * role.params * 4 / ws}
     if role.plan.optimizer_offload:

@@ -43,6 +43,9 @@ class RolePlan:
     # forward-only passes (log-probs, reference log-probs, values) gather the whole model once per call
     # instead of every layer per micro-batch (fsdp_utils.full_params)
     gather_for_forward: bool = False
+    # False: the model runs unwrapped. On one device FSDP2 shards nothing and its gather only copies the
+    # weights; compat wraps there only where FSDP2 also casts them or keeps them in host memory
+    fsdp: bool = True
 
 
 @dataclass

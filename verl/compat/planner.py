@@ -16,11 +16,12 @@ from verl.compat import engines, settings
 from verl.compat.decider import Decider as _Decider
 from verl.compat.decider import PACKED_KERNELS, PlanError
 from verl.compat.decider import cc_name as _cc
-from verl.compat.fit import MAX_ROLLOUT_MICRO_BATCH, FitInputs, apply_batches, fit, micro_batches
+from verl.compat.fit import MAX_ROLLOUT_MICRO_BATCH, FitInputs, apply_batches, fit, micro_batches, wrapped
 from verl.compat.memory import Workload
 from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.profile import DeviceProfile, SoftwareInfo
+from verl.compat.wrapping import wraps_in_fsdp
 from verl.compat.settings import AUTO
 from verl.compat.throughput import UPSTREAM_TOKEN_BUDGET, decide_dynamic_bsz, decide_fused_optimizer, dynamic_auto
 
@@ -470,8 +471,8 @@ def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], rol
                 rollout_asked: dict, model: ModelSpec | None, compiled: bool = False) -> FitInputs:
     """The workload and the user's memory-related settings (AUTO where the fit may decide)."""
     arr = "actor_rollout_ref"
-    world = int(_get(config, "trainer.n_gpus_per_node", 1)) * int(_get(config, "trainer.nnodes", 1))
-    world = 1 if d.profile.backend == "cpu" else max(world, 1)
+    ranks = max(int(_get(config, "trainer.n_gpus_per_node", 1)) * int(_get(config, "trainer.nnodes", 1)), 1)
+    world = 1 if d.profile.backend == "cpu" else ranks    # a CPU host's processes share one memory
     n = int(_get(config, f"{arr}.rollout.n", 1))
     mini = int(_get(config, f"{arr}.actor.ppo_mini_batch_size", 256))      # prompts; x n sequences, over the ranks
     critic_mini = int(_get(config, "critic.ppo_mini_batch_size", mini))
@@ -506,7 +507,8 @@ def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], rol
                      batches=batches, dynamic=dynamic, budgets=budgets,
                      asked_ckpt=asked_ckpt, asked_off=asked_off, asked_reshard=asked_reshard,
                      margin=float(_get(config, "compat.memory_margin", 0.1)), compiled_layers=compiled,
-                     growable=growable)
+                     growable=growable, ranks=ranks,
+                     always_fsdp=bool(_flag(_get(config, "compat.always_fsdp", False))))
 
 
 def _asked_reshard(config: Any, rc: _RoleConfig) -> tuple[str, Any]:
@@ -526,6 +528,8 @@ def _plan_without_model(d: _Decider, inp: FitInputs, plan_kwargs: dict) -> Plan:
         roles[name] = replace(roles[name], gradient_checkpointing=ck is not False,
                               param_offload=po is True, optimizer_offload=oo is True,
                               reshard_after_forward=reshard is not False)
+        roles[name] = wrapped(inp, roles[name])
+        d.note(f"{name}.fsdp", roles[name].fsdp, wraps_in_fsdp(roles[name], inp.ranks, inp.always_fsdp)[1])
         d.note(f"{name}.reshard_after_forward", reshard is not False, "set by the user" if reshard is not AUTO
                else "upstream's default: with no model config.json the kept weights cannot be sized")
         d.note(f"{name}.gather_for_forward", False, "gathered per layer: with no model config.json the whole "

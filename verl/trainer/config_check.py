@@ -458,7 +458,7 @@ def _check_choices(cfg, errors: list[str], warnings: list[str]) -> None:
     margin = _get(cfg, "compat.memory_margin")
     if not (isinstance(margin, (int, float)) and not isinstance(margin, bool) and 0 <= margin < 0.9):
         errors.append(f"compat.memory_margin={margin!r} must be a fraction in [0, 0.9), e.g. 0.1.")
-    for path in ("compat.strict", "compat.numerics_guard"):
+    for path in ("compat.strict", "compat.numerics_guard", "compat.always_fsdp"):
         if not isinstance(_get(cfg, path), bool):
             errors.append(f"{path}={_get(cfg, path)!r} must be true or false.")
 

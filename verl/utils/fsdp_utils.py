@@ -81,8 +81,8 @@ def shard_model(
         # all-gathers onto the mesh's device, and the optimizer step runs on the host shards. Pinned
         # host memory (faster, asynchronous copies) needs an accelerator runtime to allocate it.
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.accelerator.is_available())
-    if device_type != "cpu" and not param_offload:
-        model.to(torch.device(device_type, torch.get_device_module(device_type).current_device()))
+    if not param_offload:
+        place_unwrapped(model, device_type)
     layer_names = _layer_classes(model)
     for module in model.modules():
         if type(module).__name__ in layer_names:
@@ -95,6 +95,14 @@ def shard_model(
     model._planned_reshard_after_forward = reshard_after_forward
     if not reshard_after_forward:
         _reshard_forwards_without_grad(model)
+    return model
+
+
+def place_unwrapped(model: torch.nn.Module, device_type: str) -> torch.nn.Module:
+    """`model` on this process's device, as stored: what a plan that does not wrap it in FSDP2 runs
+    (one device, no cast on gather, no offload: every pass reads these weights in place)."""
+    if device_type != "cpu":
+        model.to(torch.device(device_type, torch.get_device_module(device_type).current_device()))
     return model
 
 

@@ -175,11 +175,18 @@ class _PlannedModel:
             self.precision.scaler = torch.amp.GradScaler(self.device_type)
 
     def shard(self, module: torch.nn.Module, compile_layers: bool = False) -> torch.nn.Module:
-        """FSDP2 units per the role plan; with `compile_layers` (the plan's torch_compile, for a model
-        that trains or scores) each decoder layer's forward is compiled first, outside FSDP2's hooks."""
+        """FSDP2 units per the role plan (or, where the plan says `fsdp` False, the model unwrapped on
+        the device); with `compile_layers` (the plan's torch_compile, for a model that trains or
+        scores) each decoder layer's forward is compiled first, outside FSDP2's hooks."""
         plan = self.role_plan
         if compile_layers:
             layer_compile.compile_decoder_layers(module, backend=layer_compile.BACKEND)
+        if not plan.fsdp:
+            if _ranks() > 1:   # unwrapped replicas would train apart, each on its own share of the batch
+                raise RuntimeError(
+                    f"{self.name}: the plan runs this model unwrapped, as for one device, but {_ranks()} ranks are "
+                    f"running; plan with trainer.n_gpus_per_node x trainer.nnodes = {_ranks()}")
+            return fsdp_utils.place_unwrapped(module, self.device_type)
         return fsdp_utils.shard_model(
             module,
             param_dtype=self.param_dtype,

@@ -1,0 +1,29 @@
+"""Whether a role's model is wrapped in FSDP2. Pure, like the planner.
+
+Across several devices FSDP2 is what shards weights, gradients and optimizer state. On one device it
+shards nothing, and its all-gather is a full copy of the weights: a second model during generation
+(the actor gathered whole), during forwards that gather once per call, and per unit in an update,
+plus a copy of each unit's gradients to reduce from. It earns that copy on one device only where it
+does something else with it: casting the weights to the compute dtype as it gathers them (the copy
+compute needs anyway), or keeping them in host memory between uses (param offload). Elsewhere the
+model runs unwrapped, and every pass reads the stored weights in place.
+"""
+from __future__ import annotations
+
+from verl.compat.plan import RolePlan
+
+
+def wraps_in_fsdp(plan: RolePlan, ranks: int, always: bool = False) -> tuple[bool, str]:
+    """(wrapped, reason) for a role with this plan at `ranks` data-parallel processes; `always` is the
+    user's compat.always_fsdp (wrap on one device too, as upstream does)."""
+    if ranks > 1:
+        return True, f"{ranks} ranks: FSDP2 shards weights, gradients and optimizer state across them"
+    if always:
+        return True, "compat.always_fsdp=true: wrapped on one device too (its gather copies the weights)"
+    if plan.param_offload:
+        return True, "FSDP2's offload policy keeps the weights in host memory and gathers them onto the device"
+    if plan.cast_on_gather and plan.compute_dtype != plan.param_dtype:
+        return True, (f"FSDP2 casts the {plan.param_dtype} weights to {plan.compute_dtype} as it gathers them "
+                      f"(a copy compute needs anyway)")
+    return False, (f"one device, weights computed with as stored ({plan.param_dtype}): FSDP2 would shard "
+                   f"nothing and copy them for every pass, so the model runs unwrapped")
