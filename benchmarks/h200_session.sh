@@ -29,9 +29,10 @@
 #   ... final5   the built-in engine's speed rows (rollout_speed.py --skip-old; ~3 min)
 #   ... matrix_c the rtx3090 and a100-40gb matrix cells (torch_varlen, packed) alone (~4 min)
 #   ... next10   unwrapped one-device models: GPU tests, the p40 field report's peak breakdown, p40 and GRPO rows
+#   ... next11   the p40 row (sparse tied-embedding gradients), then matrix_a's cells with the breakdown beside them
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d or next10}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10 or next11}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -267,6 +268,27 @@ elif [ "$mode" = matrix_a ] || [ "$mode" = matrix_b ]; then
   timeout 560 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --profiles "$P" --steps 3 --test-freq 2 --jobs 8 \
       --budget-gb 136 --cell-timeout 420 --out "$W/matrix" > "$W/matrix.log" 2>&1
   echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -40
+elif [ "$mode" = next11 ]; then
+  # the p40 field report alone for 8 steps (per-phase peaks), then the pre-Ampere profiles' matrix cells (their
+  # one-device plans now run unwrapped; PPO + critic and GRPO + KL, 3 steps, validation at step 2) with the
+  # allocator's peak breakdown of the p40 field report beside them
+  row p40 p40 8 110
+  python3 - "$W/p40/p40.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l)["data"] for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if "timing_s/step" in r]
+for phase in ("gen", "old_log_prob", "values", "update_critic", "update_actor"):
+    print(phase, [round(r.get(f"perf/max_memory_allocated_gb/{phase}", 0), 3) for r in rows])
+PY
+  timeout 170 python3 benchmarks/peak_breakdown.py --model $MODEL --profile p40 --shape field --algo ppo \
+      --json "$W/breakdown.json" > "$W/breakdown.log" 2>&1 &
+  b=$!
+  timeout "$(left 585)" python3 benchmarks/gpu_matrix.py --assets .gpu-assets --profiles p40,p100,v100-16gb,t4 \
+      --steps 3 --test-freq 2 --jobs 8 --budget-gb 112 --cell-timeout 420 --out "$W/matrix" > "$W/matrix.log" 2>&1 &
+  m=$!
+  wait $b; echo "breakdown exit $? at $(( $(date +%s) - t0 )) s"
+  grep -E "^[a-z_]+: resident|GiB  " "$W/breakdown.log" | grep -v " 0.000 GiB" | cut -c1-200
+  wait $m; echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -24
 elif [ "$mode" = next10 ]; then
   # on one device a model FSDP2 would only copy runs unwrapped: the GPU tests, the allocator's breakdown of
   # each phase's peak for the p40 field report, its row for 8 steps (per-phase peaks), then the GRPO row

@@ -80,8 +80,10 @@ def _local(t):
 
 
 def _storage_key(t) -> tuple[int, int] | None:
+    """(storage pointer, bytes); None for what holds no storage of its own to count: meta tensors, and
+    sparse ones (a tied embedding's sparse gradient: a few rows, and the dense sum it feeds is counted)."""
     t = _local(t)
-    if t.device.type == "meta":
+    if t.device.type == "meta" or t.is_sparse:
         return None
     s = t.untyped_storage()
     return (s.data_ptr(), s.nbytes()) if s.nbytes() else None

@@ -18,6 +18,7 @@ from verl.compat.memory import (BYTES, FORWARD_PHASES, GiB, Workload, estimate_m
 from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.settings import AUTO, first, get
+from verl.compat.throughput import decide_fused_optimizer
 from verl.compat.wrapping import wraps_in_fsdp
 
 MAX_ROLLOUT_MICRO_BATCH = 1024   # past this, bigger built-in generate passes gain little and hold the device longer
@@ -148,9 +149,12 @@ class FitInputs:
     always_fsdp: bool = False       # compat.always_fsdp (verl.compat.wrapping)
 
 
-def wrapped(inp: FitInputs, rp: RolePlan) -> RolePlan:
-    """`rp` with its FSDP2 wrapping decided (it depends on the offload the fit chose)."""
-    return replace(rp, fsdp=wraps_in_fsdp(rp, inp.ranks, inp.always_fsdp)[0])
+def settled(d: Decider, inp: FitInputs, name: str, rp: RolePlan) -> RolePlan:
+    """`rp` with what follows from the offload the fit chose, which the memory counts: its FSDP2 wrapping
+    and its optimizer's kernel (the planner notes both reasons once the plan is final)."""
+    fused = name != "ref" and decide_fused_optimizer(lambda _key, value, _why: value, d.profile, name,
+                                                     rp.param_offload)
+    return replace(rp, fsdp=wraps_in_fsdp(rp, inp.ranks, inp.always_fsdp)[0], fused_optimizer=fused)
 
 
 def _estimate(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan):
@@ -178,8 +182,9 @@ class _Search:
         inp = self.inp
         rs = apply_batches(inp.roles, b, inp.dynamic, budgets_now)
         for name in rs:
-            rs[name] = wrapped(inp, replace(rs[name], gradient_checkpointing=ckpt_on[name],
-                                            param_offload=offload[name][0], optimizer_offload=offload[name][1]))
+            rs[name] = settled(self.d, inp, name, replace(rs[name], gradient_checkpointing=ckpt_on[name],
+                                                          param_offload=offload[name][0],
+                                                          optimizer_offload=offload[name][1]))
         ro = replace(inp.rollout, gpu_memory_utilization=util, micro_batch_size=chunk)
         return rs, ro, _estimate(self.d, inp, rs, ro)
 
@@ -526,8 +531,8 @@ def raise_shortfall(d: Decider, inp: FitInputs, b: _Batch, bud: dict, limit: flo
     def required(wl: Workload) -> float:
         rs = apply_batches(roles, b, dynamic, bud)
         for name in rs:
-            rs[name] = wrapped(inp, replace(rs[name], gradient_checkpointing=ck[name], param_offload=offload[name][0],
-                                            optimizer_offload=offload[name][1]))
+            rs[name] = settled(d, inp, name, replace(rs[name], gradient_checkpointing=ck[name],
+                                                     param_offload=offload[name][0], optimizer_offload=offload[name][1]))
         ro = replace(rollout, gpu_memory_utilization=0.0, micro_batch_size=1)   # the engine can chunk to 1
         if rollout.name == "vllm":
             ro = replace(ro, gpu_memory_utilization=vllm_need_gb(model, wl, rollout.dtype) / limit)

@@ -52,7 +52,10 @@ GiB = 1024 ** 3
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 LOGPROB_CHUNK_ROWS = 1024        # rows per float32 chunk in verl.utils.torch_functional
 CUDA_CONTEXT_GB = 0.75           # CUDA context + cuBLAS workspace, outside the allocator's count
-ADAM_STEP_SCRATCH = 1.0          # foreach AdamW temporaries, in units of one fp32 shard of params (measured)
+# foreach AdamW temporaries, in units of one fp32 shard of params (measured). The fused kernel over state
+# kept on the device updates in place (measured on the H200, p40 field report: the critic update peaked at
+# its gradients, +0.00 GiB); with the state offloaded the step's peak still has the scratch (H200 matrix).
+ADAM_STEP_SCRATCH = 1.0
 ENGINE_TERMS = ("rollout.kv_cache", "rollout.prefill", "rollout.sampling", "rollout.engine share")
 
 
@@ -174,8 +177,10 @@ def _vocab_grad_bytes(m: ModelSpec, role: _Role) -> float:
     compute dtype and then in the master dtype, one matrix at a time. A critic has only the
     embedding's, plus the copy FSDP2 reduces from (measured on CPU: 2x).
 
-    An unwrapped model's .grad is in the grads term already: what backward adds is one vocabulary
-    matrix being accumulated into it in place (the embedding's dense gradient; untied, as above)."""
+    An unwrapped model's .grad is in the grads term already. Tied, its embedding's gradient is sparse
+    (`fsdp_utils.place_unwrapped`) and backward adds it to the output projection's, out of place: one
+    more matrix (measured on CPU: 2x with the .grad, 3x with a dense embedding gradient). A critic's
+    embedding gradient, dense, becomes its .grad, or (later micro-batches) is added to it: one more."""
     vh = m.vocab_size * m.hidden_size
     master, compute = BYTES[role.plan.param_dtype], BYTES[role.plan.compute_dtype]
     untied = vh * (master + (compute if compute != master else 0))
@@ -442,7 +447,9 @@ def _update_phase(s: _Step, name: str) -> dict[str, float]:
     bwd_end = {f"{name}.grads": grads,
                f"{name}.compute_copy": _root_unit(spec, role) * BYTES[gather_dtype(role.plan)] if wrapped else 0.0,
                "vocab grads (end of backward)": _vocab_grad_bytes(spec, role)}
-    step = {f"{name}.grads": grads, "optimizer step": ADAM_STEP_SCRATCH * role.params * 4 / ws}
+    in_place = role.plan.fused_optimizer and not role.plan.optimizer_offload
+    scratch = 0.0 if in_place else ADAM_STEP_SCRATCH * role.params * 4 / ws
+    step = {f"{name}.grads": grads, "optimizer step": scratch}
     if role.plan.optimizer_offload:
         step[f"{name}.optimizer"] = role.optimizer(ws)
     terms.update(max((*forwards, layer_bwd, bwd_end, step), key=lambda t: sum(t.values())))

@@ -16,7 +16,7 @@ from verl.compat import engines, settings
 from verl.compat.decider import Decider as _Decider
 from verl.compat.decider import PACKED_KERNELS, PlanError
 from verl.compat.decider import cc_name as _cc
-from verl.compat.fit import MAX_ROLLOUT_MICRO_BATCH, FitInputs, apply_batches, fit, micro_batches, wrapped
+from verl.compat.fit import MAX_ROLLOUT_MICRO_BATCH, FitInputs, apply_batches, fit, micro_batches, settled
 from verl.compat.memory import Workload
 from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
@@ -528,7 +528,7 @@ def _plan_without_model(d: _Decider, inp: FitInputs, plan_kwargs: dict) -> Plan:
         roles[name] = replace(roles[name], gradient_checkpointing=ck is not False,
                               param_offload=po is True, optimizer_offload=oo is True,
                               reshard_after_forward=reshard is not False)
-        roles[name] = wrapped(inp, roles[name])
+        roles[name] = settled(d, inp, name, roles[name])
         d.note(f"{name}.fsdp", roles[name].fsdp, wraps_in_fsdp(roles[name], inp.ranks, inp.always_fsdp)[1])
         d.note(f"{name}.reshard_after_forward", reshard is not False, "set by the user" if reshard is not AUTO
                else "upstream's default: with no model config.json the kept weights cannot be sized")

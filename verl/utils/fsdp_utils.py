@@ -100,9 +100,19 @@ def shard_model(
 
 def place_unwrapped(model: torch.nn.Module, device_type: str) -> torch.nn.Module:
     """`model` on this process's device, as stored: what a plan that does not wrap it in FSDP2 runs
-    (one device, no cast on gather, no offload: every pass reads these weights in place)."""
+    (one device, no cast on gather, no offload: every pass reads these weights in place).
+
+    An input embedding tied to the output projection gets sparse gradients: backward then adds the
+    few looked-up rows to the projection's dense gradient instead of materialising a second
+    vocabulary-sized matrix (measured: one fewer vocab x hidden matrix at the end of backward; the
+    summed gradient is dense and the same). Untied, it stays dense: a sparse .grad would reach the
+    optimizer."""
     if device_type != "cpu":
         model.to(torch.device(device_type, torch.get_device_module(device_type).current_device()))
+    inputs = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    outputs = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(inputs, torch.nn.Embedding) and outputs is not None and outputs.weight is inputs.weight:
+        inputs.sparse = True
     return model
 
 
