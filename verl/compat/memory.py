@@ -52,9 +52,10 @@ GiB = 1024 ** 3
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 LOGPROB_CHUNK_ROWS = 1024        # rows per float32 chunk in verl.utils.torch_functional
 CUDA_CONTEXT_GB = 0.75           # CUDA context + cuBLAS workspace, outside the allocator's count
-# foreach AdamW temporaries, in units of one fp32 shard of params (measured). The fused kernel over state
-# kept on the device updates in place (measured on the H200, p40 field report: the critic update peaked at
-# its gradients, +0.00 GiB); with the state offloaded the step's peak still has the scratch (H200 matrix).
+# foreach AdamW temporaries, in units of one fp32 shard of params (measured). The fused kernel updates in
+# place (measured on the H200: the p40 field report's critic update peaked at its gradients, +0.00 GiB, and
+# the t4/v100 cells' offloaded state too); only FSDP2-wrapped roles with offloaded state still peaked with
+# the scratch (the H200 matrix of 2026-12-01, benchmarks/results/memory_h200_2026-12-01.json).
 ADAM_STEP_SCRATCH = 1.0
 ENGINE_TERMS = ("rollout.kv_cache", "rollout.prefill", "rollout.sampling", "rollout.engine share")
 
@@ -447,7 +448,7 @@ def _update_phase(s: _Step, name: str) -> dict[str, float]:
     bwd_end = {f"{name}.grads": grads,
                f"{name}.compute_copy": _root_unit(spec, role) * BYTES[gather_dtype(role.plan)] if wrapped else 0.0,
                "vocab grads (end of backward)": _vocab_grad_bytes(spec, role)}
-    in_place = role.plan.fused_optimizer and not role.plan.optimizer_offload
+    in_place = role.plan.fused_optimizer and not (role.plan.fsdp and role.plan.optimizer_offload)
     scratch = 0.0 if in_place else ADAM_STEP_SCRATCH * role.params * 4 / ws
     step = {f"{name}.grads": grads, "optimizer step": scratch}
     if role.plan.optimizer_offload:
