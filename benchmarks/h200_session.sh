@@ -30,9 +30,10 @@
 #   ... matrix_c the rtx3090 and a100-40gb matrix cells (torch_varlen, packed) alone (~4 min)
 #   ... next10   unwrapped one-device models: GPU tests, the p40 field report's peak breakdown, p40 and GRPO rows
 #   ... next11   the p40 row (sparse tied-embedding gradients), then matrix_a's cells with the breakdown beside them
+#   ... next12   matrix_c's cells (rtx3090, a100-40gb) beside the peak breakdown of the t4 matrix cell (PPO)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10 or next11}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11 or next12}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -289,6 +290,18 @@ PY
   wait $b; echo "breakdown exit $? at $(( $(date +%s) - t0 )) s"
   grep -E "^[a-z_]+: resident|GiB  " "$W/breakdown.log" | grep -v " 0.000 GiB" | cut -c1-200
   wait $m; echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -24
+elif [ "$mode" = next12 ]; then
+  # the sm_80 profiles' cells (their GRPO reference now unwrapped) beside the allocator's breakdown of the t4
+  # cell's phases (fp16 autocast over unwrapped fp32 weights, where the memory model over-predicts)
+  timeout 200 python3 benchmarks/peak_breakdown.py --model $MODEL --profile t4 --shape matrix --algo ppo \
+      --json "$W/breakdown.json" > "$W/breakdown.log" 2>&1 &
+  b=$!
+  timeout 230 python3 benchmarks/gpu_matrix.py --assets .gpu-assets --profiles rtx3090,a100-40gb --steps 3 \
+      --test-freq 2 --jobs 4 --budget-gb 112 --cell-timeout 220 --out "$W/matrix" > "$W/matrix.log" 2>&1 &
+  m=$!
+  wait $b; echo "breakdown exit $? at $(( $(date +%s) - t0 )) s"
+  grep -E "^[a-z_]+: resident|GiB  |plan's terms" "$W/breakdown.log" | grep -v " 0.00[0-4] GiB" | cut -c1-220
+  wait $m; echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -14
 elif [ "$mode" = next10 ]; then
   # on one device a model FSDP2 would only copy runs unwrapped: the GPU tests, the allocator's breakdown of
   # each phase's peak for the p40 field report, its row for 8 steps (per-phase peaks), then the GRPO row

@@ -18,10 +18,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from memory_growth import SHAPES  # noqa: E402
+from memory_growth import SHAPES as GROWTH_SHAPES  # noqa: E402
 from worker_harness import StepPhases, build_workers, stock_overrides  # noqa: E402
 
 GiB = 1024**3
+# memory_growth.py's shapes, plus gpu_matrix.py's cell (batch 8, 256 + 128, micro-batch 4, log-prob micro-batch 8)
+SHAPES = {**GROWTH_SHAPES, "matrix": dict(batch=8, n=1, mini=8, micro=4, log_prob_micro=8, ref_micro=8, prompt=256,
+                                          response=128)}
 # the worker method of each phase -> the memory model's phase name
 MODEL_PHASE = {"generate_sequences": "rollout", "compute_log_prob": "log_prob", "compute_ref_log_prob": "ref",
                "compute_values": "values", "update_critic": "critic_update", "update_actor": "actor_update"}
