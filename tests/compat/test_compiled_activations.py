@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from test_memory import HF, QWEN05, role  # noqa: E402
 
-from verl.compat.memory import (BYTES, COMPILED_ACTIVATION_SHARE, Workload, estimate_memory,  # noqa: E402
+from verl.compat.memory import (BYTES, COMPILED_ACTIVATION_SHARE, GiB, Workload, estimate_memory,  # noqa: E402
                                 layer_activation_bytes)
 from verl.compat.model_spec import ModelSpec  # noqa: E402
 from verl.utils.layer_compile import compile_decoder_layers  # noqa: E402
@@ -76,5 +76,20 @@ def test_the_plans_torch_compile_shrinks_only_the_updates_activations():
     kept = eager["actor_update"].terms["activations"] * COMPILED_ACTIVATION_SHARE[2]
     assert compiled["actor_update"].terms["activations"] == pytest.approx(kept)
     assert compiled["actor_update"].total_gb < eager["actor_update"].total_gb
-    for phase in ("rollout", "validation", "log_prob"):   # no backward: nothing saved
+    for phase in ("rollout", "validation"):               # the built-in engine's decode is compiled apart
         assert compiled[phase].terms == eager[phase].terms, phase
+    # no backward, so nothing saved; the forward's chunked log-prob kernels hold no float32 scratch
+    # (measured on the H200, t4 profile: the pass peaked at the cast output projection and the logits)
+    resp = 4 * 128                                      # a forward micro-batch of 4 responses
+    assert compiled["log_prob"].terms["logits"] * GiB == pytest.approx(resp * QWEN05.vocab_size * 2)
+    assert compiled["log_prob"].terms["actor.compute_copy"] == eager["log_prob"].terms["actor.compute_copy"]
+    # a guarded float16 actor (autocast over float32 weights): eager, autocast caches a cast of every weight
+    # for the forward; compiled, each layer's graph casts its own, and only the output projection's cast
+    # (op by op) remains
+    guarded = role(compute="float16", micro=4)
+    eager16, compiled16 = (estimate_memory(QWEN05, wl, guarded, HF, device_memory_gb=40.0, compiled_layers=c).phases
+                           for c in (False, True))
+    vh = QWEN05.vocab_size * QWEN05.hidden_size
+    gathered = eager16["log_prob"].terms["actor.compute_copy"] * GiB - QWEN05.num_params * 2
+    assert compiled16["log_prob"].terms["actor.compute_copy"] * GiB == pytest.approx(gathered + vh * 2)
+    assert compiled["log_prob"].total_gb < eager["log_prob"].total_gb

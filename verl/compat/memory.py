@@ -160,13 +160,15 @@ def layer_activation_bytes(m: ModelSpec, compute: str, residual: str, attn: str,
     return norms + attention + mlp
 
 
-def _logits_bytes(m: ModelSpec, response_tokens: int, compute: str, backward: bool) -> float:
+def _logits_bytes(m: ModelSpec, response_tokens: int, compute: str, backward: bool, fused: bool = False) -> float:
     """Logits of a micro-batch's response positions (the actor asks the model for those only,
     `logits_to_keep`) in compute dtype, the float32 scratch of the chunked log-prob pass
     (`verl.utils.torch_functional`: an upcast chunk and its exponential), and in backward the
     logits' gradient next to the saved logits."""
     c, v = BYTES[compute], m.vocab_size
     chunk = min(response_tokens, LOGPROB_CHUNK_ROWS) * v * 4
+    if fused and not backward:   # compiled chunk kernels hold no scratch (measured on the H200, t4 profile)
+        chunk = 0
     return response_tokens * v * c * (2 if backward else 1) + 2 * chunk
 
 
@@ -294,7 +296,7 @@ def _root_unit(m: ModelSpec, role: _Role) -> int:
     return m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings or role.name == "critic" else 2)
 
 
-def _compute_copy(m: ModelSpec, role: _Role, dtype: str, train: bool = False) -> float:
+def _compute_copy(m: ModelSpec, role: _Role, dtype: str, train: bool = False, compiled: bool = False) -> float:
     """Weights materialised for compute: the FSDP2 all-gathered units (root plus two prefetched
     layers) in the gather dtype, at every world size (FSDP2 copies on one device too); in an update
     whose plan does not reshard after forward, every unit instead (each layer stays gathered from its
@@ -302,8 +304,11 @@ def _compute_copy(m: ModelSpec, role: _Role, dtype: str, train: bool = False) ->
     as they go, `fsdp_utils.shard_model`), and in forwards whose plan gathers the model once per call
     (`gather_for_forward`); none for an unwrapped model. Plus autocast's casts when the weights are gathered in
     another dtype than `dtype`. Autocast caches the cast of a leaf weight that requires grad for the
-    whole forward: a trained role holds a cast copy of its weights; a frozen one (the reference)
-    casts op by op, the output projection the largest at once."""
+    whole forward: a trained role holds a cast copy of its weights; a frozen one (the reference), and
+    a trained one's forward without gradients through compiled layers (`compiled`: each layer's graph
+    casts its own weights), cast op by op, the output projection the largest at once (measured on the
+    H200, t4 profile, compiled: the old-log-prob pass peaked at the cast output projection and the
+    float16 logits, nothing else)."""
     gather = gather_dtype(role.plan)
     root = _root_unit(m, role)
     per_layer = (role.params - root) / m.num_layers
@@ -311,7 +316,7 @@ def _compute_copy(m: ModelSpec, role: _Role, dtype: str, train: bool = False) ->
     units = (role.params if kept else root + 2 * per_layer) * BYTES[gather] if role.plan.fsdp else 0.0
     if gather == dtype:
         return units
-    if not role.trainable:
+    if not role.trainable or (compiled and not train):
         return units + m.vocab_size * m.hidden_size * BYTES[dtype]
     embedding = m.vocab_size * m.hidden_size
     casted = role.params - (embedding if (role.name == "critic" or not m.tie_word_embeddings) else 0)
@@ -413,13 +418,13 @@ def _forward_phase(s: _Step, name: str) -> dict[str, float]:
     role, spec = s.roles[name], s.spec(name)
     terms = s.idle(name)
     terms.update(s.on_device(role, optimizer=not role.plan.optimizer_offload and role.trainable))
-    terms[f"{name}.compute_copy"] = _compute_copy(spec, role, role.plan.compute_dtype)
+    terms[f"{name}.compute_copy"] = _compute_copy(spec, role, role.plan.compute_dtype, compiled=s.compiled_layers)
     tokens, resp, _ = _tokens(role.plan, s.wl, name, forward=True)
     terms.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=False))
     if name == "critic":
         terms["values"] = tokens * spec.hidden_size * 4
     else:
-        terms["logits"] = _logits_bytes(spec, resp, role.plan.compute_dtype, backward=False)
+        terms["logits"] = _logits_bytes(spec, resp, role.plan.compute_dtype, backward=False, fused=s.compiled_layers)
     return terms
 
 
