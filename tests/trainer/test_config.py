@@ -148,7 +148,8 @@ def test_defaults_keep_upstream_values_except_hardware_keys():
                                           "mixed_precision.reduce_dtype", "mixed_precision.buffer_dtype")}
     for key in autos:
         assert OmegaConf.select(cfg, key) == "auto", key
-    assert dict(cfg.compat) == {"device": None, "strict": False, "numerics_guard": True, "memory_margin": 0.1}
+    assert dict(cfg.compat) == {"device": None, "strict": False, "numerics_guard": True, "memory_margin": 0.1,
+                                "always_fsdp": False}
 
 
 def test_compat_device_follows_environment(monkeypatch):
