@@ -31,9 +31,10 @@
 #   ... next10   unwrapped one-device models: GPU tests, the p40 field report's peak breakdown, p40 and GRPO rows
 #   ... next11   the p40 row (sparse tied-embedding gradients), then matrix_a's cells with the breakdown beside them
 #   ... next12   matrix_c's cells (rtx3090, a100-40gb) beside the peak breakdown of the t4 matrix cell (PPO)
+#   ... long_p40c the field report under p40 for 120 steps on the unwrapped plan, checkpoints, then resumed (~8 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11 or next12}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 or long_p40c}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -290,6 +291,29 @@ PY
   wait $b; echo "breakdown exit $? at $(( $(date +%s) - t0 )) s"
   grep -E "^[a-z_]+: resident|GiB  " "$W/breakdown.log" | grep -v " 0.000 GiB" | cut -c1-200
   wait $m; echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -24
+elif [ "$mode" = long_p40c ]; then
+  # the field report under p40 for 120 steps on the unwrapped plan: per-step peaks (flat, no crash), validation
+  # every 40 steps on 256 test prompts, checkpoints at 60 and 120; then the same command resumed for 2 more steps
+  X="trainer.test_freq=40 data.val_max_samples=256 trainer.save_freq=60 trainer.default_local_dir=/tmp/ckpt_p40"
+  SPEED_EXTRA="$X" SPEED_ROWS=p40 P40_STEPS=120 P40_TIMEOUT=330 timeout 340 python3 benchmarks/speed.py \
+      --out "$W/p40" > "$W/p40.log" 2>&1
+  echo "p40 120 steps exit $? at $(( $(date +%s) - t0 )) s"; tail -4 "$W/p40.log"
+  python3 benchmarks/summarize_run.py "$W/p40/p40.jsonl" 2>&1 | tail -4; ls /tmp/ckpt_p40 2>&1 | head
+  python3 - "$W/p40/p40.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l)["data"] for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if "timing_s/step" in r]
+for key in ("perf/max_memory_allocated_gb", "perf/max_memory_allocated_gb/update_actor", "perf/max_memory_allocated_gb/gen"):
+    v = [r.get(key) for r in rows if r.get(key) is not None]
+    print(key, len(v), "steps: step 1", v[:1], "| steps 2+ min", min(v[1:] or v), "max", max(v[1:] or v), "| every 20th", v[::20])
+print("validation peaks", [round(r["perf/max_memory_allocated_gb/validation"], 3) for r in rows
+                           if "perf/max_memory_allocated_gb/validation" in r])
+print("grad norms finite:", all(isinstance(r.get("actor/grad_norm"), float) for r in rows))
+PY
+  SPEED_EXTRA="$X trainer.resume_mode=auto" SPEED_ROWS=p40 P40_STEPS=122 P40_TIMEOUT="$(( $(left 570) - 10 ))" \
+      timeout "$(left 570)" python3 benchmarks/speed.py --out "$W/resume" > "$W/resume.log" 2>&1
+  echo "resume exit $? at $(( $(date +%s) - t0 )) s"; grep -ihm3 "resum\|global_step_120" "$W/resume/p40.log" | cut -c1-200
+  python3 benchmarks/summarize_run.py "$W/resume/p40.jsonl" 2>&1 | tail -3
 elif [ "$mode" = next12 ]; then
   # the sm_80 profiles' cells (their GRPO reference now unwrapped) beside the allocator's breakdown of the t4
   # cell's phases (fp16 autocast over unwrapped fp32 weights, where the memory model over-predicts)
