@@ -128,7 +128,7 @@ def format_plan(plan: Plan) -> str:
     """The human-readable plan: device, software verdicts, one row per role, then the reasons."""
     lines = ["verl.compat plan", *format_device(plan.device, plan.software)]
     head = (f"  {'role':8s} {'params':9s} {'compute':9s} {'scaler':6s} {'attention':17s} "
-            f"{'rm_pad':6s} {'ckpt':4s} {'offload p/o':11s} {'micro':5s} {'peak GiB':>8s}")
+            f"{'rm_pad':6s} {'ckpt':4s} {'fsdp':4s} {'offload p/o':11s} {'micro':5s} {'peak GiB':>8s}")
     lines += ["", head]
     for name in ("actor", "critic", "ref"):
         r = getattr(plan, name)
@@ -139,7 +139,7 @@ def format_plan(plan: Plan) -> str:
         lines.append(
             f"  {name:8s} {r.param_dtype:9s} {r.compute_dtype:9s} {_yes(r.grad_scaler):6s} "
             f"{r.attn_implementation:17s} {_yes(r.use_remove_padding):6s} {_yes(r.gradient_checkpointing):4s} "
-            f"{_yes(r.param_offload) + '/' + _yes(r.optimizer_offload):11s} {micro:5s} {r.predicted_peak_gb:8.2f}")
+            f"{_yes(r.fsdp):4s} {_yes(r.param_offload) + '/' + _yes(r.optimizer_offload):11s} {micro:5s} {r.predicted_peak_gb:8.2f}")
     ro = plan.rollout
     lines.append(f"  {'rollout':8s} {ro.name} ({ro.dtype}, {ro.attn_implementation}, "
                  f"gpu_memory_utilization {ro.gpu_memory_utilization:.2f}, "
