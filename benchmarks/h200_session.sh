@@ -51,6 +51,16 @@ row() {
   [ -f "$W/$out/$name.jsonl" ] && python3 benchmarks/summarize_run.py "$W/$out/$name.jsonl" 2>&1 | tail -4
 }
 left() { echo $(( $1 - ($(date +%s) - t0) )); }   # seconds left of a call's <wall>
+# A run's allocator peak per phase, one list over its steps (perf/max_memory_allocated_gb/<phase>).
+phase_peaks() {
+  python3 - "$1" <<'PY'
+import json, sys
+rows = [json.loads(l)["data"] for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if "timing_s/step" in r]
+for phase in ("gen", "old_log_prob", "values", "update_critic", "update_actor"):
+    print(phase, [round(r.get(f"perf/max_memory_allocated_gb/{phase}", 0), 3) for r in rows])
+PY
+}
 OPT_OFFLOAD="actor_rollout_ref.actor.fsdp_config.optimizer_offload=True critic.fsdp.optimizer_offload=True"
 trap pack EXIT
 trap 'exit 143' TERM
@@ -275,13 +285,7 @@ elif [ "$mode" = next11 ]; then
   # one-device plans now run unwrapped; PPO + critic and GRPO + KL, 3 steps, validation at step 2) with the
   # allocator's peak breakdown of the p40 field report beside them
   row p40 p40 8 110
-  python3 - "$W/p40/p40.jsonl" <<'PY'
-import json, sys
-rows = [json.loads(l)["data"] for l in open(sys.argv[1]) if l.strip()]
-rows = [r for r in rows if "timing_s/step" in r]
-for phase in ("gen", "old_log_prob", "values", "update_critic", "update_actor"):
-    print(phase, [round(r.get(f"perf/max_memory_allocated_gb/{phase}", 0), 3) for r in rows])
-PY
+  phase_peaks "$W/p40/p40.jsonl"
   timeout 170 python3 benchmarks/peak_breakdown.py --model $MODEL --profile p40 --shape field --algo ppo \
       --json "$W/breakdown.json" > "$W/breakdown.log" 2>&1 &
   b=$!
@@ -336,13 +340,7 @@ elif [ "$mode" = next10 ]; then
       --json "$W/breakdown.json" > "$W/breakdown.log" 2>&1
   echo "breakdown exit $? at $(( $(date +%s) - t0 )) s"; grep -vE "^Loading|Writing|it/s" "$W/breakdown.log" | tail -64 | cut -c1-240
   row p40 p40 8 110
-  python3 - "$W/p40/p40.jsonl" <<'PY'
-import json, sys
-rows = [json.loads(l)["data"] for l in open(sys.argv[1]) if l.strip()]
-rows = [r for r in rows if "timing_s/step" in r]
-for phase in ("gen", "old_log_prob", "values", "update_critic", "update_actor"):
-    print(phase, [round(r.get(f"perf/max_memory_allocated_gb/{phase}", 0), 3) for r in rows])
-PY
+  phase_peaks "$W/p40/p40.jsonl"
   row grpo grpo 5 "$(left 570)"
 elif [ "$mode" = matrix_c ]; then
   # the sm_80 profiles below the H200 now plan torch_varlen with packed micro-batches: their matrix cells

@@ -4,7 +4,6 @@ device and setting, and what the memory model stops counting for an unwrapped mo
 The field report's settings on the P40 (float32 everywhere, one device) are the case it is for: FSDP2
 shards nothing there, and its gather was a second copy of the actor while generating.
 """
-import copy
 import dataclasses
 import os
 import sys
@@ -25,18 +24,6 @@ FP32 = RolePlan(param_dtype="float32", compute_dtype="float32", grad_scaler=Fals
                 use_remove_padding=False, gradient_checkpointing=False, param_offload=False, optimizer_offload=False)
 
 
-def with_(cfg: dict, **extra) -> dict:
-    """A copy of `cfg` with `a__b__c=value` keys set."""
-    out = copy.deepcopy(cfg)
-    for path, value in extra.items():
-        *parents, leaf = path.split("__")
-        node = out
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return out
-
-
 def test_the_rule():
     assert wraps_in_fsdp(FP32, ranks=1)[0] is False
     assert "runs unwrapped" in wraps_in_fsdp(FP32, ranks=1)[1]
@@ -53,7 +40,7 @@ def test_the_rule():
 
 def test_field_report_on_the_p40_runs_unwrapped_and_generates_without_a_gathered_copy():
     plan = make_plan(CATALOG["p40"], FIELD, PLAIN, QWEN05)
-    wrapped = make_plan(CATALOG["p40"], with_(FIELD, compat__always_fsdp=True), PLAIN, QWEN05)
+    wrapped = make_plan(CATALOG["p40"], config(1, 256, 256, 1, 1, 1, compat__always_fsdp=True), PLAIN, QWEN05)
     assert plan.actor.fsdp is False and plan.critic.fsdp is False
     assert plan.reasons["actor.fsdp"].startswith("one device")
     assert "nothing is gathered" in plan.reasons["actor.reshard_after_forward"]
@@ -84,10 +71,10 @@ def test_what_keeps_fsdp_on_one_device():
     quick = make_plan(CATALOG["h200"], QUICKSTART, PLAIN, QWEN05)          # bf16 compute, fp32 master weights
     assert quick.actor.fsdp is True and quick.critic.fsdp is True
     assert "casts the float32 weights to bfloat16" in quick.reasons["actor.fsdp"]
-    grpo = make_plan(CATALOG["h200"], with_(QUICKSTART, algorithm__adv_estimator="grpo",
-                                            actor_rollout_ref__actor__use_kl_loss=True), PLAIN, QWEN05)
+    grpo = make_plan(CATALOG["h200"], config(256, 512, 512, 64, 4, 8, algorithm__adv_estimator="grpo",
+                                             actor_rollout_ref__actor__use_kl_loss=True), PLAIN, QWEN05)
     assert grpo.ref.fsdp is False                                         # bf16 weights computed in bf16
-    offloaded = make_plan(CATALOG["p40"], with_(FIELD, critic__fsdp__param_offload=True), PLAIN, QWEN05)
+    offloaded = make_plan(CATALOG["p40"], config(1, 256, 256, 1, 1, 1, critic__fsdp__param_offload=True), PLAIN, QWEN05)
     assert offloaded.critic.fsdp is True and "host memory" in offloaded.reasons["critic.fsdp"]
     assert offloaded.actor.fsdp is False
 
