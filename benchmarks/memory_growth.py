@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from worker_harness import StepPhases, build_workers, stock_overrides  # noqa: E402
+from worker_harness import add_step_arguments, step_for  # noqa: E402
 
 GiB = 1024**3
 SHAPES = {"grpo": dict(batch=16, n=4, mini=8, micro=16, log_prob_micro=16, ref_micro=16, prompt=512, response=128),
@@ -73,21 +73,12 @@ def allocated(device) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True)
-    p.add_argument("--profile", default="auto", help="compat.device to simulate (auto: the present device)")
-    p.add_argument("--algo", choices=("grpo", "ppo"), default="grpo")
-    p.add_argument("--shape", choices=sorted(SHAPES), default="grpo")
+    add_step_arguments(p, SHAPES, algo="grpo", shape="grpo")
     p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--override", action="append", default=[], help="more Hydra overrides")
-    p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
-    s = SHAPES[args.shape]
-    overrides = stock_overrides(s, args.profile, args.model) + [f"actor_rollout_ref.rollout.n={s['n']}"]
-    if args.algo == "grpo":
-        overrides += ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=True"]
-    w = build_workers(overrides + args.override, total_training_steps=args.steps + 1)
-    step = StepPhases(w, prompt=s["prompt"], real_prompt=(max(s["prompt"] // 8, 1), s["prompt"] // 2))
+    step = step_for(args, SHAPES, total_training_steps=args.steps + 1)
+    w = step.w
     device_type = w.device.type
     if device_type == "cuda":
         import torch

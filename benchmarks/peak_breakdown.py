@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from memory_growth import SHAPES as GROWTH_SHAPES  # noqa: E402
-from worker_harness import StepPhases, build_workers, stock_overrides  # noqa: E402
+from worker_harness import add_step_arguments, step_for  # noqa: E402
 
 GiB = 1024**3
 # memory_growth.py's shapes, plus gpu_matrix.py's cell (batch 8, 256 + 128, micro-batch 4, log-prob micro-batch 8)
@@ -60,24 +60,15 @@ def peak_of_trace(trace: list, start_bytes: int) -> tuple[int, collections.Count
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True)
-    p.add_argument("--profile", default="auto", help="compat.device to simulate (auto: the present device)")
-    p.add_argument("--algo", choices=("grpo", "ppo"), default="ppo")
-    p.add_argument("--shape", choices=sorted(SHAPES), default="field")
-    p.add_argument("--override", action="append", default=[], help="more Hydra overrides")
-    p.add_argument("--json", default=None)
+    add_step_arguments(p, SHAPES, algo="ppo", shape="field")
     args = p.parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
         print("peak_breakdown.py needs a CUDA device (the allocator's history)")
         return 2
-    s = SHAPES[args.shape]
-    overrides = stock_overrides(s, args.profile, args.model) + [f"actor_rollout_ref.rollout.n={s['n']}"]
-    if args.algo == "grpo":
-        overrides += ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=True"]
-    w = build_workers(overrides + args.override, total_training_steps=3)
-    step = StepPhases(w, prompt=s["prompt"], real_prompt=(max(s["prompt"] // 8, 1), s["prompt"] // 2))
+    step = step_for(args, SHAPES, total_training_steps=3)
+    w = step.w
     for phase in step.available():        # step 1: compiles, records graphs, creates the optimizer state
         step.call(phase)
     step.seed = 4
