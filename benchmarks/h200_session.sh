@@ -32,12 +32,14 @@
 #   ... next11   the p40 row (sparse tied-embedding gradients), then matrix_a's cells with the breakdown beside them
 #   ... next12   matrix_c's cells (rtx3090, a100-40gb) beside the peak breakdown of the t4 matrix cell (PPO)
 #   ... long_p40c the field report under p40 for 120 steps on the unwrapped plan, checkpoints, then resumed (~8 min)
+#   ... cold2    the p40 cold start twice (plan beside ray.init, no prestarted Ray workers), once more with every
+#                process's stacks sampled, and transformers' import times (~4 min)
 #   ... coldprobe where cold start goes on this machine: torch/CUDA/transformers import and init in a fresh process,
 #                Ray's own start under lean settings, then the p40 cold start with every process's stacks sampled
 #                (benchmarks/stack_sampler), and the GPU tests (~6 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c or coldprobe}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe or cold2}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -93,10 +95,20 @@ PY
   export CS="--shapes field --assets .gpu-assets"
   timeout 120 python3 benchmarks/cold_start.py $CS --repeat 1 --out "$W/cold_plain" > "$W/cold_plain.log" 2>&1
   echo "cold_start plain exit $?"; grep -E "run 1/|^\| " "$W/cold_plain.log" | head -40
-  VERL_STACK_SAMPLES="$W/stacks" VERL_STACK_SECONDS=50 PYTHONPATH="$PWD/benchmarks/stack_sampler" \
+  VERL_STACK_SAMPLES="$W/stacks" VERL_STACK_SECONDS=50 PYTHONPATH="$PWD/benchmarks/stack_sampler:$PYTHONPATH" \
       timeout 120 python3 benchmarks/cold_start.py $CS --repeat 1 --out "$W/cold_sampled" > "$W/cold_sampled.log" 2>&1
   echo "cold_start sampled exit $?"; grep -E "run 1/" "$W/cold_sampled.log"
   timeout 150 python3 -m pytest -q -m gpu tests/workers tests/rollout > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -3 "$W/gpu_tests.log"
+elif [ "$mode" = cold2 ]; then
+  python3 -X importtime -c "import torch, transformers; from transformers import Qwen2ForCausalLM, AutoTokenizer" \
+      2> "$W/transformers_importtime.txt"
+  sort -t'|' -k1 -n -r "$W/transformers_importtime.txt" | head -12
+  export CS="--shapes field --assets .gpu-assets"
+  timeout 150 python3 benchmarks/cold_start.py $CS --repeat 2 --out "$W/cold_plain" > "$W/cold_plain.log" 2>&1
+  echo "cold_start plain exit $?"; grep -E "run [12]/|^\| " "$W/cold_plain.log" | head -40
+  VERL_STACK_SAMPLES="$W/stacks" VERL_STACK_SECONDS=50 PYTHONPATH="$PWD/benchmarks/stack_sampler:$PYTHONPATH" \
+      timeout 120 python3 benchmarks/cold_start.py $CS --repeat 1 --out "$W/cold_sampled" > "$W/cold_sampled.log" 2>&1
+  echo "cold_start sampled exit $?"; grep -E "run 1/" "$W/cold_sampled.log"
 elif [ "$mode" = correctness ]; then
   timeout 170 python3 benchmarks/rollout_speed.py --skip-old --out "$W/rollout" > "$W/rollout.log" 2>&1; echo "rollout_speed exit $?"
   timeout 90 python3 -m pytest -q -m gpu tests/rollout > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -3 "$W/gpu_tests.log"
