@@ -32,6 +32,8 @@
 #   ... next11   the p40 row (sparse tied-embedding gradients), then matrix_a's cells with the breakdown beside them
 #   ... next12   matrix_c's cells (rtx3090, a100-40gb) beside the peak breakdown of the t4 matrix cell (PPO)
 #   ... long_p40c the field report under p40 for 120 steps on the unwrapped plan, checkpoints, then resumed (~8 min)
+#   ... next13   GPU tests, the p40 cold start twice (no prestarted Ray workers), the p40 field report (input embedding
+#                rows straight into .grad), then the pre-Ampere matrix cells (~8 min)
 #   ... cold2    the p40 cold start twice (plan beside ray.init, no prestarted Ray workers), once more with every
 #                process's stacks sampled, and transformers' import times (~4 min)
 #   ... coldprobe where cold start goes on this machine: torch/CUDA/transformers import and init in a fresh process,
@@ -39,7 +41,7 @@
 #                (benchmarks/stack_sampler), and the GPU tests (~6 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe or cold2}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2 or next13}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -99,6 +101,15 @@ PY
       timeout 120 python3 benchmarks/cold_start.py $CS --repeat 1 --out "$W/cold_sampled" > "$W/cold_sampled.log" 2>&1
   echo "cold_start sampled exit $?"; grep -E "run 1/" "$W/cold_sampled.log"
   timeout 150 python3 -m pytest -q -m gpu tests/workers tests/rollout > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -3 "$W/gpu_tests.log"
+elif [ "$mode" = next13 ]; then
+  timeout 150 python3 -m pytest -q -m gpu tests/workers tests/rollout > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -3 "$W/gpu_tests.log"
+  timeout 150 python3 benchmarks/cold_start.py --shapes field --assets .gpu-assets --repeat 2 --out "$W/cold" > "$W/cold.log" 2>&1
+  echo "cold_start exit $? at $(( $(date +%s) - t0 )) s"; grep -E "run [12]/|^\| " "$W/cold.log" | head -20
+  row p40 p40 8 110
+  phase_peaks "$W/p40/p40.jsonl"
+  timeout "$(left 560)" python3 benchmarks/gpu_matrix.py --assets .gpu-assets --profiles p40,p100,v100-16gb,t4 \
+      --steps 3 --test-freq 2 --jobs 8 --budget-gb 112 --cell-timeout 400 --out "$W/matrix" > "$W/matrix.log" 2>&1
+  echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -24
 elif [ "$mode" = cold2 ]; then
   python3 -X importtime -c "import torch, transformers; from transformers import Qwen2ForCausalLM, AutoTokenizer" \
       2> "$W/transformers_importtime.txt"

@@ -57,14 +57,14 @@ def test_field_report_on_the_p40_runs_unwrapped_and_generates_without_a_gathered
         terms = plan.memory["phases"][phase]
         assert not any(k.endswith("compute_copy") and v for k, v in terms.items()), (phase, terms)
     assert plan.predicted_peak_gb < wrapped.predicted_peak_gb - actor_weights + 0.01
-    # an update: the resident state, its gradients and one vocabulary matrix (the tied embedding's sparse
-    # gradient summed out of place); the fused AdamW step adds nothing (measured on the H200)
-    vocab = QWEN05.vocab_size * QWEN05.hidden_size * 4 / GiB
+    # an update (one micro-batch): the resident state and its gradients; the embedding's rows go into .grad
+    # in place, so no vocabulary matrix is added, and the fused AdamW step adds nothing (measured on the H200)
     for phase, role in (("actor_update", "actor"), ("critic_update", "critic")):
         terms = plan.memory["phases"][phase]
         assert plan.reasons[f"{role}.fused_optimizer"].startswith("fused AdamW")
         assert terms.get("optimizer step", 0) == 0
-        assert terms["vocab grads (end of backward)"] == pytest.approx(vocab, abs=1e-3)
+        assert terms.get("vocab grads (end of backward)", 0) == 0
+        assert f"{role}.grads" in terms
 
 
 def test_what_keeps_fsdp_on_one_device():

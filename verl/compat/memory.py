@@ -172,7 +172,7 @@ def _logits_bytes(m: ModelSpec, response_tokens: int, compute: str, backward: bo
     return response_tokens * v * c * (2 if backward else 1) + 2 * chunk
 
 
-def _vocab_grad_bytes(m: ModelSpec, role: _Role) -> float:
+def _vocab_grad_bytes(m: ModelSpec, role: _Role, accumulates: bool) -> float:
     """Backward materialises (vocab x hidden) gradients whole before FSDP2 reduces them into .grad.
 
     Tied embeddings get two (output projection and dense embedding gradient) plus their sum,
@@ -180,15 +180,19 @@ def _vocab_grad_bytes(m: ModelSpec, role: _Role) -> float:
     compute dtype and then in the master dtype, one matrix at a time. A critic has only the
     embedding's, plus the copy FSDP2 reduces from (measured on CPU: 2x).
 
-    An unwrapped model's .grad is in the grads term already. Tied, its embedding's gradient is sparse
-    (`fsdp_utils.place_unwrapped`) and backward adds it to the output projection's, out of place: one
-    more matrix (measured on CPU: 2x with the .grad, 3x with a dense embedding gradient). A critic's
-    embedding gradient, dense, becomes its .grad, or (later micro-batches) is added to it: one more."""
+    An unwrapped model's .grad is in the grads term already, and its input embedding adds rows into
+    it (`fsdp_utils.rows_into_grad`): nothing more at the end of backward, except that a tied output
+    projection's gradient, once `accumulates` (a later micro-batch of the mini-batch), exists next to
+    the .grad it is added to (measured on CPU: 1x either way, counted here)."""
     vh = m.vocab_size * m.hidden_size
     master, compute = BYTES[role.plan.param_dtype], BYTES[role.plan.compute_dtype]
     untied = vh * (master + (compute if compute != master else 0))
     if not role.plan.fsdp:
-        return vh * master if (role.name == "critic" or m.tie_word_embeddings) else untied
+        if role.name == "critic":
+            return 0.0
+        if m.tie_word_embeddings:
+            return vh * master if accumulates else 0.0
+        return untied
     if role.name == "critic":
         return 2 * vh * master
     if m.tie_word_embeddings:
@@ -452,7 +456,7 @@ def _update_phase(s: _Step, name: str) -> dict[str, float]:
     # the root unit stays gathered until its gradients are reduced, at the very end of backward
     bwd_end = {f"{name}.grads": grads,
                f"{name}.compute_copy": _root_unit(spec, role) * BYTES[gather_dtype(role.plan)] if wrapped else 0.0,
-               "vocab grads (end of backward)": _vocab_grad_bytes(spec, role)}
+               "vocab grads (end of backward)": _vocab_grad_bytes(spec, role, accumulates=later > 0)}
     in_place = role.plan.fused_optimizer and not (role.plan.fsdp and role.plan.optimizer_offload)
     scratch = 0.0 if in_place else ADAM_STEP_SCRATCH * role.params * 4 / ws
     step = {f"{name}.grads": grads, "optimizer step": scratch}

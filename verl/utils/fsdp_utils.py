@@ -7,6 +7,7 @@ Every choice that depends on the hardware (backend, dtypes, offload) arrives in 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import resource
 from datetime import timedelta
@@ -102,18 +103,58 @@ def place_unwrapped(model: torch.nn.Module, device_type: str) -> torch.nn.Module
     """`model` on this process's device, as stored: what a plan that does not wrap it in FSDP2 runs
     (one device, no cast on gather, no offload: every pass reads these weights in place).
 
-    An input embedding tied to the output projection gets sparse gradients: backward then adds the
-    few looked-up rows to the projection's dense gradient instead of materialising a second
-    vocabulary-sized matrix (measured: one fewer vocab x hidden matrix at the end of backward; the
-    summed gradient is dense and the same). Untied, it stays dense: a sparse .grad would reach the
-    optimizer."""
+    The input embedding's gradient is added row by row into its `.grad` (`rows_into_grad`) instead of
+    being materialised as a vocabulary-sized matrix. Tied to the output projection, the weight's two
+    gradients are then never summed out of place in backward; measured on CPU, backward ends holding
+    the `.grad` alone instead of three vocabulary matrices (two with sparse embedding gradients)."""
     if device_type != "cpu":
         model.to(torch.device(device_type, torch.get_device_module(device_type).current_device()))
     inputs = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    outputs = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if isinstance(inputs, torch.nn.Embedding) and outputs is not None and outputs.weight is inputs.weight:
-        inputs.sparse = True
+    if isinstance(inputs, torch.nn.Embedding):
+        rows_into_grad(inputs)
     return model
+
+
+def rows_into_grad(embedding: torch.nn.Embedding) -> torch.nn.Embedding:
+    """Make `embedding` add its gradient rows straight into `weight.grad` (dense) during backward.
+
+    The lookup gives the weight no graph edge (`_RowsIntoGrad` holds the module, not the tensor), so
+    autograd never holds a whole (vocab, hidden) embedding gradient, and a weight tied to the output
+    projection takes that projection's gradient into `.grad` as soon as it is computed, instead of
+    at the end of backward next to a second matrix to sum it with. The summed `.grad` is the same as
+    the dense one. Lookups without gradients (generation, scoring) are plain `F.embedding`."""
+    if embedding.max_norm is not None or embedding.scale_grad_by_freq:
+        return embedding   # renormalising or frequency-scaled lookups keep torch's own backward
+    embedding.forward = functools.partial(_lookup_rows_into_grad, embedding)
+    return embedding
+
+
+def _lookup_rows_into_grad(embedding: torch.nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+    if not (torch.is_grad_enabled() and embedding.weight.requires_grad):
+        return torch.nn.functional.embedding(ids, embedding.weight, embedding.padding_idx)
+    # the output needs a graph node for backward to reach the lookup: an empty leaf stands in for the weight
+    anchor = torch.empty(0, device=ids.device, requires_grad=True)
+    return _RowsIntoGrad.apply(anchor, ids, embedding)
+
+
+class _RowsIntoGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, anchor, ids, embedding):
+        ctx.save_for_backward(ids)
+        ctx.embedding = embedding
+        return torch.nn.functional.embedding(ids, embedding.weight.detach(), embedding.padding_idx)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (ids,) = ctx.saved_tensors
+        weight, padding_idx = ctx.embedding.weight, ctx.embedding.padding_idx
+        rows, flat = grad.reshape(-1, grad.shape[-1]), ids.reshape(-1)
+        if padding_idx is not None:   # the padding row gets no gradient, as in torch's embedding backward
+            rows = rows * (flat != padding_idx).unsqueeze(-1).to(rows.dtype)
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        weight.grad.index_add_(0, flat, rows.to(weight.grad.dtype))
+        return None, None, None
 
 
 def _reshard_forwards_without_grad(model: torch.nn.Module) -> None:

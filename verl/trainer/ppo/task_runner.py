@@ -27,41 +27,39 @@ RAY_INIT_TIMEOUT_S = float(os.environ.get("VERL_RAY_INIT_TIMEOUT_S", "180"))
 
 
 def run_ppo(config) -> None:
-    """Start Ray while a thread plans, imports the worker classes and reads the data sets; then start
-    the workers and train.
+    """Plan, start Ray and the worker processes while the data sets are read on a thread, then train.
 
-    What the config and the files alone show stops the run before Ray starts (the config checks ran
-    before this; `input_problems` here). The compat plan needs torch and the device, so it is made on
-    the thread beside `ray.init`; a plan error (`compat.strict`, a device that cannot run) then arrives
-    while Ray starts, which is shut down again, with the same message. So does what only reading the
-    data finds (an over-long prompt, a missing column).
+    Problems visible from the config and the files alone stop the run before Ray starts; what only
+    reading the data finds (an over-long prompt, a missing column) arrives while Ray starts, which is
+    then shut down again, with the same message and exit status.
     """
     import ray
 
+    from verl import compat
     from verl.trainer.ppo.ray_trainer import spawn_worker_groups
     from verl.trainer.preflight import input_problems
 
+    plan = compat.build_plan(config)
+    print(compat.format_plan(plan), flush=True)
+    compat.resolve_config(config, plan)
+    OmegaConf.resolve(config)
     clock = startup_clock()
+    clock.mark("plan")
+
     if input_problems(config):
-        plan_config(config)
         build_inputs(config)  # raises InputError with these and whatever the data sets add, before Ray
-    # On the thread, one piece after the other (never two imports at once), each on its own copy of
-    # the config: the plan, the worker classes' imports, then tokenizer and data sets.
+    # Beside ray.init, one thread after the other: the worker classes' imports, then tokenizer and data
+    # sets (never two imports at once). They read their own copy of the config.
     own = copy.deepcopy(config)
-    planned = _Background(plan_config, own)
-    layout = _Background(_after, planned, lambda: worker_layout(own, planned.result()))
+    layout = _Background(worker_layout, own, plan)
     inputs = _Background(_after, layout, build_inputs, own)
     started_ray = False
     try:
         if not ray.is_initialized():
-            _init_ray(config, n_workers=config.trainer.n_gpus_per_node * config.trainer.nnodes)
+            _init_ray(config, plan)
             started_ray = True
             stop_on_sigterm()  # ray.init installs a SIGTERM handler of its own in the driver
             clock.mark("ray_init")
-        plan = planned.result()
-        clock.mark("wait_for_plan")
-        clock.record("plan", planned.seconds)
-        plan_config(config, plan)
         roles, pools = layout.result()
         clock.mark("wait_for_imports")
         clock.record("imports", layout.seconds)
@@ -80,19 +78,6 @@ def run_ppo(config) -> None:
     finally:
         if started_ray:
             ray.shutdown()
-
-
-def plan_config(config, plan=None):
-    """Fill `config`'s `auto` values from the compat plan (made here when not given, and printed with
-    its reasons) and resolve its interpolations. Returns the plan."""
-    from verl import compat
-
-    if plan is None:
-        plan = compat.build_plan(config)
-        print(compat.format_plan(plan), flush=True)
-    compat.resolve_config(config, plan)
-    OmegaConf.resolve(config)
-    return plan
 
 
 class _Background:
@@ -174,12 +159,12 @@ def interruption_line(config, signum: int = signal.SIGINT) -> str:
 
 # Ray starts idle worker processes for a new job's first tasks. Every worker of ours is an actor with
 # environment variables of its own (RANK, MASTER_PORT, ...), which an idle worker cannot take on, so those
-# processes would only compete with start-up for the CPU (1-1.5 s of ray.init on the H200 host).
+# processes would only compete with start-up for the CPU (about 1.5 s of ray.init on the H200 host).
 NO_PRESTART = {"prestart_worker_first_driver": False, "enable_worker_prestart": False}
 
 
-def _init_ray(config, n_workers: int) -> None:
-    """ray.init with ray_kwargs.ray_init, worker env vars, enough CPU slots and a time limit.
+def _init_ray(config, plan) -> None:
+    """ray.init with ray_kwargs.ray_init, worker env vars, CPU slots for CPU workers and a time limit.
 
     With RAY_ADDRESS set (or `+ray_kwargs.ray_init.address=...`), as upstream, the driver attaches to
     that running cluster instead of starting a local one; the cluster's nodes then bring their own
@@ -195,10 +180,11 @@ def _init_ray(config, n_workers: int) -> None:
     init_kwargs["runtime_env"] = runtime_env
     attach_to = init_kwargs.get("address") or os.environ.get("RAY_ADDRESS") or None
     if attach_to is None:
-        # Ray counts a CPU slot per worker bundle; give it at least as many slots as workers requested,
-        # even on a machine with fewer cores (the workers then share cores, which is slow but correct).
-        if "num_cpus" not in init_kwargs and n_workers > (os.cpu_count() or 1):
-            init_kwargs["num_cpus"] = n_workers
+        if plan.device_type == "cpu" and "num_cpus" not in init_kwargs:
+            # Ray counts one CPU slot per CPU worker; give it at least as many slots as workers requested,
+            # even on a machine with fewer cores (the workers then share cores, which is slow but correct).
+            n_workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
+            init_kwargs["num_cpus"] = max(os.cpu_count() or 1, n_workers)
         init_kwargs["_system_config"] = {**NO_PRESTART, **(init_kwargs.get("_system_config") or {})}
     print(f"ray.init({init_kwargs})", flush=True)
 
