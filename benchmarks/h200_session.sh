@@ -32,6 +32,8 @@
 #   ... next11   the p40 row (sparse tied-embedding gradients), then matrix_a's cells with the breakdown beside them
 #   ... next12   matrix_c's cells (rtx3090, a100-40gb) beside the peak breakdown of the t4 matrix cell (PPO)
 #   ... long_p40c the field report under p40 for 120 steps on the unwrapped plan, checkpoints, then resumed (~8 min)
+#   ... long_p40d the field report under p40 for 200 steps (input embedding rows into .grad), validation at 100 and
+#                200, a checkpoint at 200 (~7 min)
 #   ... next13   GPU tests, the p40 cold start twice (no prestarted Ray workers), the p40 field report (input embedding
 #                rows straight into .grad), then the pre-Ampere matrix cells (~8 min)
 #   ... cold2    the p40 cold start twice (plan beside ray.init, no prestarted Ray workers), once more with every
@@ -41,7 +43,7 @@
 #                (benchmarks/stack_sampler), and the GPU tests (~6 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2 or next13}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2, next13 or long_p40d}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -101,6 +103,24 @@ PY
       timeout 120 python3 benchmarks/cold_start.py $CS --repeat 1 --out "$W/cold_sampled" > "$W/cold_sampled.log" 2>&1
   echo "cold_start sampled exit $?"; grep -E "run 1/" "$W/cold_sampled.log"
   timeout 150 python3 -m pytest -q -m gpu tests/workers tests/rollout > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -3 "$W/gpu_tests.log"
+elif [ "$mode" = long_p40d ]; then
+  X="trainer.test_freq=100 data.val_max_samples=256 trainer.save_freq=200 trainer.default_local_dir=/tmp/ckpt_p40"
+  SPEED_EXTRA="$X" SPEED_ROWS=p40 P40_STEPS=200 P40_TIMEOUT=420 timeout 430 python3 benchmarks/speed.py \
+      --out "$W/p40" > "$W/p40.log" 2>&1
+  echo "p40 200 steps exit $? at $(( $(date +%s) - t0 )) s"; tail -4 "$W/p40.log"
+  python3 benchmarks/summarize_run.py "$W/p40/p40.jsonl" 2>&1 | tail -4; ls /tmp/ckpt_p40 2>&1 | head
+  python3 - "$W/p40/p40.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l)["data"] for l in open(sys.argv[1]) if l.strip()]
+steps = [r for r in rows if "timing_s/step" in r]
+peaks = [r.get("perf/max_memory_allocated_gb", 0) for r in steps]
+print("steps", len(steps), "train peak min/max over steps 2+:", round(min(peaks[1:]), 4), round(max(peaks[1:]), 4))
+for phase in ("gen", "old_log_prob", "values", "update_critic", "update_actor"):
+    vals = [r.get(f"perf/max_memory_allocated_gb/{phase}", 0) for r in steps[1:]]
+    print(phase, round(min(vals), 4), round(max(vals), 4))
+print("grad norms finite:", all(abs(r.get("actor/grad_norm", 0)) < float("inf") and abs(r.get("critic/grad_norm", 0)) < float("inf") for r in steps))
+print("validation records:", [(r.get("training/global_step"), {k: round(v, 3) for k, v in r.items() if k.startswith("val")}) for r in rows if any(k.startswith("val") for k in r)][:4])
+PY
 elif [ "$mode" = next13 ]; then
   timeout 150 python3 -m pytest -q -m gpu tests/workers tests/rollout > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -3 "$W/gpu_tests.log"
   timeout 150 python3 benchmarks/cold_start.py --shapes field --assets .gpu-assets --repeat 2 --out "$W/cold" > "$W/cold.log" 2>&1
