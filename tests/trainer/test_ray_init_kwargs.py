@@ -1,0 +1,46 @@
+"""What the driver passes to ray.init (task_runner._init_ray), read off a stand-in for ray.init: a local
+cluster starts no idle workers (ours are actors with env vars of their own) unless the user's
+`_system_config` says otherwise; CPU workers get CPU slots; attaching to a running cluster passes neither."""
+import types
+
+import pytest
+import ray
+
+from verl.trainer.config_check import load_config
+from verl.trainer.ppo import task_runner
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    calls = []
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return calls
+
+
+def _plan(device_type: str):
+    return types.SimpleNamespace(device_type=device_type)
+
+
+def test_a_local_cluster_starts_no_idle_workers_and_cpu_workers_get_slots(captured):
+    config = load_config(["trainer.n_gpus_per_node=64"], check=False)
+    task_runner._init_ray(config, _plan("cpu"))
+    kwargs = captured[-1]
+    assert kwargs["_system_config"] == task_runner.NO_PRESTART
+    assert kwargs["num_cpus"] >= 64
+    assert kwargs["runtime_env"]["env_vars"]["TOKENIZERS_PARALLELISM"] == "true"
+    task_runner._init_ray(config, _plan("cuda"))
+    assert "num_cpus" not in captured[-1]          # GPU workers: Ray counts the host's cores itself
+    assert captured[-1]["_system_config"] == task_runner.NO_PRESTART
+
+
+def test_the_users_system_config_wins_and_attaching_passes_none(captured, monkeypatch):
+    config = load_config(["+ray_kwargs.ray_init._system_config={prestart_worker_first_driver:true,"
+                          "object_timeout_milliseconds:5}"], check=False)
+    task_runner._init_ray(config, _plan("cpu"))
+    assert captured[-1]["_system_config"] == {"prestart_worker_first_driver": True, "enable_worker_prestart": False,
+                                              "object_timeout_milliseconds": 5}
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    monkeypatch.setattr(task_runner, "describe_nodes", lambda: "stand-in cluster")
+    task_runner._init_ray(load_config(check=False), _plan("cpu"))
+    assert "_system_config" not in captured[-1] and "num_cpus" not in captured[-1]
