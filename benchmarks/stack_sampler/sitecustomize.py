@@ -6,7 +6,7 @@ stack; every 2 s, at the end of that window and at exit it rewrites one file per
 (Ray kills its workers without running exit handlers, so the last rewrite is what survives):
 the command line, then per thread the sampled seconds by frame (inclusive), the heaviest first. Native
 calls are charged to the Python line that made them (a CUDA initialisation shows up under the function
-calling torch's). Read them with `python benchmarks/stack_sampler/report.py <folder>`.
+calling torch's). The files are plain text; a frame's seconds include its callees'.
 """
 import os
 
