@@ -70,6 +70,37 @@ for phase in ("gen", "old_log_prob", "values", "update_critic", "update_actor"):
     print(phase, [round(r.get(f"perf/max_memory_allocated_gb/{phase}", 0), 3) for r in rows])
 PY
 }
+# The field report under p40 for <steps> steps within <seconds>: validation on 256 test prompts every <test_freq>,
+# checkpoints every <save_freq> in /tmp/ckpt_p40 (X keeps these overrides for a resume), then per-phase peaks over
+# steps 2+ (flat, no crash), validation peaks and whether every grad norm was finite.
+long_p40() {
+  local steps=$1 test_freq=$2 save_freq=$3 secs=$4
+  X="trainer.test_freq=$test_freq data.val_max_samples=256 trainer.save_freq=$save_freq trainer.default_local_dir=/tmp/ckpt_p40"
+  SPEED_EXTRA="$X" SPEED_ROWS=p40 P40_STEPS=$steps P40_TIMEOUT=$(( secs - 10 )) timeout "$secs" python3 benchmarks/speed.py \
+      --out "$W/p40" > "$W/p40.log" 2>&1
+  echo "p40 $steps steps exit $? at $(( $(date +%s) - t0 )) s"; tail -4 "$W/p40.log"
+  python3 benchmarks/summarize_run.py "$W/p40/p40.jsonl" 2>&1 | tail -4; ls /tmp/ckpt_p40 2>&1 | head
+  python3 - "$W/p40/p40.jsonl" <<'PY'
+import json, math, sys
+steps = [r for r in (json.loads(l)["data"] for l in open(sys.argv[1]) if l.strip()) if "timing_s/step" in r]
+print("steps", len(steps))
+for phase in ("gen", "old_log_prob", "values", "update_critic", "update_actor"):
+    vals = [r[f"perf/max_memory_allocated_gb/{phase}"] for r in steps[1:] if f"perf/max_memory_allocated_gb/{phase}" in r]
+    print(phase, "steps 2+ min", round(min(vals), 4), "max", round(max(vals), 4), "| every 20th", [round(v, 3) for v in vals[::20]])
+print("validation peaks", [(r["training/global_step"], round(r["perf/max_memory_allocated_gb/validation"], 3))
+                           for r in steps if "perf/max_memory_allocated_gb/validation" in r])
+print("grad norms finite:", all(math.isfinite(r.get(k, 0.0)) for r in steps for k in ("actor/grad_norm", "critic/grad_norm")))
+PY
+}
+# The p40 cold start <repeat> times as is, then once with every process's stacks sampled into $W/stacks.
+cold_starts() {
+  local cs="--shapes field --assets .gpu-assets"
+  timeout 150 python3 benchmarks/cold_start.py $cs --repeat "$1" --out "$W/cold_plain" > "$W/cold_plain.log" 2>&1
+  echo "cold_start plain exit $?"; grep -E "run [0-9]/|^\| " "$W/cold_plain.log" | head -40
+  VERL_STACK_SAMPLES="$W/stacks" VERL_STACK_SECONDS=50 PYTHONPATH="$PWD/benchmarks/stack_sampler:$PYTHONPATH" \
+      timeout 120 python3 benchmarks/cold_start.py $cs --repeat 1 --out "$W/cold_sampled" > "$W/cold_sampled.log" 2>&1
+  echo "cold_start sampled exit $?"; grep -E "run 1/" "$W/cold_sampled.log"
+}
 OPT_OFFLOAD="actor_rollout_ref.actor.fsdp_config.optimizer_offload=True critic.fsdp.optimizer_offload=True"
 trap pack EXIT
 trap 'exit 143' TERM
@@ -96,31 +127,10 @@ PY
   cat "$W/pieces.log"
   timeout 200 python3 benchmarks/ray_init_probe.py --repeat 2 --out "$W/ray_probe" > "$W/ray_probe.log" 2>&1
   echo "ray_init_probe exit $?"; tail -6 "$W/ray_probe.log"
-  export CS="--shapes field --assets .gpu-assets"
-  timeout 120 python3 benchmarks/cold_start.py $CS --repeat 1 --out "$W/cold_plain" > "$W/cold_plain.log" 2>&1
-  echo "cold_start plain exit $?"; grep -E "run 1/|^\| " "$W/cold_plain.log" | head -40
-  VERL_STACK_SAMPLES="$W/stacks" VERL_STACK_SECONDS=50 PYTHONPATH="$PWD/benchmarks/stack_sampler:$PYTHONPATH" \
-      timeout 120 python3 benchmarks/cold_start.py $CS --repeat 1 --out "$W/cold_sampled" > "$W/cold_sampled.log" 2>&1
-  echo "cold_start sampled exit $?"; grep -E "run 1/" "$W/cold_sampled.log"
+  cold_starts 1
   timeout 150 python3 -m pytest -q -m gpu tests/workers tests/rollout > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -3 "$W/gpu_tests.log"
 elif [ "$mode" = long_p40d ]; then
-  X="trainer.test_freq=100 data.val_max_samples=256 trainer.save_freq=200 trainer.default_local_dir=/tmp/ckpt_p40"
-  SPEED_EXTRA="$X" SPEED_ROWS=p40 P40_STEPS=200 P40_TIMEOUT=420 timeout 430 python3 benchmarks/speed.py \
-      --out "$W/p40" > "$W/p40.log" 2>&1
-  echo "p40 200 steps exit $? at $(( $(date +%s) - t0 )) s"; tail -4 "$W/p40.log"
-  python3 benchmarks/summarize_run.py "$W/p40/p40.jsonl" 2>&1 | tail -4; ls /tmp/ckpt_p40 2>&1 | head
-  python3 - "$W/p40/p40.jsonl" <<'PY'
-import json, sys
-rows = [json.loads(l)["data"] for l in open(sys.argv[1]) if l.strip()]
-steps = [r for r in rows if "timing_s/step" in r]
-peaks = [r.get("perf/max_memory_allocated_gb", 0) for r in steps]
-print("steps", len(steps), "train peak min/max over steps 2+:", round(min(peaks[1:]), 4), round(max(peaks[1:]), 4))
-for phase in ("gen", "old_log_prob", "values", "update_critic", "update_actor"):
-    vals = [r.get(f"perf/max_memory_allocated_gb/{phase}", 0) for r in steps[1:]]
-    print(phase, round(min(vals), 4), round(max(vals), 4))
-print("grad norms finite:", all(abs(r.get("actor/grad_norm", 0)) < float("inf") and abs(r.get("critic/grad_norm", 0)) < float("inf") for r in steps))
-print("validation records:", [(r.get("training/global_step"), {k: round(v, 3) for k, v in r.items() if k.startswith("val")}) for r in rows if any(k.startswith("val") for k in r)][:4])
-PY
+  long_p40 200 100 200 430
 elif [ "$mode" = next13 ]; then
   timeout 150 python3 -m pytest -q -m gpu tests/workers tests/rollout > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -3 "$W/gpu_tests.log"
   timeout 150 python3 benchmarks/cold_start.py --shapes field --assets .gpu-assets --repeat 2 --out "$W/cold" > "$W/cold.log" 2>&1
@@ -133,13 +143,8 @@ elif [ "$mode" = next13 ]; then
 elif [ "$mode" = cold2 ]; then
   python3 -X importtime -c "import torch, transformers; from transformers import Qwen2ForCausalLM, AutoTokenizer" \
       2> "$W/transformers_importtime.txt"
-  sort -t'|' -k1 -n -r "$W/transformers_importtime.txt" | head -12
-  export CS="--shapes field --assets .gpu-assets"
-  timeout 150 python3 benchmarks/cold_start.py $CS --repeat 2 --out "$W/cold_plain" > "$W/cold_plain.log" 2>&1
-  echo "cold_start plain exit $?"; grep -E "run [12]/|^\| " "$W/cold_plain.log" | head -40
-  VERL_STACK_SAMPLES="$W/stacks" VERL_STACK_SECONDS=50 PYTHONPATH="$PWD/benchmarks/stack_sampler:$PYTHONPATH" \
-      timeout 120 python3 benchmarks/cold_start.py $CS --repeat 1 --out "$W/cold_sampled" > "$W/cold_sampled.log" 2>&1
-  echo "cold_start sampled exit $?"; grep -E "run 1/" "$W/cold_sampled.log"
+  sort -t'|' -k2 -n -r "$W/transformers_importtime.txt" | head -12   # by cumulative time
+  cold_starts 2
 elif [ "$mode" = correctness ]; then
   timeout 170 python3 benchmarks/rollout_speed.py --skip-old --out "$W/rollout" > "$W/rollout.log" 2>&1; echo "rollout_speed exit $?"
   timeout 90 python3 -m pytest -q -m gpu tests/rollout > "$W/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -3 "$W/gpu_tests.log"
@@ -373,22 +378,7 @@ elif [ "$mode" = next11 ]; then
 elif [ "$mode" = long_p40c ]; then
   # the field report under p40 for 120 steps on the unwrapped plan: per-step peaks (flat, no crash), validation
   # every 40 steps on 256 test prompts, checkpoints at 60 and 120; then the same command resumed for 2 more steps
-  X="trainer.test_freq=40 data.val_max_samples=256 trainer.save_freq=60 trainer.default_local_dir=/tmp/ckpt_p40"
-  SPEED_EXTRA="$X" SPEED_ROWS=p40 P40_STEPS=120 P40_TIMEOUT=330 timeout 340 python3 benchmarks/speed.py \
-      --out "$W/p40" > "$W/p40.log" 2>&1
-  echo "p40 120 steps exit $? at $(( $(date +%s) - t0 )) s"; tail -4 "$W/p40.log"
-  python3 benchmarks/summarize_run.py "$W/p40/p40.jsonl" 2>&1 | tail -4; ls /tmp/ckpt_p40 2>&1 | head
-  python3 - "$W/p40/p40.jsonl" <<'PY'
-import json, sys
-rows = [json.loads(l)["data"] for l in open(sys.argv[1]) if l.strip()]
-rows = [r for r in rows if "timing_s/step" in r]
-for key in ("perf/max_memory_allocated_gb", "perf/max_memory_allocated_gb/update_actor", "perf/max_memory_allocated_gb/gen"):
-    v = [r.get(key) for r in rows if r.get(key) is not None]
-    print(key, len(v), "steps: step 1", v[:1], "| steps 2+ min", min(v[1:] or v), "max", max(v[1:] or v), "| every 20th", v[::20])
-print("validation peaks", [round(r["perf/max_memory_allocated_gb/validation"], 3) for r in rows
-                           if "perf/max_memory_allocated_gb/validation" in r])
-print("grad norms finite:", all(isinstance(r.get("actor/grad_norm"), float) for r in rows))
-PY
+  long_p40 120 40 60 340
   SPEED_EXTRA="$X trainer.resume_mode=auto" SPEED_ROWS=p40 P40_STEPS=122 P40_TIMEOUT="$(( $(left 570) - 10 ))" \
       timeout "$(left 570)" python3 benchmarks/speed.py --out "$W/resume" > "$W/resume.log" 2>&1
   echo "resume exit $? at $(( $(date +%s) - t0 )) s"; grep -ihm3 "resum\|global_step_120" "$W/resume/p40.log" | cut -c1-200
