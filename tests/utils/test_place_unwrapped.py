@@ -85,3 +85,20 @@ def test_the_padding_row_gets_no_gradient():
         (e(ids) * torch.arange(4.0)).sum().backward()
     assert embedding.weight.grad[0].abs().sum() == 0
     torch.testing.assert_close(embedding.weight.grad, reference.weight.grad, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_activation_checkpointing_sees_the_lookup_and_gives_the_same_gradient(reentrant):
+    """Reentrant checkpointing needs its input to require grad: the lookup's output does."""
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, intermediate_size=128, tie_word_embeddings=True)
+    reference = transformers.Qwen2ForCausalLM(cfg)
+    ids = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(2))
+    model = place_unwrapped(copy.deepcopy(reference), "cpu")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    model.train()
+    for m in (reference, model):
+        m(input_ids=ids).logits.float().logsumexp(-1).sum().backward()
+    for (name, a), b in zip(reference.named_parameters(), model.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-6, rtol=0, msg=name)
