@@ -1,13 +1,20 @@
 """What the driver passes to ray.init (task_runner._init_ray), read off a stand-in for ray.init: a local
 cluster starts no idle workers (ours are actors with env vars of their own) unless the user's
 `_system_config` says otherwise; CPU workers get CPU slots; attaching to a running cluster passes neither."""
-import types
+import os
+import sys
 
 import pytest
 import ray
 
-from verl.trainer.config_check import load_config
-from verl.trainer.ppo import task_runner
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "compat"))
+
+from test_planner import FIELD, PLAIN, QWEN05  # noqa: E402
+
+from verl.compat.catalog import CATALOG  # noqa: E402
+from verl.compat.planner import make_plan  # noqa: E402
+from verl.trainer.config_check import load_config  # noqa: E402
+from verl.trainer.ppo import task_runner  # noqa: E402
 
 
 @pytest.fixture
@@ -18,8 +25,9 @@ def captured(monkeypatch):
     return calls
 
 
-def _plan(device_type: str):
-    return types.SimpleNamespace(device_type=device_type)
+def _plan(device: str):
+    """The planner's plan for the field report's settings on a catalog device."""
+    return make_plan(CATALOG[device], FIELD, PLAIN, QWEN05)
 
 
 def test_a_local_cluster_starts_no_idle_workers_and_cpu_workers_get_slots(captured):
@@ -29,7 +37,7 @@ def test_a_local_cluster_starts_no_idle_workers_and_cpu_workers_get_slots(captur
     assert kwargs["_system_config"] == task_runner.NO_PRESTART
     assert kwargs["num_cpus"] >= 64
     assert kwargs["runtime_env"]["env_vars"]["TOKENIZERS_PARALLELISM"] == "true"
-    task_runner._init_ray(config, _plan("cuda"))
+    task_runner._init_ray(config, _plan("p40"))
     assert "num_cpus" not in captured[-1]          # GPU workers: Ray counts the host's cores itself
     assert captured[-1]["_system_config"] == task_runner.NO_PRESTART
 
