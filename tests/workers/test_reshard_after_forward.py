@@ -126,6 +126,8 @@ def test_one_device_default_runs_unwrapped_with_the_same_numbers(model_dir):
         worker.init_model()
         module = worker.actor_module
         assert bool(fsdp_utils.fsdp_modules(module)) is plan.actor.fsdp is (name == "wrapped")
+        # rows into .grad only unwrapped: under FSDP2 the embedding keeps torch's own backward
+        assert ("forward" in vars(module.get_input_embeddings())) is (name == "unwrapped")
         if name == "unwrapped":
             initial = [p.detach().clone() for p in module.parameters()]
         data = ppo_batch()

@@ -83,7 +83,7 @@ def shard_model(
         # host memory (faster, asynchronous copies) needs an accelerator runtime to allocate it.
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.accelerator.is_available())
     if not param_offload:
-        place_unwrapped(model, device_type)
+        _to_device(model, device_type)
     layer_names = _layer_classes(model)
     for module in model.modules():
         if type(module).__name__ in layer_names:
@@ -99,6 +99,12 @@ def shard_model(
     return model
 
 
+def _to_device(model: torch.nn.Module, device_type: str) -> None:
+    """Move `model` to this process's current device (nothing to do on CPU)."""
+    if device_type != "cpu":
+        model.to(torch.device(device_type, torch.get_device_module(device_type).current_device()))
+
+
 def place_unwrapped(model: torch.nn.Module, device_type: str) -> torch.nn.Module:
     """`model` on this process's device, as stored: what a plan that does not wrap it in FSDP2 runs
     (one device, no cast on gather, no offload: every pass reads these weights in place).
@@ -106,9 +112,9 @@ def place_unwrapped(model: torch.nn.Module, device_type: str) -> torch.nn.Module
     The input embedding's gradient is added row by row into its `.grad` (`rows_into_grad`) instead of
     being materialised as a vocabulary-sized matrix. Tied to the output projection, the weight's two
     gradients are then never summed out of place in backward; measured on CPU, backward ends holding
-    the `.grad` alone instead of three vocabulary matrices (two with sparse embedding gradients)."""
-    if device_type != "cpu":
-        model.to(torch.device(device_type, torch.get_device_module(device_type).current_device()))
+    the `.grad` alone instead of three vocabulary matrices (two with sparse embedding gradients).
+    Only here: under FSDP2 the weight's `.grad` is the gathered parameter's, which FSDP2 reduces itself."""
+    _to_device(model, device_type)
     inputs = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     if isinstance(inputs, torch.nn.Embedding):
         rows_into_grad(inputs)
