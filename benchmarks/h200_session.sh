@@ -38,12 +38,15 @@
 #                rows straight into .grad), then the pre-Ampere matrix cells (~8 min)
 #   ... cold2    the p40 cold start twice (plan beside ray.init, no prestarted Ray workers), once more with every
 #                process's stacks sampled, and transformers' import times (~4 min)
+#   ... next14   the simulated devices' cuBLAS workspace size: its GPU test, then the p40 field report (8 steps) with
+#                pre-Hopper workspaces (the plan's) beside H200-sized ones (CUBLAS_WORKSPACE_CONFIG=:4096:8), then the
+#                sm_80 matrix cells (rtx3090, a100-40gb) on the code that keeps wrapped models' embedding as is (~8 min)
 #   ... coldprobe where cold start goes on this machine: torch/CUDA/transformers import and init in a fresh process,
 #                Ray's own start under lean settings, then the p40 cold start with every process's stacks sampled
 #                (benchmarks/stack_sampler), and the GPU tests (~6 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2, next13 or long_p40d}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2, next13, long_p40d or next14}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -105,7 +108,19 @@ OPT_OFFLOAD="actor_rollout_ref.actor.fsdp_config.optimizer_offload=True critic.f
 trap pack EXIT
 trap 'exit 143' TERM
 t0=$(date +%s)
-if [ "$mode" = coldprobe ]; then
+if [ "$mode" = next14 ]; then
+  timeout 100 python3 -m pytest -q -s -m gpu tests/compat/test_apply.py -k cublas > "$W/ws_test.log" 2>&1
+  echo "workspace test exit $?"; grep -E "cuBLAS|passed|failed|Error" "$W/ws_test.log" | cut -c1-300
+  row p40 p40 8 140 > "$W/p40.out" 2>&1 &
+  a=$!
+  CUBLAS_WORKSPACE_CONFIG=:4096:8 row p40_ws32 p40 8 140 > "$W/p40_ws32.out" 2>&1 &
+  b=$!
+  wait $a $b
+  for r in p40 p40_ws32; do echo "== $r"; cat "$W/$r.out"; phase_peaks "$W/$r/p40.jsonl"; done
+  timeout "$(left 575)" python3 benchmarks/gpu_matrix.py --assets .gpu-assets --profiles rtx3090,a100-40gb --steps 3 \
+      --test-freq 2 --jobs 4 --budget-gb 112 --cell-timeout "$(( $(left 575) - 15 ))" --out "$W/matrix" > "$W/matrix.log" 2>&1
+  echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -14
+elif [ "$mode" = coldprobe ]; then
   # before anything imports torch on this fresh machine: the cold import, then warm pieces in fresh processes
   python3 -X importtime -c "import torch" 2> "$W/torch_importtime_cold.txt"; echo "cold torch import at $(( $(date +%s) - t0 )) s"
   python3 - > "$W/pieces.log" 2>&1 <<'PY'

@@ -1,6 +1,7 @@
 """apply_in_process (device, enforced simulated limits, attention registration), resolve_config,
 torch_dtype, and the xformers attention function's layout/mask/GQA handling against eager attention."""
 import dataclasses
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -63,7 +64,8 @@ def test_torch_dtype_error_lists_accepted_names():
 def fake_cuda(monkeypatch):
     """A 140 GiB 'real' GPU: records what apply_in_process does to it; restores TF32 flags."""
     calls = {}
-    props = SimpleNamespace(total_memory=140 * GiB)
+    props = SimpleNamespace(total_memory=140 * GiB, major=9, minor=0)
+    monkeypatch.delenv(apply.CUBLAS_WORKSPACE_ENV, raising=False)
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: calls.setdefault("set_device", i))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: props)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
@@ -74,6 +76,7 @@ def fake_cuda(monkeypatch):
     saved = _tf32_flags()
     yield calls
     _restore_tf32_flags(saved)
+    os.environ.pop(apply.CUBLAS_WORKSPACE_ENV, None)   # apply_in_process may have set it
 
 
 def _tf32_holders():
@@ -126,6 +129,28 @@ def test_simulated_a100_keeps_flash_sdp_and_tf32_per_plan(fake_cuda):
 def test_real_gpu_is_not_capped(fake_cuda):
     apply.apply_in_process(make("h200", simulated=False, tf32=True))
     assert "fraction" not in fake_cuda and "flash" not in fake_cuda
+    assert apply.CUBLAS_WORKSPACE_ENV not in os.environ
+
+
+@pytest.mark.parametrize("name,expected", [("p40", ":4096:2:16:8"), ("t4", ":4096:2:16:8"),
+                                           ("a100-40gb", ":4096:2:16:8"), ("h100", None)])
+def test_simulated_device_gets_its_own_cublas_workspace_size(fake_cuda, name, expected):
+    """Below sm_90 torch gives each (handle, stream) 8.125 MiB; on the real H200 it would give 32."""
+    apply.apply_in_process(make(name))
+    assert os.environ.get(apply.CUBLAS_WORKSPACE_ENV) == expected
+
+
+def test_users_cublas_workspace_setting_is_kept(fake_cuda, monkeypatch):
+    monkeypatch.setenv(apply.CUBLAS_WORKSPACE_ENV, ":4096:8")
+    apply.apply_in_process(make("p40"))
+    assert os.environ[apply.CUBLAS_WORKSPACE_ENV] == ":4096:8"
+
+
+def test_pre_hopper_gpu_simulating_another_keeps_torchs_default(fake_cuda):
+    props = torch.cuda.get_device_properties(0)
+    props.major, props.minor = 8, 0     # a real A100 simulating a T4: the same default already
+    apply.apply_in_process(make("t4"))
+    assert apply.CUBLAS_WORKSPACE_ENV not in os.environ
 
 
 def test_engine_memory_share_is_rescaled_to_the_real_gpu(fake_cuda):
@@ -428,3 +453,66 @@ def test_real_xformers_kernel_matches_eager_where_it_loads():
             logits[impl] = model(input_ids=ids, attention_mask=mask).logits.float()
     real = mask.bool()
     torch.testing.assert_close(logits["xformers"][real], logits["eager"][real], atol=2e-2, rtol=2e-2)
+
+
+# A fresh process (torch reads CUBLAS_WORKSPACE_CONFIG once): the planner's field-report plan for a
+# simulated device applied, then what one matmul leaves allocated on each (handle, stream) pair it opens.
+_WORKSPACE_PROBE = r"""
+import json, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from test_planner import FIELD, PLAIN, QWEN05
+from verl.compat import apply
+from verl.compat.detect import detect_profile
+from verl.compat.planner import make_plan
+
+apply.apply_in_process(make_plan(detect_profile(sys.argv[2]), FIELD, PLAIN, QWEN05))
+a = torch.randn(64, 64, device="cuda", requires_grad=True)
+
+def held(fn):
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.memory_allocated() - before) / 2**20
+
+def backward():
+    (a @ a).sum().backward()
+    a.grad = None
+
+def side_stream():
+    with torch.cuda.stream(torch.cuda.Stream()):
+        a @ a
+
+print(json.dumps({"main": held(lambda: a @ a), "backward": held(backward), "side_stream": held(side_stream)}))
+"""
+
+
+def _workspaces_mib(device: str, user_setting: str | None = None) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != apply.CUBLAS_WORKSPACE_ENV}
+    if user_setting:
+        env[apply.CUBLAS_WORKSPACE_ENV] = user_setting
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", _WORKSPACE_PROBE, here, device], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability(0) < (9, 0),
+                    reason="the real GPU already has the pre-Hopper workspace size")
+def test_simulated_p40_holds_p40_sized_cublas_workspaces_on_a_hopper_gpu():
+    """Each (handle, stream) pair that runs a matmul keeps one workspace: the main thread's, the autograd
+    thread's (backward has a handle of its own) and a side stream's. Under the simulated P40 each is
+    torch's pre-Hopper 8.125 MiB; with the user's own setting it is what the user asked for (32 MiB)."""
+    p40 = _workspaces_mib("p40")
+    users = _workspaces_mib("p40", ":4096:8")
+    print("cuBLAS workspace MiB per pair, p40 plan:", p40, "user's :4096:8:", users)
+    for where in ("main", "backward", "side_stream"):   # whatever else a first matmul allocates is in both
+        assert p40[where] >= 8.125 and users[where] - p40[where] == pytest.approx(32 - 8.125, abs=0.01), where

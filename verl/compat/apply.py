@@ -9,6 +9,7 @@ code reads ordinary upstream keys and never sees `auto`.
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,6 +24,12 @@ if TYPE_CHECKING:      # omegaconf loads only when a config is resolved: `import
 logger = logging.getLogger(__name__)
 
 GiB = 1024**3
+
+# torch's cuBLAS workspace, one per (thread's handle, stream) that ran a matmul, held for the process's
+# life and counted by the caching allocator: 32 MiB from sm_90 on, 8.125 MiB (":4096:2:16:8") below.
+CUBLAS_WORKSPACE_ENV = "CUBLAS_WORKSPACE_CONFIG"
+PRE_HOPPER_CUBLAS_WORKSPACE = ":4096:2:16:8"
+
 
 def torch_dtype(name: str | torch.dtype) -> torch.dtype:
     """"float16" / "fp16" / "bf16" / "float32" ... -> the torch dtype (a torch dtype passes through)."""
@@ -61,15 +68,34 @@ def _enforce_simulated_limits(plan: Plan, local_rank: int) -> None:
         torch.cuda.set_per_process_memory_fraction(cap / real_total, local_rank)
     if not profile.tf32:
         _set_tf32(False)
+    workspace = _simulate_cublas_workspace(profile, local_rank)
     if profile.compute_capability is not None and profile.compute_capability < (8, 0):
         # The SDPA flash (and cuDNN) kernels need sm_80; below it PyTorch would pick them on the
         # real H200 and the simulated run would not exercise the kernels a T4/P40 really gets.
         torch.backends.cuda.enable_flash_sdp(False)
         if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
             torch.backends.cuda.enable_cudnn_sdp(False)
-    logger.info("simulating %s on %s: memory capped at %.1f GiB of %.1f, tf32=%s",
+    logger.info("simulating %s on %s: memory capped at %.1f GiB of %.1f, tf32=%s, cuBLAS workspace %s",
                 profile.name, torch.cuda.get_device_name(local_rank), profile.memory_gb,
-                real_total / GiB, profile.tf32 and plan.tf32)
+                real_total / GiB, profile.tf32 and plan.tf32, workspace)
+
+
+def _simulate_cublas_workspace(profile, local_rank: int) -> str:
+    """Give cuBLAS the simulated device's workspace size, not the real one's.
+
+    A pre-Hopper GPU gets 8.125 MiB per (handle, stream), an H200 32 MiB; a run touches four or five
+    such pairs (the autograd thread has its own handle; the rollout adds streams), which on the H200
+    would hold about 0.1 GiB more than the simulated device does. Takes effect only before this
+    process's first matmul (torch reads the variable once); a value the user set is kept.
+    """
+    if os.environ.get(CUBLAS_WORKSPACE_ENV):
+        return f"{os.environ[CUBLAS_WORKSPACE_ENV]} (set by the user)"
+    props = torch.cuda.get_device_properties(local_rank)
+    simulated_pre_hopper = profile.compute_capability is not None and profile.compute_capability < (9, 0)
+    if simulated_pre_hopper and (props.major, props.minor) >= (9, 0):
+        os.environ[CUBLAS_WORKSPACE_ENV] = PRE_HOPPER_CUBLAS_WORKSPACE
+        return f"{PRE_HOPPER_CUBLAS_WORKSPACE} (torch's default below sm_90)"
+    return "torch's default"
 
 
 def _roles(plan: Plan) -> list[RolePlan]:

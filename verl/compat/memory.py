@@ -51,7 +51,8 @@ from verl.compat.plan import RolePlan, RolloutPlan
 GiB = 1024 ** 3
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 LOGPROB_CHUNK_ROWS = 1024        # rows per float32 chunk in verl.utils.torch_functional
-CUDA_CONTEXT_GB = 0.75           # CUDA context + cuBLAS workspace, outside the allocator's count
+CUDA_CONTEXT_GB = 0.75           # CUDA context and kernel images, outside the allocator's count (cuBLAS
+                                 # workspaces are inside it, in the measured per-phase residue)
 # foreach AdamW temporaries, in units of one fp32 shard of params (measured). The fused kernel updates in
 # place (measured on the H200: the p40 field report's critic update peaked at its gradients, +0.00 GiB, and
 # the t4/v100 cells' offloaded state too); only FSDP2-wrapped roles with offloaded state still peaked with
