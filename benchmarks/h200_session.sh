@@ -41,12 +41,15 @@
 #   ... next14   the simulated devices' cuBLAS workspace size: its GPU test, then the p40 field report (8 steps) with
 #                pre-Hopper workspaces (the plan's) beside H200-sized ones (CUBLAS_WORKSPACE_CONFIG=:4096:8), then the
 #                sm_80 matrix cells (rtx3090, a100-40gb) on the code that keeps wrapped models' embedding as is (~8 min)
+#   ... pycprobe whether this machine's Python caches bytecode (flags, .pyc beside the sources, writable?), the
+#                torch+transformers import and the p40 cold start as the machine is, then with a writable bytecode
+#                cache (PYTHONPYCACHEPREFIX, filled by the first run), once more stack-sampled (~5 min)
 #   ... coldprobe where cold start goes on this machine: torch/CUDA/transformers import and init in a fresh process,
 #                Ray's own start under lean settings, then the p40 cold start with every process's stacks sampled
 #                (benchmarks/stack_sampler), and the GPU tests (~6 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2, next13, long_p40d or next14}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2, next13, long_p40d, next14 or pycprobe}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -120,6 +123,31 @@ if [ "$mode" = next14 ]; then
   timeout "$(left 575)" python3 benchmarks/gpu_matrix.py --assets .gpu-assets --profiles rtx3090,a100-40gb --steps 3 \
       --test-freq 2 --jobs 4 --budget-gb 112 --cell-timeout "$(( $(left 575) - 15 ))" --out "$W/matrix" > "$W/matrix.log" 2>&1
   echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -14
+elif [ "$mode" = pycprobe ]; then
+  { env | grep -E "^PYTHON|^PIP"; python3 - <<'PY'
+import importlib.util, os, pathlib, sys
+print("dont_write_bytecode", sys.flags.dont_write_bytecode, "pycache_prefix", sys.pycache_prefix)
+for mod in ("torch", "transformers", "sympy", "sklearn", "ray", "hydra", "omegaconf", "datasets", "verl"):
+    spec = importlib.util.find_spec(mod)
+    root = pathlib.Path(spec.origin).parent
+    init = importlib.util.cache_from_source(str(root / "__init__.py"))
+    print(f"{mod:13s} {root}  .py {len(list(root.rglob('*.py')))}  .pyc {len(list(root.rglob('*.pyc')))}"
+          f"  writable {os.access(root, os.W_OK)}  __init__ pyc {os.path.exists(init)}")
+PY
+  mount | grep -E " on / | on /opt| on /tmp| on /work" | cut -c1-160; } > "$W/env.log" 2>&1; cat "$W/env.log"
+  imp="import time; t = time.perf_counter(); import torch, transformers; from transformers import Qwen2ForCausalLM"
+  for i in 1 2; do python3 -c "$imp; print('import as is', round(time.perf_counter() - t, 2))"; done
+  cs="--shapes field --assets .gpu-assets"
+  timeout 80 python3 benchmarks/cold_start.py $cs --repeat 1 --out "$W/cold_asis" > "$W/cold_asis.log" 2>&1
+  echo "cold start as is: exit $?"; grep -E "run [0-9]/" "$W/cold_asis.log"
+  export PYTHONPYCACHEPREFIX=/tmp/pycache; unset PYTHONDONTWRITEBYTECODE
+  for i in 1 2 3; do python3 -c "$imp; print('import with a bytecode cache', round(time.perf_counter() - t, 2))"; done
+  timeout 200 python3 benchmarks/cold_start.py $cs --repeat 3 --out "$W/cold_cached" > "$W/cold_cached.log" 2>&1
+  echo "cold start with a bytecode cache (run 1 fills it): exit $?"; grep -E "run [0-9]/|^\| " "$W/cold_cached.log" | head -40
+  VERL_STACK_SAMPLES="$W/stacks" VERL_STACK_SECONDS=50 PYTHONPATH="$PWD/benchmarks/stack_sampler:$PYTHONPATH" \
+      timeout 90 python3 benchmarks/cold_start.py $cs --repeat 1 --out "$W/cold_sampled" > "$W/cold_sampled.log" 2>&1
+  echo "cold start sampled, with the cache: exit $?"; grep -E "run 1/" "$W/cold_sampled.log"
+  du -sh /tmp/pycache
 elif [ "$mode" = coldprobe ]; then
   # before anything imports torch on this fresh machine: the cold import, then warm pieces in fresh processes
   python3 -X importtime -c "import torch" 2> "$W/torch_importtime_cold.txt"; echo "cold torch import at $(( $(date +%s) - t0 )) s"
