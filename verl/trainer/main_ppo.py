@@ -85,9 +85,11 @@ def __getattr__(name: str):
 
 def main() -> None:
     """Check the overrides in sys.argv, then let Hydra compose `config/ppo_trainer.yaml` and run."""
+    from verl.utils.bytecode_cache import configure
     from verl.utils.startup import startup_clock
 
     startup_clock().mark("python")   # interpreter start-up and this module's imports
+    configure()   # before anything imports torch: where the image keeps no bytecode, cache it
     try:
         args, warnings = check_overrides(sys.argv[1:])
     except ConfigError as error:

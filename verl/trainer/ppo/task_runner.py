@@ -172,10 +172,12 @@ def _init_ray(config, plan) -> None:
     """
     import ray
 
+    from verl.utils.bytecode_cache import worker_env
+
     init_kwargs = OmegaConf.select(config, "ray_kwargs.ray_init", default=None)
     init_kwargs = OmegaConf.to_container(init_kwargs, resolve=True) if init_kwargs is not None else {}
     runtime_env = {k: v for k, v in (init_kwargs.pop("runtime_env", None) or {}).items() if v is not None}
-    runtime_env["env_vars"] = {**WORKER_ENV, **(runtime_env.get("env_vars") or {})}
+    runtime_env["env_vars"] = {**WORKER_ENV, **worker_env(), **(runtime_env.get("env_vars") or {})}
     init_kwargs = {k: v for k, v in init_kwargs.items() if v is not None}
     init_kwargs["runtime_env"] = runtime_env
     attach_to = init_kwargs.get("address") or os.environ.get("RAY_ADDRESS") or None
