@@ -408,6 +408,7 @@ def test_simulated_p40_limits_are_enforced_on_the_real_gpu():
     plan = make("p40")
     real_total = torch.cuda.get_device_properties(0).total_memory
     cap = plan.device.memory_gb * GiB
+    workspace_setting = os.environ.get(apply.CUBLAS_WORKSPACE_ENV)
     try:
         device = apply.apply_in_process(plan)
         kept = torch.empty(int(cap * 0.8), dtype=torch.uint8, device=device)   # fits under the cap
@@ -424,6 +425,8 @@ def test_simulated_p40_limits_are_enforced_on_the_real_gpu():
         torch.cuda.set_per_process_memory_fraction(1.0, 0)
         torch.backends.cuda.enable_flash_sdp(True)
         torch.backends.cuda.enable_cudnn_sdp(True)
+        if workspace_setting is None:            # apply set it for the simulated P40; later tests start clean
+            os.environ.pop(apply.CUBLAS_WORKSPACE_ENV, None)
 
 
 @pytest.mark.gpu
