@@ -393,3 +393,15 @@ def test_xformers_is_probed_only_when_a_model_asks_for_it(monkeypatch):
     for config in (plain, asked):
         compat.build_plan(config, model=model, to_run=False)
     assert seen == [False, True]
+
+
+def test_versions_are_read_without_scanning_every_distribution_when_names_match():
+    """The module -> distribution map reads every installed distribution's file list (seconds in a big GPU
+    image); a module whose distribution carries its name must not build it; one that does not still resolves."""
+    import importlib.metadata
+
+    detect._module_distributions.cache_clear()
+    assert detect._version("transformers") == importlib.metadata.version("transformers")
+    assert detect._module_distributions.cache_info().misses == 0
+    assert detect._version("yaml") == importlib.metadata.version("PyYAML")    # imported as yaml
+    assert detect._version("surely_not_installed_module") is None

