@@ -450,9 +450,9 @@ def test_init_model_sizes_the_schedule_of_workers_started_before_the_data(model_
         optimizer.step()
         scheduler.step()
         assert scheduler.get_last_lr()[0] == pytest.approx(0.5 * (1 + 0.5 ** 0.5))  # cos(pi/4): step 1 of 4
-    assert {"process_start", "constructor", "actor_load", "actor_shard", "actor_optimizer",
+    assert {"process_start", "constructor", "model_code", "actor_load", "actor_shard", "actor_optimizer",
             "rollout_engine"} <= set(pieces)
-    assert {"critic_load", "critic_shard", "critic_optimizer"} <= set(critic_pieces)
+    assert {"model_code", "critic_load", "critic_shard", "critic_optimizer"} <= set(critic_pieces)
     assert fsdp_workers._process_tokenizer.cache_info().currsize == 0      # not loaded at start-up
     assert critic.tokenizer.eos_token_id == actor.tokenizer.eos_token_id is not None
     assert fsdp_workers._process_tokenizer.cache_info().currsize == 1      # one per process and path

@@ -20,6 +20,32 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     return hf_tokenizer(resolve_model_path(path), trust_remote_code=trust_remote_code)
 
 
+def import_model_code(path: str, trust_remote_code: bool = False) -> None:
+    """Import what `build_model` will import for `path`, loading no weights: transformers' auto classes
+    and the architecture's modelling module (which brings in transformers' modelling and generation
+    utilities; about 4 s on the CI machine). Workers run this on a thread while the driver is still
+    reading the data sets. Only a local folder's config.json is read; a hub id, an `hdfs://` folder or
+    remote code is left to `build_model`."""
+    import importlib
+    import importlib.util
+    import json
+    import os
+
+    from transformers.models.auto import configuration_auto, modeling_auto  # noqa: F401
+
+    config_file = os.path.join(path, "config.json")
+    if trust_remote_code or not os.path.isfile(config_file):
+        return
+    with open(config_file) as f:
+        model_type = json.load(f).get("model_type")
+    if not model_type:
+        return
+    name = configuration_auto.model_type_to_module_name(model_type)
+    module = f"transformers.models.{name}.modeling_{name}"
+    if importlib.util.find_spec(f"transformers.models.{name}") is not None and importlib.util.find_spec(module):
+        importlib.import_module(module)
+
+
 def build_model(
     path: str,
     role_plan: RolePlan,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
 
 import torch
@@ -25,7 +26,7 @@ from verl.single_controller.base.worker import Worker
 from verl.utils import fsdp_utils, layer_compile
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.flops import training_flops
-from verl.utils.model_loading import build_model, load_tokenizer
+from verl.utils.model_loading import build_model, import_model_code, load_tokenizer
 from verl.utils.startup import Laps
 from verl.utils.torch_functional import (
     get_constant_schedule_with_warmup,
@@ -67,6 +68,27 @@ class _TokenizerOnUse:
 
     def __len__(self) -> int:
         return len(_process_tokenizer(*self._source))
+
+
+class _ModelCodeImport:
+    """`import_model_code` on a thread, started as the constructor ends and awaited first thing in
+    `init_model`: in between the worker is idle while the driver reads the data sets, and nothing else
+    in the process imports beside it."""
+
+    def __init__(self, model_config):
+        args = (model_config.path, bool(model_config.get("trust_remote_code", False)))
+        self._thread = threading.Thread(target=self._run, args=args, name="verl-model-code", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _run(path: str, trust_remote_code: bool) -> None:
+        try:
+            import_model_code(path, trust_remote_code)
+        except Exception:  # noqa: BLE001 - build_model meets the same problem on the main thread and reports it
+            logger.debug("importing the model code ahead of init_model failed", exc_info=True)
+
+    def wait(self) -> None:
+        self._thread.join()
 
 
 def _copy_config(config):
@@ -335,6 +357,7 @@ class ActorRolloutRefWorker(Worker):
         _, self.dp_size = fsdp_utils.init_distributed(plan.dist_backend)
         self.config = _copy_config(config)
         self._normalize_batch_sizes()
+        self._model_code = _ModelCodeImport(self.config.model)
         self._laps("constructor")
 
     def _normalize_batch_sizes(self) -> None:
@@ -384,6 +407,8 @@ class ActorRolloutRefWorker(Worker):
         it (the data set is filtered while the workers start); else the config's value is used."""
         laps = self._laps
         laps.restart()
+        self._model_code.wait()
+        laps("model_code")
         if total_training_steps is not None and self._is_actor:
             self.config.actor.optim.total_training_steps = int(total_training_steps)
         model_cfg = self.config.model
@@ -580,6 +605,7 @@ class CriticWorker(Worker):
         _fill(c, "ppo_max_token_len_per_gpu", p.max_token_len_per_gpu)
         _fill(c, "forward_max_token_len_per_gpu", p.forward_max_token_len_per_gpu or c.get("ppo_max_token_len_per_gpu"))
         _normalize_mini_batch(c, int(c.get("rollout_n", 1) or 1), dp, "critic")
+        self._model_code = _ModelCodeImport(c.model)
         self._laps("constructor")
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -588,6 +614,8 @@ class CriticWorker(Worker):
         `total_training_steps`: as ActorRolloutRefWorker.init_model."""
         laps = self._laps
         laps.restart()
+        self._model_code.wait()
+        laps("model_code")
         if total_training_steps is not None:
             self.config.optim.total_training_steps = int(total_training_steps)
         model_cfg = self.config.model
