@@ -46,13 +46,15 @@
 #                cache (PYTHONPYCACHEPREFIX, filled by the first run), once more stack-sampled (~5 min)
 #   ... final6   the p40 cold start 3 times as the machine is (PYTHONDONTWRITEBYTECODE=1: the entry point now caches
 #                bytecode itself, run 1 fills the cache), then the p40, quick-start and GRPO rows one at a time (~9 min)
+#   ... cold3    the p40 cold start twice on the stock command (run 1 fills the bytecode cache), on the code whose
+#                workers import the model code during the data wait (~2 min)
 #   ... gpu_tests every GPU-marked test (tests/compat, utils, workers, rollout) on the final code (~4 min)
 #   ... coldprobe where cold start goes on this machine: torch/CUDA/transformers import and init in a fresh process,
 #                Ray's own start under lean settings, then the p40 cold start with every process's stacks sampled
 #                (benchmarks/stack_sampler), and the GPU tests (~6 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2, next13, long_p40d, next14, pycprobe, final6 or gpu_tests}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2, next13, long_p40d, next14, pycprobe, final6, gpu_tests or cold3}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -126,6 +128,10 @@ if [ "$mode" = next14 ]; then
   timeout "$(left 575)" python3 benchmarks/gpu_matrix.py --assets .gpu-assets --profiles rtx3090,a100-40gb --steps 3 \
       --test-freq 2 --jobs 4 --budget-gb 112 --cell-timeout "$(( $(left 575) - 15 ))" --out "$W/matrix" > "$W/matrix.log" 2>&1
   echo "matrix exit $? at $(( $(date +%s) - t0 )) s"; grep -E "exit|^\|" "$W/matrix.log" | tail -14
+elif [ "$mode" = cold3 ]; then
+  timeout 110 python3 benchmarks/cold_start.py --shapes field --assets .gpu-assets --repeat 2 --out "$W/cold" \
+      > "$W/cold.log" 2>&1
+  echo "cold start exit $? at $(( $(date +%s) - t0 )) s"; grep -E "run [0-9]/|^\| " "$W/cold.log" | head -40
 elif [ "$mode" = gpu_tests ]; then
   timeout 420 python3 -m pytest -q -rs -m gpu tests/compat tests/utils tests/workers tests/rollout > "$W/gpu_tests.log" 2>&1
   echo "gpu tests exit $?"; grep -E "passed|failed|SKIPPED|Error" "$W/gpu_tests.log" | tail -12 | cut -c1-300
