@@ -54,15 +54,21 @@ def test_the_users_system_config_wins_and_attaching_passes_none(captured, monkey
     assert "_system_config" not in captured[-1] and "num_cpus" not in captured[-1]
 
 
-def test_workers_share_the_drivers_bytecode_cache_only_when_it_turned_one_on(captured, monkeypatch):
+def test_workers_share_the_drivers_bytecode_cache_only_when_it_turned_one_on(captured, monkeypatch, tmp_path):
     from verl.utils import bytecode_cache
 
     config = load_config(check=False)
     task_runner._init_ray(config, _plan("cpu"))
     assert "PYTHONPYCACHEPREFIX" not in captured[-1]["runtime_env"]["env_vars"]
-    monkeypatch.setattr(bytecode_cache, "_ENABLED", "/tmp/verl-pycache")
+    # what enable() changes, restored after the test
+    for name in ("pycache_prefix", "dont_write_bytecode"):
+        monkeypatch.setattr(sys, name, getattr(sys, name))
+    for name in ("PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+    monkeypatch.setattr(bytecode_cache, "_ENABLED", None)
+    bytecode_cache.enable(str(tmp_path / "pycache"))
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")          # a cluster that does not inherit our environment
     monkeypatch.setattr(task_runner, "describe_nodes", lambda: "stand-in cluster")
     task_runner._init_ray(config, _plan("p40"))
     env_vars = captured[-1]["runtime_env"]["env_vars"]
-    assert env_vars["PYTHONPYCACHEPREFIX"] == "/tmp/verl-pycache" and env_vars["PYTHONDONTWRITEBYTECODE"] == ""
+    assert env_vars["PYTHONPYCACHEPREFIX"] == str(tmp_path / "pycache") and env_vars["PYTHONDONTWRITEBYTECODE"] == ""
