@@ -70,10 +70,13 @@ class _TokenizerOnUse:
         return len(_process_tokenizer(*self._source))
 
 
+_MODEL_CODE_LOCK = threading.Lock()   # colocated roles share a process: their imports run one after the other
+
+
 class _ModelCodeImport:
     """`import_model_code` on a thread, started as the constructor ends and awaited first thing in
-    `init_model`: in between the worker is idle while the driver reads the data sets, and nothing else
-    in the process imports beside it."""
+    `init_model`: in between the worker is idle while the driver reads the data sets, and no other
+    import runs beside it (two threads importing the same package at once can deadlock on its modules)."""
 
     def __init__(self, model_config):
         args = (model_config.path, bool(model_config.get("trust_remote_code", False)))
@@ -83,7 +86,8 @@ class _ModelCodeImport:
     @staticmethod
     def _run(path: str, trust_remote_code: bool) -> None:
         try:
-            import_model_code(path, trust_remote_code)
+            with _MODEL_CODE_LOCK:
+                import_model_code(path, trust_remote_code)
         except Exception:  # noqa: BLE001 - build_model meets the same problem on the main thread and reports it
             logger.debug("importing the model code ahead of init_model failed", exc_info=True)
 
