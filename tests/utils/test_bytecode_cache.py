@@ -86,3 +86,19 @@ def test_off_leaves_python_alone(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["None", "None", "True"] and "bytecode" not in out.stderr
+
+
+def test_an_unwritable_folder_is_reported_and_python_left_alone(tmp_path):
+    src = tmp_path / "src"
+    _package(src, "bigpkg", compiled=False)
+    (tmp_path / "not_a_folder").write_text("")
+    code = "from verl.utils.bytecode_cache import configure; import sys; c = configure(packages=('bigpkg',)); " \
+           "print(c.folder, sys.pycache_prefix)"
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "XDG_CACHE_HOME": str(tmp_path / "not_a_folder"),
+           "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    for name in ("PYTHONPYCACHEPREFIX", bytecode_cache.SETTING):
+        env.pop(name, None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["None", "None"]
+    assert "cannot be written, so every process keeps compiling" in out.stderr and "VERL_PYCACHE" in out.stderr

@@ -104,7 +104,10 @@ def configure(packages=HEAVY_PACKAGES) -> BytecodeCache:
     if choice.folder is None:
         return choice
     if not _usable(choice.folder):
-        return BytecodeCache(None, f"cannot write {choice.folder}; Python's bytecode settings left as they are")
+        choice = BytecodeCache(None, f"{choice.folder} cannot be written, so every process keeps compiling its "
+                                     f"imports from source: point {SETTING} at a writable folder")
+        print(f"verl: bytecode: {choice.reason}", file=sys.stderr, flush=True)
+        return choice
     enable(choice.folder)
     print(f"verl: bytecode: {choice.reason}", file=sys.stderr, flush=True)
     return choice
