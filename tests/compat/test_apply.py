@@ -132,24 +132,33 @@ def test_real_gpu_is_not_capped(fake_cuda):
     assert apply.CUBLAS_WORKSPACE_ENV not in os.environ
 
 
+def _planned(name: str) -> Plan:
+    """The planner's plan for the field report's settings on a simulated catalog device."""
+    from test_planner import FIELD, PLAIN, QWEN05
+
+    from verl.compat.planner import make_plan
+
+    return make_plan(dataclasses.replace(get_profile(name), simulated=True), FIELD, PLAIN, QWEN05)
+
+
 @pytest.mark.parametrize("name,expected", [("p40", ":4096:2:16:8"), ("t4", ":4096:2:16:8"),
                                            ("a100-40gb", ":4096:2:16:8"), ("h100", None)])
 def test_simulated_device_gets_its_own_cublas_workspace_size(fake_cuda, name, expected):
     """Below sm_90 torch gives each (handle, stream) 8.125 MiB; on the real H200 it would give 32."""
-    apply.apply_in_process(make(name))
+    apply.apply_in_process(_planned(name))
     assert os.environ.get(apply.CUBLAS_WORKSPACE_ENV) == expected
 
 
 def test_users_cublas_workspace_setting_is_kept(fake_cuda, monkeypatch):
     monkeypatch.setenv(apply.CUBLAS_WORKSPACE_ENV, ":4096:8")
-    apply.apply_in_process(make("p40"))
+    apply.apply_in_process(_planned("p40"))
     assert os.environ[apply.CUBLAS_WORKSPACE_ENV] == ":4096:8"
 
 
 def test_pre_hopper_gpu_simulating_another_keeps_torchs_default(fake_cuda):
     props = torch.cuda.get_device_properties(0)
     props.major, props.minor = 8, 0     # a real A100 simulating a T4: the same default already
-    apply.apply_in_process(make("t4"))
+    apply.apply_in_process(_planned("t4"))
     assert apply.CUBLAS_WORKSPACE_ENV not in os.environ
 
 

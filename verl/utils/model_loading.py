@@ -27,7 +27,6 @@ def import_model_code(path: str, trust_remote_code: bool = False) -> None:
     reading the data sets. Only a local folder's config.json is read; a hub id, an `hdfs://` folder or
     remote code is left to `build_model`."""
     import importlib
-    import importlib.util
     import json
     import os
 
@@ -41,9 +40,10 @@ def import_model_code(path: str, trust_remote_code: bool = False) -> None:
     if not model_type:
         return
     name = configuration_auto.model_type_to_module_name(model_type)
-    module = f"transformers.models.{name}.modeling_{name}"
-    if importlib.util.find_spec(f"transformers.models.{name}") is not None and importlib.util.find_spec(module):
-        importlib.import_module(module)
+    try:
+        importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    except ModuleNotFoundError:   # an architecture this transformers does not ship: build_model will say so
+        pass
 
 
 def build_model(
