@@ -432,8 +432,8 @@ def test_gradient_checkpointing_stays_in_force_with_compiled_layers_under_fsdp2(
 def test_init_model_sizes_the_schedule_of_workers_started_before_the_data(model_dir):
     """Workers spawned while the driver still filters the data get no total_training_steps in their
     config; init_model(total_training_steps=N) sizes the cosine schedule, and reports its set-up pieces.
-    Neither loads the tokenizer (the trainer sends eos/pad ids; a checkpoint save loads it), and the two
-    roles of a process share it once loaded."""
+    Neither loads the tokenizer, not even to generate (the trainer sends eos/pad ids; a checkpoint save
+    loads it), and the two roles of a process share it once loaded."""
     from verl.workers import fsdp_workers
 
     fsdp_workers._process_tokenizer.cache_clear()
@@ -453,6 +453,11 @@ def test_init_model_sizes_the_schedule_of_workers_started_before_the_data(model_
     assert {"process_start", "constructor", "model_code", "actor_load", "actor_shard", "actor_optimizer",
             "rollout_engine"} <= set(pieces)
     assert {"model_code", "critic_load", "critic_shard", "critic_optimizer"} <= set(critic_pieces)
-    assert fsdp_workers._process_tokenizer.cache_info().currsize == 0      # not loaded at start-up
+    data = ppo_batch(batch_size=2)
+    prompts = DataProto.from_dict({k: data.batch[k][:, :PROMPT_LEN] for k in ("input_ids", "attention_mask",
+                                                                              "position_ids")},
+                                  meta_info={"eos_token_id": 0, "pad_token_id": 0})
+    assert actor.generate_sequences(prompts).batch["responses"].shape == (2, RESPONSE_LEN)
+    assert fsdp_workers._process_tokenizer.cache_info().currsize == 0      # not loaded at start-up, nor to generate
     assert critic.tokenizer.eos_token_id == actor.tokenizer.eos_token_id is not None
     assert fsdp_workers._process_tokenizer.cache_info().currsize == 1      # one per process and path

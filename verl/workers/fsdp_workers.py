@@ -491,8 +491,9 @@ class ActorRolloutRefWorker(Worker):
         if self.rollout is None:
             raise RuntimeError(f"role {self.role!r} has no rollout; use actor_rollout or actor_rollout_ref")
         prompts = prompts.to(self.device)
-        prompts.meta_info.setdefault("eos_token_id", self.tokenizer.eos_token_id)
-        prompts.meta_info.setdefault("pad_token_id", self.tokenizer.pad_token_id)
+        for key in ("eos_token_id", "pad_token_id"):   # the tokenizer loads only when the caller sent no id
+            if key not in prompts.meta_info:
+                prompts.meta_info[key] = getattr(self.tokenizer, key)
         self._guard(self._actor_model, self.actor_module, prompts)
         phase = "validation" if prompts.meta_info.get("validate", False) else "gen"
         # No autocast here: the engine alone runs in the plan's rollout dtype (it also sets eval mode).
