@@ -11,6 +11,7 @@ import torch
 from verl.compat import torch_dtype
 from verl.compat.plan import RolePlan
 from verl.utils.fs import resolve_model_path
+from verl.utils.lazy_sklearn import sklearn_deferred
 from verl.utils.tokenizer import hf_tokenizer
 
 
@@ -30,20 +31,21 @@ def import_model_code(path: str, trust_remote_code: bool = False) -> None:
     import json
     import os
 
-    from transformers.models.auto import configuration_auto, modeling_auto  # noqa: F401
+    with sklearn_deferred():
+        from transformers.models.auto import configuration_auto, modeling_auto  # noqa: F401
 
-    config_file = os.path.join(path, "config.json")
-    if trust_remote_code or not os.path.isfile(config_file):
-        return
-    with open(config_file) as f:
-        model_type = json.load(f).get("model_type")
-    if not model_type:
-        return
-    name = configuration_auto.model_type_to_module_name(model_type)
-    try:
-        importlib.import_module(f"transformers.models.{name}.modeling_{name}")
-    except ModuleNotFoundError:   # an architecture this transformers does not ship: build_model will say so
-        pass
+        config_file = os.path.join(path, "config.json")
+        if trust_remote_code or not os.path.isfile(config_file):
+            return
+        with open(config_file) as f:
+            model_type = json.load(f).get("model_type")
+        if not model_type:
+            return
+        name = configuration_auto.model_type_to_module_name(model_type)
+        try:
+            importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        except ModuleNotFoundError:   # an architecture this transformers does not ship: build_model will say so
+            pass
 
 
 def build_model(
@@ -61,11 +63,12 @@ def build_model(
     Weights are loaded in the plan's `param_dtype` with its `attn_implementation`; gradient
     checkpointing (non-reentrant, which composes with FSDP) is switched on where the plan asks.
     """
-    from transformers import (
-        AutoConfig,
-        AutoModelForCausalLM,
-        AutoModelForTokenClassification,
-    )
+    with sklearn_deferred():
+        from transformers import (
+            AutoConfig,
+            AutoModelForCausalLM,
+            AutoModelForTokenClassification,
+        )
 
     path = resolve_model_path(path)
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
