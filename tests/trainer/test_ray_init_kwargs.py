@@ -1,20 +1,15 @@
 """What the driver passes to ray.init (task_runner._init_ray), read off a stand-in for ray.init: a local
 cluster starts no idle workers (ours are actors with env vars of their own) unless the user's
-`_system_config` says otherwise; CPU workers get CPU slots; attaching to a running cluster passes neither."""
+`_system_config` says otherwise; every worker gets a CPU slot; attaching to a running cluster passes neither.
+It needs no plan: run_ppo makes the plan on a thread meanwhile."""
 import os
 import sys
 
 import pytest
 import ray
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "compat"))
-
-from test_planner import FIELD, PLAIN, QWEN05  # noqa: E402
-
-from verl.compat.catalog import CATALOG  # noqa: E402
-from verl.compat.planner import make_plan  # noqa: E402
-from verl.trainer.config_check import load_config  # noqa: E402
-from verl.trainer.ppo import task_runner  # noqa: E402
+from verl.trainer.config_check import load_config
+from verl.trainer.ppo import task_runner
 
 
 @pytest.fixture
@@ -25,32 +20,26 @@ def captured(monkeypatch):
     return calls
 
 
-def _plan(device: str):
-    """The planner's plan for the field report's settings on a catalog device."""
-    return make_plan(CATALOG[device], FIELD, PLAIN, QWEN05)
-
-
 def test_a_local_cluster_starts_no_idle_workers_and_cpu_workers_get_slots(captured):
     config = load_config(["trainer.n_gpus_per_node=64"], check=False)
-    task_runner._init_ray(config, _plan("cpu"))
+    task_runner._init_ray(config)
     kwargs = captured[-1]
     assert kwargs["_system_config"] == task_runner.NO_PRESTART
-    assert kwargs["num_cpus"] >= 64
+    assert kwargs["num_cpus"] == max(os.cpu_count(), 64)
     assert kwargs["runtime_env"]["env_vars"]["TOKENIZERS_PARALLELISM"] == "true"
-    task_runner._init_ray(config, _plan("p40"))
-    assert "num_cpus" not in captured[-1]          # GPU workers: Ray counts the host's cores itself
-    assert captured[-1]["_system_config"] == task_runner.NO_PRESTART
+    task_runner._init_ray(load_config(["+ray_kwargs.ray_init.num_cpus=3"], check=False))
+    assert captured[-1]["num_cpus"] == 3           # the user's count stands
 
 
 def test_the_users_system_config_wins_and_attaching_passes_none(captured, monkeypatch):
     config = load_config(["+ray_kwargs.ray_init._system_config={prestart_worker_first_driver:true,"
                           "object_timeout_milliseconds:5}"], check=False)
-    task_runner._init_ray(config, _plan("cpu"))
+    task_runner._init_ray(config)
     assert captured[-1]["_system_config"] == {"prestart_worker_first_driver": True, "enable_worker_prestart": False,
                                               "object_timeout_milliseconds": 5}
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
     monkeypatch.setattr(task_runner, "describe_nodes", lambda: "stand-in cluster")
-    task_runner._init_ray(load_config(check=False), _plan("cpu"))
+    task_runner._init_ray(load_config(check=False))
     assert "_system_config" not in captured[-1] and "num_cpus" not in captured[-1]
 
 
@@ -58,7 +47,7 @@ def test_workers_share_the_drivers_bytecode_cache_only_when_it_turned_one_on(cap
     from verl.utils import bytecode_cache
 
     config = load_config(check=False)
-    task_runner._init_ray(config, _plan("cpu"))
+    task_runner._init_ray(config)
     assert "PYTHONPYCACHEPREFIX" not in captured[-1]["runtime_env"]["env_vars"]
     # what enable() changes, restored after the test
     for name in ("pycache_prefix", "dont_write_bytecode"):
@@ -69,6 +58,6 @@ def test_workers_share_the_drivers_bytecode_cache_only_when_it_turned_one_on(cap
     bytecode_cache.enable(str(tmp_path / "pycache"))
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")          # a cluster that does not inherit our environment
     monkeypatch.setattr(task_runner, "describe_nodes", lambda: "stand-in cluster")
-    task_runner._init_ray(config, _plan("p40"))
+    task_runner._init_ray(config)
     env_vars = captured[-1]["runtime_env"]["env_vars"]
     assert env_vars["PYTHONPYCACHEPREFIX"] == str(tmp_path / "pycache") and env_vars["PYTHONDONTWRITEBYTECODE"] == ""

@@ -27,42 +27,46 @@ RAY_INIT_TIMEOUT_S = float(os.environ.get("VERL_RAY_INIT_TIMEOUT_S", "180"))
 
 
 def run_ppo(config) -> None:
-    """Plan, start Ray and the worker processes while the data sets are read on a thread, then train.
+    """Start Ray while a thread plans, imports the worker classes and reads the data sets; start the
+    worker processes; train.
 
-    Problems visible from the config and the files alone stop the run before Ray starts; what only
-    reading the data finds (an over-long prompt, a missing column) arrives while Ray starts, which is
-    then shut down again, with the same message and exit status.
+    Ray's start is mostly waiting for its daemons, so the main thread starts it while one thread after
+    the other (never two imports at once) makes the plan (importing torch, reading the device), imports
+    the worker classes, then loads the tokenizer and the data sets, on its own copy of the config.
+    Problems visible from the config and the files alone stop the run before Ray starts. A plan that
+    fails (a simulated GPU on a GPU-less host, compat.strict) is reported once Ray is up, which is then
+    shut down again; so is what only reading the data finds (an over-long prompt, an empty set), with
+    the same message and exit status.
     """
     import ray
 
-    from verl import compat
-    from verl.trainer.ppo.ray_trainer import spawn_worker_groups
     from verl.trainer.preflight import input_problems
 
-    plan = compat.build_plan(config)
-    print(compat.format_plan(plan), flush=True)
-    compat.resolve_config(config, plan)
-    OmegaConf.resolve(config)
     clock = startup_clock()
-    clock.mark("plan")
-
-    if input_problems(config):
-        build_inputs(config)  # raises InputError with these and whatever the data sets add, before Ray
-    # Beside ray.init, one thread after the other: the worker classes' imports, then tokenizer and data
-    # sets (never two imports at once). They read their own copy of the config.
+    problems = input_problems(config)
     own = copy.deepcopy(config)
-    layout = _Background(worker_layout, own, plan)
-    inputs = _Background(_after, layout, build_inputs, own)
+    planning = _Background(_plan_for, own)
     started_ray = False
     try:
+        if problems:
+            _apply_plan(config, planning.result())
+            build_inputs(config)  # raises InputError with these and whatever the data sets add, before Ray
+        layout = _Background(lambda: worker_layout(own, planning.result()), after=planning)
+        inputs = _Background(build_inputs, own, after=layout)
         if not ray.is_initialized():
-            _init_ray(config, plan)
+            _init_ray(config)
             started_ray = True
             stop_on_sigterm()  # ray.init installs a SIGTERM handler of its own in the driver
             clock.mark("ray_init")
+        plan = planning.result()
+        clock.mark("plan")
+        clock.record("planning", planning.seconds)
+        _apply_plan(config, plan)
         roles, pools = layout.result()
         clock.mark("wait_for_imports")
         clock.record("imports", layout.seconds)
+        from verl.trainer.ppo.ray_trainer import spawn_worker_groups
+
         inputs.raise_if_failed()  # an input error found meanwhile: no worker needs to start
         groups = spawn_worker_groups(config, roles, pools, plan)
         clock.mark("spawn_workers")
@@ -80,25 +84,47 @@ def run_ppo(config) -> None:
             ray.shutdown()
 
 
-class _Background:
-    """`fn(*args)` on a daemon thread (a Ctrl-C in the main thread need not wait for it); `result()`
-    waits and re-raises what it raised; `seconds` is how long `fn` ran."""
+def _plan_for(config):
+    """The compat plan for `config`, with `config` resolved by it (the start-up thread's own copy)."""
+    from verl import compat
 
-    def __init__(self, fn, *args):
+    plan = compat.build_plan(config)
+    compat.resolve_config(config, plan)
+    OmegaConf.resolve(config)
+    return plan
+
+
+def _apply_plan(config, plan) -> None:
+    """Print the plan and resolve the main thread's config by it, as the start-up thread resolved its copy."""
+    from verl import compat
+
+    print(compat.format_plan(plan), flush=True)
+    compat.resolve_config(config, plan)
+    OmegaConf.resolve(config)
+
+
+class _Background:
+    """`fn(*args)` on a daemon thread (a Ctrl-C in the main thread need not wait for it), once `after` (another
+    _Background) has finished, if given; `result()` waits and re-raises what it (or `after`) raised;
+    `seconds` is how long `fn` itself ran."""
+
+    def __init__(self, fn, *args, after: _Background | None = None):
         self._value = self._error = None
         self.seconds = 0.0
-        self._thread = threading.Thread(target=self._run, args=(fn, args), name="verl-start-up", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(fn, args, after), name="verl-start-up", daemon=True)
         self._thread.start()
 
-    def _run(self, fn, args) -> None:
+    def _run(self, fn, args, after) -> None:
         import time
 
-        start = time.perf_counter()
         try:
+            if after is not None:
+                after.result()
+            start = time.perf_counter()
             self._value = fn(*args)
+            self.seconds = time.perf_counter() - start
         except BaseException as err:  # noqa: BLE001 - handed to the main thread by result()
             self._error = err
-        self.seconds = time.perf_counter() - start
 
     def raise_if_failed(self) -> None:
         if not self._thread.is_alive() and self._error is not None:
@@ -109,12 +135,6 @@ class _Background:
         if self._error is not None:
             raise self._error
         return self._value
-
-
-def _after(first: _Background, fn, *args):
-    """`fn(*args)` once `first` has finished (so two threads never import at the same time)."""
-    first.result()
-    return fn(*args)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -163,10 +183,12 @@ def interruption_line(config, signum: int = signal.SIGINT) -> str:
 NO_PRESTART = {"prestart_worker_first_driver": False, "enable_worker_prestart": False}
 
 
-def _init_ray(config, plan) -> None:
-    """ray.init with ray_kwargs.ray_init, worker env vars, CPU slots for CPU workers and a time limit.
+def _init_ray(config) -> None:
+    """ray.init with ray_kwargs.ray_init, worker env vars, a CPU slot per worker and a time limit.
 
-    With RAY_ADDRESS set (or `+ray_kwargs.ray_init.address=...`), as upstream, the driver attaches to
+    It needs no plan: the plan is made beside it. Call it on the main thread: some of Ray's daemons (log
+    monitor, dashboard, runtime-env agent) end with the thread that started them, which breaks the
+    cluster once a short-lived thread exits, and the time limit is a signal. With RAY_ADDRESS set (or `+ray_kwargs.ray_init.address=...`), as upstream, the driver attaches to
     that running cluster instead of starting a local one; the cluster's nodes then bring their own
     resources, so no CPU count or system config is passed (Ray refuses them when attaching).
     """
@@ -182,9 +204,9 @@ def _init_ray(config, plan) -> None:
     init_kwargs["runtime_env"] = runtime_env
     attach_to = init_kwargs.get("address") or os.environ.get("RAY_ADDRESS") or None
     if attach_to is None:
-        if plan.device_type == "cpu" and "num_cpus" not in init_kwargs:
-            # Ray counts one CPU slot per CPU worker; give it at least as many slots as workers requested,
-            # even on a machine with fewer cores (the workers then share cores, which is slow but correct).
+        if "num_cpus" not in init_kwargs:
+            # Every worker's bundle takes one CPU slot: at least as many slots as workers, even on a machine
+            # with fewer cores (CPU workers then share cores, slow but correct).
             n_workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
             init_kwargs["num_cpus"] = max(os.cpu_count() or 1, n_workers)
         init_kwargs["_system_config"] = {**NO_PRESTART, **(init_kwargs.get("_system_config") or {})}
@@ -231,6 +253,7 @@ def worker_layout(config, plan):
     critic for GAE) and the resource pool they share: (role_worker_mapping, resource_pool_manager)."""
     import ray
 
+    import verl.trainer.ppo.ray_trainer  # noqa: F401 - the trainer the main thread builds next, imported here with the rest
     from verl.single_controller.ray import ResourcePoolManager
     from verl.trainer.ppo.utils import Role, need_critic, need_reference_policy
     from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
