@@ -48,13 +48,15 @@
 #                bytecode itself, run 1 fills the cache), then the p40, quick-start and GRPO rows one at a time (~9 min)
 #   ... cold3    the p40 cold start twice on the stock command (run 1 fills the bytecode cache), on the code whose
 #                workers import the model code during the data wait (~2 min)
+#   ... cold4    the p40 cold start 4 times (run 1 fills the bytecode cache), once more stack-sampled, then the GPU
+#                tests of tests/workers and tests/utils: Ray started beside the plan, scikit-learn deferred (~5 min)
 #   ... gpu_tests every GPU-marked test (tests/compat, utils, workers, rollout) on the final code (~4 min)
 #   ... coldprobe where cold start goes on this machine: torch/CUDA/transformers import and init in a fresh process,
 #                Ray's own start under lean settings, then the p40 cold start with every process's stacks sampled
 #                (benchmarks/stack_sampler), and the GPU tests (~6 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2, next13, long_p40d, next14, pycprobe, final6, gpu_tests or cold3}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2, next13, long_p40d, next14, pycprobe, final6, gpu_tests, cold3 or cold4}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -132,6 +134,16 @@ elif [ "$mode" = cold3 ]; then
   timeout 110 python3 benchmarks/cold_start.py --shapes field --assets .gpu-assets --repeat 2 --out "$W/cold" \
       > "$W/cold.log" 2>&1
   echo "cold start exit $? at $(( $(date +%s) - t0 )) s"; grep -E "run [0-9]/|^\| " "$W/cold.log" | head -40
+elif [ "$mode" = cold4 ]; then
+  timeout 150 python3 benchmarks/cold_start.py --shapes field --assets .gpu-assets --repeat 4 --out "$W/cold" \
+      > "$W/cold.log" 2>&1
+  echo "cold start exit $? at $(( $(date +%s) - t0 )) s"; grep -E "run [0-9]/|^\| " "$W/cold.log" | head -44
+  VERL_STACK_SAMPLES="$W/stacks" VERL_STACK_SECONDS=40 PYTHONPATH="$PWD/benchmarks/stack_sampler:$PYTHONPATH" \
+      timeout 70 python3 benchmarks/cold_start.py --shapes field --assets .gpu-assets --repeat 1 --out "$W/cold_sampled" \
+      > "$W/cold_sampled.log" 2>&1
+  echo "cold start sampled exit $? at $(( $(date +%s) - t0 )) s"; grep -E "run 1/" "$W/cold_sampled.log"
+  timeout 200 python3 -m pytest -q -rs -m gpu tests/workers tests/utils > "$W/gpu_tests.log" 2>&1
+  echo "gpu tests exit $? at $(( $(date +%s) - t0 )) s"; grep -E "passed|failed|SKIPPED|Error" "$W/gpu_tests.log" | tail -8 | cut -c1-300
 elif [ "$mode" = gpu_tests ]; then
   timeout 420 python3 -m pytest -q -rs -m gpu tests/compat tests/utils tests/workers tests/rollout > "$W/gpu_tests.log" 2>&1
   echo "gpu tests exit $?"; grep -E "passed|failed|SKIPPED|Error" "$W/gpu_tests.log" | tail -12 | cut -c1-300
