@@ -74,16 +74,14 @@ def test_the_tokenizer_and_model_code_load_with_sklearn_deferred(tmp_path):
                 num_key_value_heads=1, vocab_size=64).save_pretrained(model_dir)
     out = _run(tmp_path, f"""
         import sys
-        from verl.utils import lazy_sklearn
+        from verl.utils import transformers_import
         from verl.utils.model_loading import import_model_code
         calls = []
-        original = lazy_sklearn.sklearn_deferred
+        original = transformers_import.sklearn_deferred
         def counting():
             calls.append(1)
             return original()
-        lazy_sklearn.sklearn_deferred = counting
-        import verl.utils.model_loading as loading
-        loading.sklearn_deferred = counting
+        transformers_import.sklearn_deferred = counting
         import_model_code({str(model_dir)!r})
         print(len(calls), "transformers.models.qwen2.modeling_qwen2" in sys.modules, "sklearn" in sys.modules)
     """)

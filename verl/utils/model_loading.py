@@ -11,7 +11,7 @@ import torch
 from verl.compat import torch_dtype
 from verl.compat.plan import RolePlan
 from verl.utils.fs import resolve_model_path
-from verl.utils.lazy_sklearn import sklearn_deferred
+from verl.utils.transformers_import import transformers_import
 from verl.utils.tokenizer import hf_tokenizer
 
 
@@ -31,7 +31,7 @@ def import_model_code(path: str, trust_remote_code: bool = False) -> None:
     import json
     import os
 
-    with sklearn_deferred():
+    with transformers_import():
         from transformers.models.auto import configuration_auto, modeling_auto  # noqa: F401
 
         config_file = os.path.join(path, "config.json")
@@ -63,7 +63,7 @@ def build_model(
     Weights are loaded in the plan's `param_dtype` with its `attn_implementation`; gradient
     checkpointing (non-reentrant, which composes with FSDP) is switched on where the plan asks.
     """
-    with sklearn_deferred():
+    with transformers_import():
         from transformers import (
             AutoConfig,
             AutoModelForCausalLM,

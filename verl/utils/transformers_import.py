@@ -1,0 +1,74 @@
+"""Import transformers without the optional work some releases do while importing.
+
+Two costs measured on the H200 image (transformers 5.17, Python 3.12), paid by every verl process that
+imports transformers (the driver for its tokenizer, every worker for its model), 1.2-1.5 s each:
+
+- transformers' import utilities map import names to distributions with
+  `importlib.metadata.packages_distributions()`. Python 3.12 infers a distribution's top-level names
+  from its file list after checking that every listed file exists: tens of thousands of `stat` calls
+  for torch alone. Inside `transformers_import()` the same lists are read without those checks; a
+  listed file that was since deleted can only add a name nobody imports.
+- scikit-learn, imported for assisted decoding only (`verl.utils.lazy_sklearn`).
+
+Releases that skip this work at import (transformers 5.24 builds the map lazily) lose nothing.
+"""
+from __future__ import annotations
+
+import collections
+import csv
+import importlib.metadata
+import inspect
+import sys
+from contextlib import contextmanager
+from pathlib import PurePosixPath
+
+from verl.utils.lazy_sklearn import sklearn_deferred
+
+
+def _top_level_name(listed: str) -> str:
+    """The importable name a listed file would provide: its top folder, or its module name."""
+    path = PurePosixPath(listed)
+    if len(path.parts) > 1:
+        return path.parts[0]
+    return inspect.getmodulename(listed) or listed
+
+
+def _listed_top_levels(dist) -> set[str]:
+    record = dist.read_text("RECORD")
+    if record is None:   # egg-info and other layouts: the standard (checked) list
+        listed = [str(path) for path in dist.files or ()]
+    else:
+        listed = [row[0] for row in csv.reader(record.splitlines()) if row]
+    return {name for name in map(_top_level_name, listed) if "." not in name}
+
+
+def packages_distributions() -> dict[str, list[str]]:
+    """Python 3.12's `importlib.metadata.packages_distributions()`, reading each distribution's
+    `top_level.txt`, else its RECORD, without checking that the listed files exist."""
+    mapping = collections.defaultdict(list)
+    for dist in importlib.metadata.distributions():
+        names = (dist.read_text("top_level.txt") or "").split() or _listed_top_levels(dist)
+        for name in names:
+            mapping[name].append(dist.metadata["Name"])
+    return dict(mapping)
+
+
+@contextmanager
+def _unchecked_distribution_map():
+    # Python < 3.12 checks nothing (and infers from .py files only); a built map is built already.
+    if sys.version_info < (3, 12) or "transformers.utils.import_utils" in sys.modules:
+        yield
+        return
+    checked = importlib.metadata.packages_distributions
+    importlib.metadata.packages_distributions = packages_distributions
+    try:
+        yield
+    finally:
+        importlib.metadata.packages_distributions = checked
+
+
+@contextmanager
+def transformers_import():
+    """Run the block, which imports transformers, without the optional import-time work above."""
+    with _unchecked_distribution_map(), sklearn_deferred():
+        yield
