@@ -50,13 +50,15 @@
 #                workers import the model code during the data wait (~2 min)
 #   ... cold4    the p40 cold start 4 times (run 1 fills the bytecode cache), once more stack-sampled, then the GPU
 #                tests of tests/workers and tests/utils: Ray started beside the plan, scikit-learn deferred (~5 min)
+#   ... ab5      the p40 cold start, session 21's tree against this one alternately on one machine, 4 runs each
+#                (run 0 fills each bytecode cache): median stages of runs 1-3 (~6 min)
 #   ... gpu_tests every GPU-marked test (tests/compat, utils, workers, rollout) on the final code (~4 min)
 #   ... coldprobe where cold start goes on this machine: torch/CUDA/transformers import and init in a fresh process,
 #                Ray's own start under lean settings, then the p40 cold start with every process's stacks sampled
 #                (benchmarks/stack_sampler), and the GPU tests (~6 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2, next13, long_p40d, next14, pycprobe, final6, gpu_tests, cold3 or cold4}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2, next13, long_p40d, next14, pycprobe, final6, gpu_tests, cold3, cold4 or ab5}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -144,6 +146,41 @@ elif [ "$mode" = cold4 ]; then
   echo "cold start sampled exit $? at $(( $(date +%s) - t0 )) s"; grep -E "run 1/" "$W/cold_sampled.log"
   timeout 200 python3 -m pytest -q -rs -m gpu tests/workers tests/utils > "$W/gpu_tests.log" 2>&1
   echo "gpu tests exit $? at $(( $(date +%s) - t0 )) s"; grep -E "passed|failed|SKIPPED|Error" "$W/gpu_tests.log" | tail -8 | cut -c1-300
+elif [ "$mode" = ab5 ]; then
+  # Same machine, alternating: the session-21 tree (.gpu-assets/ab_old, `git archive 5aeca65 verl benchmarks`)
+  # and this one; run 0 of each fills its bytecode cache, runs 1-3 are compared (median per stage).
+  cs="--shapes field --assets $PWD/.gpu-assets"
+  for i in 0 1 2 3; do
+    for side in old new; do
+      dir=$PWD; [ $side = old ] && dir=$PWD/.gpu-assets/ab_old
+      (cd "$dir" && timeout 85 python3 benchmarks/cold_start.py $cs --repeat 1 --out "$W/${side}_$i" > "$W/${side}_$i.log" 2>&1)
+      echo "$side $i: $(grep -E 'run 1/' "$W/${side}_$i.log") at $(( $(date +%s) - t0 )) s"
+    done
+  done
+  python3 - "$W" <<'PY'
+import json, statistics, sys
+from pathlib import Path
+w = Path(sys.argv[1])
+rows = {}
+for side in ("old", "new"):
+    runs = []
+    for i in (1, 2, 3):
+        f = w / f"{side}_{i}" / "cold_start.json"
+        if f.exists():
+            r = json.loads(f.read_text())["rows"]["field"]["runs"][0]
+            if r.get("startup"):
+                runs.append({"cold": r["cold_start_to_first_step_s"], "first_step": r["first_step_s"], **r["startup"]})
+    rows[side] = runs
+keys = []
+for runs in rows.values():
+    for r in runs:
+        keys += [k for k in r if k not in keys]
+print("| median of runs 1-3, s | session 21 (5aeca65) | this tree |\n|---|---|---|")
+for k in keys:
+    cells = [statistics.median([r[k] for r in rows[s] if k in r]) if any(k in r for r in rows[s]) else "" for s in ("old", "new")]
+    print(f"| {k} | " + " | ".join(f"{c:.2f}" if c != "" else "" for c in cells) + " |")
+print("cold per run:", {s: [r["cold"] for r in rows[s]] for s in rows})
+PY
 elif [ "$mode" = gpu_tests ]; then
   timeout 420 python3 -m pytest -q -rs -m gpu tests/compat tests/utils tests/workers tests/rollout > "$W/gpu_tests.log" 2>&1
   echo "gpu tests exit $?"; grep -E "passed|failed|SKIPPED|Error" "$W/gpu_tests.log" | tail -12 | cut -c1-300
