@@ -53,13 +53,14 @@
 #   ... ab5      the p40 cold start, session 21's tree against this one alternately on one machine, 4 runs each
 #                (run 0 fills each bytecode cache): median stages of runs 1-3 (~6 min)
 #   ... final7   every GPU-marked test, then the p40 row (8 steps) and the quick-start row (3 steps) (~9 min)
+#   ... qs6      the quick-start row alone, 6 steps (its MFU settles after the first shapes compile) (~4 min)
 #   ... gpu_tests every GPU-marked test (tests/compat, utils, workers, rollout) on the final code (~4 min)
 #   ... coldprobe where cold start goes on this machine: torch/CUDA/transformers import and init in a fresh process,
 #                Ray's own start under lean settings, then the p40 cold start with every process's stacks sampled
 #                (benchmarks/stack_sampler), and the GPU tests (~6 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2, next13, long_p40d, next14, pycprobe, final6, gpu_tests, cold3, cold4, ab5 or final7}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2, next13, long_p40d, next14, pycprobe, final6, gpu_tests, cold3, cold4, ab5, final7 or qs6}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -188,6 +189,8 @@ elif [ "$mode" = final7 ]; then
   row p40 p40 8 100
   phase_peaks "$W/p40/p40.jsonl"
   row quickstart quickstart 3 "$(left 560)"
+elif [ "$mode" = qs6 ]; then
+  row quickstart quickstart 6 230
 elif [ "$mode" = gpu_tests ]; then
   timeout 420 python3 -m pytest -q -rs -m gpu tests/compat tests/utils tests/workers tests/rollout > "$W/gpu_tests.log" 2>&1
   echo "gpu tests exit $?"; grep -E "passed|failed|SKIPPED|Error" "$W/gpu_tests.log" | tail -12 | cut -c1-300
