@@ -31,14 +31,14 @@ def import_model_code(path: str, trust_remote_code: bool = False) -> None:
     import json
     import os
 
+    model_type = None
+    config_file = os.path.join(path, "config.json")
+    if not trust_remote_code and os.path.isfile(config_file):
+        with open(config_file) as f:
+            model_type = json.load(f).get("model_type")
     with transformers_import():
         from transformers.models.auto import configuration_auto, modeling_auto  # noqa: F401
 
-        config_file = os.path.join(path, "config.json")
-        if trust_remote_code or not os.path.isfile(config_file):
-            return
-        with open(config_file) as f:
-            model_type = json.load(f).get("model_type")
         if not model_type:
             return
         name = configuration_auto.model_type_to_module_name(model_type)

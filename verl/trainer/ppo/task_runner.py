@@ -188,7 +188,9 @@ def _init_ray(config) -> None:
 
     It needs no plan: the plan is made beside it. Call it on the main thread: some of Ray's daemons (log
     monitor, dashboard, runtime-env agent) end with the thread that started them, which breaks the
-    cluster once a short-lived thread exits, and the time limit is a signal. With RAY_ADDRESS set (or `+ray_kwargs.ray_init.address=...`), as upstream, the driver attaches to
+    cluster once a short-lived thread exits, and the time limit is a signal.
+
+    With RAY_ADDRESS set (or `+ray_kwargs.ray_init.address=...`), as upstream, the driver attaches to
     that running cluster instead of starting a local one; the cluster's nodes then bring their own
     resources, so no CPU count or system config is passed (Ray refuses them when attaching).
     """
