@@ -54,13 +54,15 @@
 #                (run 0 fills each bytecode cache): median stages of runs 1-3 (~6 min)
 #   ... final7   every GPU-marked test, then the p40 row (8 steps) and the quick-start row (3 steps) (~9 min)
 #   ... qs6      the quick-start row alone, 6 steps (its MFU settles after the first shapes compile) (~4 min)
+#   ... rayprobe Ray's own start with the bytecode cache (ray_init_probe's variants), then the p40 cold start
+#                with and without Ray's dashboard, alternated (~5 min)
 #   ... gpu_tests every GPU-marked test (tests/compat, utils, workers, rollout) on the final code (~4 min)
 #   ... coldprobe where cold start goes on this machine: torch/CUDA/transformers import and init in a fresh process,
 #                Ray's own start under lean settings, then the p40 cold start with every process's stacks sampled
 #                (benchmarks/stack_sampler), and the GPU tests (~6 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2, next13, long_p40d, next14, pycprobe, final6, gpu_tests, cold3, cold4, ab5, final7 or qs6}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2, next13, long_p40d, next14, pycprobe, final6, gpu_tests, cold3, cold4, ab5, final7, qs6 or rayprobe}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -191,6 +193,25 @@ elif [ "$mode" = final7 ]; then
   row quickstart quickstart 3 "$(left 560)"
 elif [ "$mode" = qs6 ]; then
   row quickstart quickstart 6 230
+elif [ "$mode" = rayprobe ]; then
+  # Ray's own start with the bytecode cache the entry point sets up (the probe's children inherit it), then the
+  # p40 cold start with Ray's dashboard left out, alternated with the default (run 0 fills the cache).
+  export PYTHONPYCACHEPREFIX=$HOME/.cache/verl/pycache PYTHONDONTWRITEBYTECODE=
+  timeout 100 python3 benchmarks/ray_init_probe.py --repeat 1 --out "$W/probe_fill" > /dev/null 2>&1
+  timeout 150 python3 benchmarks/ray_init_probe.py --repeat 3 --out "$W/probe" > "$W/probe.log" 2>&1
+  echo "ray_init_probe exit $? at $(( $(date +%s) - t0 )) s"; tail -6 "$W/probe.log"
+  cs="--shapes field --assets .gpu-assets --repeat 1"
+  for i in 0 1 2; do
+    timeout 70 python3 benchmarks/cold_start.py $cs --out "$W/default_$i" > "$W/default_$i.log" 2>&1
+    echo "default $i: $(grep -E 'run 1/' "$W/default_$i.log")"
+    [ $i = 0 ] && continue
+    timeout 70 python3 benchmarks/cold_start.py $cs --out "$W/nodash_$i" +ray_kwargs.ray_init.include_dashboard=False \
+        > "$W/nodash_$i.log" 2>&1
+    echo "no dashboard $i: $(grep -E 'run 1/' "$W/nodash_$i.log")"
+  done
+  for f in "$W"/default_[12]/cold_start.json "$W"/nodash_[12]/cold_start.json; do
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['rows']['field']['runs'][0].get('startup', {}); print(sys.argv[1].split('/')[-2], {k: r.get(k) for k in ('ray_init', 'spawn_workers', 'wait_for_data', 'init_models', 'planning')})" "$f"
+  done
 elif [ "$mode" = gpu_tests ]; then
   timeout 420 python3 -m pytest -q -rs -m gpu tests/compat tests/utils tests/workers tests/rollout > "$W/gpu_tests.log" 2>&1
   echo "gpu tests exit $?"; grep -E "passed|failed|SKIPPED|Error" "$W/gpu_tests.log" | tail -12 | cut -c1-300
