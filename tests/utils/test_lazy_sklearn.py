@@ -64,8 +64,8 @@ def test_without_the_deferral_the_probe_imports_sklearn(tmp_path):
     assert out.split() == ["True"]
 
 
-def test_the_tokenizer_and_model_code_load_with_sklearn_deferred(tmp_path):
-    """The driver's tokenizer and a worker's model-code import go through the deferral."""
+def test_a_workers_model_code_import_goes_through_the_deferral(tmp_path):
+    """import_model_code (and hf_tokenizer, through the same transformers_import block) defer scikit-learn."""
     from transformers import Qwen2Config
 
     model_dir = tmp_path / "model"
