@@ -89,8 +89,7 @@ def _plan_for(config):
     from verl import compat
 
     plan = compat.build_plan(config)
-    compat.resolve_config(config, plan)
-    OmegaConf.resolve(config)
+    _resolve_by(config, plan)
     return plan
 
 
@@ -99,6 +98,13 @@ def _apply_plan(config, plan) -> None:
     from verl import compat
 
     print(compat.format_plan(plan), flush=True)
+    _resolve_by(config, plan)
+
+
+def _resolve_by(config, plan) -> None:
+    """Fill the config's `auto` values from the plan, then every interpolation."""
+    from verl import compat
+
     compat.resolve_config(config, plan)
     OmegaConf.resolve(config)
 
