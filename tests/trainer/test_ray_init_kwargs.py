@@ -61,3 +61,18 @@ def test_workers_share_the_drivers_bytecode_cache_only_when_it_turned_one_on(cap
     task_runner._init_ray(config)
     env_vars = captured[-1]["runtime_env"]["env_vars"]
     assert env_vars["PYTHONPYCACHEPREFIX"] == str(tmp_path / "pycache") and env_vars["PYTHONDONTWRITEBYTECODE"] == ""
+
+
+def test_a_local_start_tells_ray_so_and_a_cluster_ray_start_recorded_is_attached(captured, monkeypatch, tmp_path):
+    """address="local" spares Ray its search of every process on the host; a cluster that `ray start`
+    recorded for this machine is attached to (as ray.init without an address does), with no CPU count."""
+    config = load_config([f"+ray_kwargs.ray_init._temp_dir={tmp_path}"], check=False)
+    task_runner._init_ray(config)
+    assert captured[-1]["address"] == "local" and "num_cpus" in captured[-1]
+    (tmp_path / "ray_current_cluster").write_text("10.0.0.7:6379\n")
+    monkeypatch.setattr(task_runner, "describe_nodes", lambda: "stand-in cluster")
+    task_runner._init_ray(config)
+    assert "address" not in captured[-1] and "num_cpus" not in captured[-1] and "_system_config" not in captured[-1]
+    task_runner._init_ray(load_config([f"+ray_kwargs.ray_init._temp_dir={tmp_path}",
+                                       "+ray_kwargs.ray_init.address=local"], check=False))
+    assert captured[-1]["address"] == "local" and "num_cpus" in captured[-1]   # the user's "local" starts one

@@ -33,18 +33,23 @@ class ConfigError(ValueError):
 # The key tree
 # --------------------------------------------------------------------------------------------------
 
+@lru_cache(maxsize=None)
+def _packaged(name: str) -> DictConfig:
+    """One packaged YAML file without Hydra's `defaults` list, read once per process (every check reads
+    these; parsing them again cost the command line ~0.2 s). Shared: callers must not change it."""
+    config = OmegaConf.load(CONFIG_DIR / f"{name}.yaml")
+    config.pop("defaults", None)
+    return config
+
+
 @lru_cache(maxsize=1)
 def base_config() -> DictConfig:
     """The composed default tree (what Hydra builds with no overrides), without resolving."""
-    inert = OmegaConf.load(CONFIG_DIR / f"{INERT_NAME}.yaml")
-    main = OmegaConf.load(CONFIG_DIR / f"{CONFIG_NAME}.yaml")
-    main.pop("defaults", None)
-    return OmegaConf.merge(inert, main)
+    return OmegaConf.merge(_packaged(INERT_NAME), _packaged(CONFIG_NAME))
 
 
-@lru_cache(maxsize=1)
 def inert_config() -> DictConfig:
-    return OmegaConf.load(CONFIG_DIR / f"{INERT_NAME}.yaml")
+    return _packaged(INERT_NAME)
 
 
 def _leaf_paths(node: DictConfig, prefix: str = "") -> list[str]:
@@ -66,9 +71,7 @@ def all_paths() -> tuple[str, ...]:
 
 @lru_cache(maxsize=1)
 def _inert_paths() -> frozenset[str]:
-    main = OmegaConf.load(CONFIG_DIR / f"{CONFIG_NAME}.yaml")
-    main.pop("defaults", None)
-    return frozenset(_leaf_paths(inert_config())) - frozenset(_leaf_paths(main))
+    return frozenset(_leaf_paths(inert_config())) - frozenset(_leaf_paths(_packaged(CONFIG_NAME)))
 
 
 def _lookup(path: str):

@@ -37,15 +37,15 @@ def import_model_code(path: str, trust_remote_code: bool = False) -> None:
         with open(config_file) as f:
             model_type = json.load(f).get("model_type")
     with transformers_import():
+        import transformers.modeling_utils  # noqa: F401 - every model's base, with the loss table
         from transformers.models.auto import configuration_auto, modeling_auto  # noqa: F401
-
-        if not model_type:
-            return
-        name = configuration_auto.model_type_to_module_name(model_type)
-        try:
-            importlib.import_module(f"transformers.models.{name}.modeling_{name}")
-        except ModuleNotFoundError:   # an architecture this transformers does not ship: build_model will say so
-            pass
+    if not model_type:
+        return
+    name = configuration_auto.model_type_to_module_name(model_type)
+    try:   # after the block: some architectures import scipy at module level for themselves
+        importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    except ModuleNotFoundError:   # an architecture this transformers does not ship: build_model will say so
+        pass
 
 
 def build_model(
@@ -64,6 +64,7 @@ def build_model(
     checkpointing (non-reentrant, which composes with FSDP) is switched on where the plan asks.
     """
     with transformers_import():
+        import transformers.modeling_utils  # noqa: F401 - every model's base, with the loss table
         from transformers import (
             AutoConfig,
             AutoModelForCausalLM,

@@ -35,8 +35,7 @@ def hf_tokenizer(name_or_path, correct_pad_token: bool = True, correct_gemma2: b
         kwargs.update(eos_token="<end_of_turn>", eos_token_id=107)
     with transformers_import():
         from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
     if correct_pad_token:
         _fill_pad_token(tokenizer)
     return tokenizer

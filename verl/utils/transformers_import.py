@@ -1,14 +1,18 @@
 """Import transformers without the optional work some releases do while importing.
 
-Two costs measured on the H200 image (transformers 5.17, Python 3.12), paid by every verl process that
-imports transformers (the driver for its tokenizer, every worker for its model), 1.2-1.5 s each:
+Costs measured on the H200 image (transformers 5.17, Python 3.12), paid by every verl process that
+imports transformers (the driver for its tokenizer, every worker for its model):
 
 - transformers' import utilities map import names to distributions with
   `importlib.metadata.packages_distributions()`. Python 3.12 infers a distribution's top-level names
   from its file list after checking that every listed file exists: tens of thousands of `stat` calls
-  for torch alone. Inside `transformers_import()` the same lists are read without those checks; a
-  listed file that was since deleted can only add a name nobody imports.
-- scikit-learn, imported for assisted decoding only (`verl.utils.lazy_sklearn`).
+  for torch alone (1.2-1.5 s). Inside `transformers_import()` the same lists are read without those
+  checks; a listed file that was since deleted can only add a name nobody imports.
+- scikit-learn (assisted decoding) and scipy (object-detection losses), imported for features verl never
+  runs (`verl.utils.deferred_imports`).
+
+And one cost every release pays, ~0.9 s per process on the H200 host: the index of the `models`
+package, built by reading every model's source, is kept on disk (`verl.utils.import_structure_cache`).
 
 Releases that skip this work at import (transformers 5.24 builds the map lazily) lose nothing.
 """
@@ -22,7 +26,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import PurePosixPath
 
-from verl.utils.lazy_sklearn import sklearn_deferred
+from verl.utils.deferred_imports import optional_imports_deferred
+from verl.utils.import_structure_cache import import_structure_cached
 
 
 def _top_level_name(listed: str) -> str:
@@ -69,6 +74,7 @@ def _unchecked_distribution_map():
 
 @contextmanager
 def transformers_import():
-    """Run the block, which imports transformers, without the optional import-time work above."""
-    with _unchecked_distribution_map(), sklearn_deferred():
+    """Run the block, which imports transformers' core, without the optional import-time work above.
+    Import an architecture's own modules (and load anything) after the block: see deferred_imports."""
+    with _unchecked_distribution_map(), import_structure_cached(), optional_imports_deferred():
         yield

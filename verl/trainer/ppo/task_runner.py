@@ -196,9 +196,11 @@ def _init_ray(config) -> None:
     monitor, dashboard, runtime-env agent) end with the thread that started them, which breaks the
     cluster once a short-lived thread exits, and the time limit is a signal.
 
-    With RAY_ADDRESS set (or `+ray_kwargs.ray_init.address=...`), as upstream, the driver attaches to
-    that running cluster instead of starting a local one; the cluster's nodes then bring their own
-    resources, so no CPU count or system config is passed (Ray refuses them when attaching).
+    With RAY_ADDRESS set (or `+ray_kwargs.ray_init.address=...`), or a cluster that `ray start` recorded
+    on this machine, the driver attaches to that running cluster instead of starting a local one, as
+    upstream; the cluster's nodes then bring their own resources, so no CPU count or system config is
+    passed (Ray refuses them when attaching). With none of those, `address="local"` says so to Ray, which
+    otherwise looks for a running cluster among every process on the host (0.5 s on the H200 host).
     """
     import ray
 
@@ -210,8 +212,12 @@ def _init_ray(config) -> None:
     runtime_env["env_vars"] = {**WORKER_ENV, **worker_env(), **(runtime_env.get("env_vars") or {})}
     init_kwargs = {k: v for k, v in init_kwargs.items() if v is not None}
     init_kwargs["runtime_env"] = runtime_env
-    attach_to = init_kwargs.get("address") or os.environ.get("RAY_ADDRESS") or None
+    attach_to = (init_kwargs.get("address") or os.environ.get("RAY_ADDRESS")
+                 or _recorded_cluster(init_kwargs.get("_temp_dir")))
+    if attach_to == "local":
+        attach_to = None
     if attach_to is None:
+        init_kwargs["address"] = "local"
         if "num_cpus" not in init_kwargs:
             # Every worker's bundle takes one CPU slot: at least as many slots as workers, even on a machine
             # with fewer cores (CPU workers then share cores, slow but correct).
@@ -225,6 +231,14 @@ def _init_ray(config) -> None:
         ray.init(**init_kwargs)
     if attach_to is not None:
         print(f"Attached to the Ray cluster at {attach_to}: {describe_nodes()}", flush=True)
+
+
+def _recorded_cluster(temp_dir: str | None) -> str | None:
+    """The address `ray start` recorded for this machine's running cluster, if any (what Ray attaches to
+    when ray.init gets no address)."""
+    from ray._private.utils import read_ray_address
+
+    return read_ray_address(temp_dir) or None
 
 
 def describe_nodes() -> str:
