@@ -52,6 +52,8 @@
 #                tests of tests/workers and tests/utils: Ray started beside the plan, scikit-learn deferred (~5 min)
 #   ... ab5      the p40 cold start, session 21's tree against this one alternately on one machine, 4 runs each
 #                (run 0 fills each bytecode cache): median stages of runs 1-3 (~6 min)
+#   ... ab6      the p40 cold start, session 22's tree against this one alternately on one machine, 4 runs each,
+#                then one stack-sampled run and the GPU tests of tests/workers, utils, rollout (~7 min)
 #   ... final7   every GPU-marked test, then the p40 row (8 steps) and the quick-start row (3 steps) (~9 min)
 #   ... qs6      the quick-start row alone, 6 steps (its MFU settles after the first shapes compile) (~4 min)
 #   ... rayprobe Ray's own start with the bytecode cache (ray_init_probe's variants), then the p40 cold start
@@ -62,7 +64,7 @@
 #                (benchmarks/stack_sampler), and the GPU tests (~6 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2, next13, long_p40d, next14, pycprobe, final6, gpu_tests, cold3, cold4, ab5, final7, qs6 or rayprobe}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2, next13, long_p40d, next14, pycprobe, final6, gpu_tests, cold3, cold4, ab5, ab6, final7, qs6 or rayprobe}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -185,6 +187,24 @@ for k in keys:
     print(f"| {k} | " + " | ".join(f"{c:.2f}" if c != "" else "" for c in cells) + " |")
 print("cold per run:", {s: [r["cold"] for r in rows[s]] for s in rows})
 PY
+elif [ "$mode" = ab6 ]; then
+  # Same machine, alternating: session 22's tree (.gpu-assets/ab_old, `git archive 8a679fe verl benchmarks`) and
+  # this one, 4 runs each (run 0 fills each bytecode cache and this tree's import-structure cache); then one
+  # stack-sampled run of this tree, and the GPU tests of the code the changes touch.
+  cs="--shapes field --assets $PWD/.gpu-assets"
+  for i in 0 1 2 3; do
+    for side in old new; do
+      dir=$PWD; [ $side = old ] && dir=$PWD/.gpu-assets/ab_old
+      (cd "$dir" && timeout 85 python3 benchmarks/cold_start.py $cs --repeat 1 --out "$W/${side}_$i" > "$W/${side}_$i.log" 2>&1)
+      echo "$side $i: $(grep -E 'run 1/' "$W/${side}_$i.log") at $(( $(date +%s) - t0 )) s"
+    done
+  done
+  python3 benchmarks/ab_table.py "$W" old new "session 22 (8a679fe)" "this tree"
+  VERL_STACK_SAMPLES="$W/stacks" VERL_STACK_SECONDS=40 PYTHONPATH="$PWD/benchmarks/stack_sampler:$PYTHONPATH" \
+      timeout 70 python3 benchmarks/cold_start.py $cs --repeat 1 --out "$W/cold_sampled" > "$W/cold_sampled.log" 2>&1
+  echo "cold start sampled exit $? at $(( $(date +%s) - t0 )) s"; grep -E "run 1/" "$W/cold_sampled.log"
+  timeout "$(left 560)" python3 -m pytest -q -rs -m gpu tests/workers tests/utils tests/rollout > "$W/gpu_tests.log" 2>&1
+  echo "gpu tests exit $? at $(( $(date +%s) - t0 )) s"; grep -E "passed|failed|SKIPPED|Error" "$W/gpu_tests.log" | tail -8 | cut -c1-300
 elif [ "$mode" = final7 ]; then
   timeout 300 python3 -m pytest -q -rs -m gpu tests/compat tests/utils tests/workers tests/rollout > "$W/gpu_tests.log" 2>&1
   echo "gpu tests exit $? at $(( $(date +%s) - t0 )) s"; grep -E "passed|failed|SKIPPED|Error" "$W/gpu_tests.log" | tail -8 | cut -c1-300
