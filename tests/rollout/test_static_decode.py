@@ -459,6 +459,21 @@ def test_windowed_decode_equals_generate_across_buckets(monkeypatch, family):
     assert torch.equal(out.batch["responses"], _generate_hf(model, batch, 14, [VOCAB + 1], do_sample=False))
 
 
+def test_a_cache_small_beside_the_weights_is_one_window(monkeypatch):
+    """One row and 15 slots (a cache of 3.8 KB against 89 KB of weights, under the 5% share): every step
+    attends over the whole cache, so a decoder records one graph, not one per bucket; tokens still equal
+    `generate`'s. Four rows (the test above) keep their windows."""
+    from verl.workers.rollout import static_decoder
+
+    monkeypatch.setattr(static_decoder, "WINDOW_BUCKET", 4)
+    windows = _spy_windows(monkeypatch)
+    model = _model()
+    batch = _batch(PROMPTS[1:2], 9, [VOCAB + 1])
+    out = HFRollout(model, _rollout_config(6, do_sample=False), plan=_plan(model)).generate_sequences(batch)
+    assert windows == [9 + 6] * 5
+    assert torch.equal(out.batch["responses"], _generate_hf(model, batch, 6, [VOCAB + 1], do_sample=False))
+
+
 def test_compiled_step_serves_every_window_with_one_compile(monkeypatch):
     """The compiled layer step (dynamic shapes) over windows of 4 slots, up to the whole cache:
     logits equal the eager step's at every step, and one compile serves every window and layer."""
