@@ -55,6 +55,7 @@
 #   ... ab6      the p40 cold start, session 22's tree against this one alternately on one machine, 4 runs each,
 #                then one stack-sampled run and the GPU tests of tests/workers, utils, rollout (~7 min)
 #   ... final8   the rollout GPU tests, the p40 row (8 steps), then ab6's comparison once more (~8 min)
+#   ... ab7      ab6's comparison on the final tree, then the GPU tests of tests/compat (~5 min)
 #   ... final7   every GPU-marked test, then the p40 row (8 steps) and the quick-start row (3 steps) (~9 min)
 #   ... qs6      the quick-start row alone, 6 steps (its MFU settles after the first shapes compile) (~4 min)
 #   ... rayprobe Ray's own start with the bytecode cache (ray_init_probe's variants), then the p40 cold start
@@ -65,7 +66,7 @@
 #                (benchmarks/stack_sampler), and the GPU tests (~6 min)
 # Everything lands in /tmp/h200 and is packed into $OUT/<mode>.tgz (the device tool returns at most 8 files).
 set -uo pipefail
-mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2, next13, long_p40d, next14, pycprobe, final6, gpu_tests, cold3, cold4, ab5, ab6, final8, final7, qs6 or rayprobe}
+mode=${1:?correctness, final, speed, profile, variants, speed2, final2, next, decode, reshard, compile, speed3, final3, matrix_a, matrix_b, speed4, long_p40, speed5, speed6, speed7, long_p40b, final4, next8, next8a, next9, final5, matrix_c, matrix_d, next10, next11, next12 long_p40c, coldprobe, cold2, next13, long_p40d, next14, pycprobe, final6, gpu_tests, cold3, cold4, ab5, ab6, final8, ab7, final7, qs6 or rayprobe}
 W=/tmp/h200/$mode; mkdir -p "$W"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.03
 MODEL=/tmp/qwen05b-random
@@ -228,6 +229,20 @@ PY
     done
   done
   python3 benchmarks/ab_table.py "$W" old new "session 22 (8a679fe)" "this tree"
+elif [ "$mode" = ab7 ]; then
+  # ab6's comparison on the final tree (another machine, most likely), then the GPU tests of tests/compat.
+  cs="--shapes field --assets $PWD/.gpu-assets"
+  for i in 0 1 2 3; do
+    for side in old new; do
+      [ "$(left 480)" -lt 45 ] && break 2
+      dir=$PWD; [ $side = old ] && dir=$PWD/.gpu-assets/ab_old
+      (cd "$dir" && timeout 60 python3 benchmarks/cold_start.py $cs --repeat 1 --out "$W/${side}_$i" > "$W/${side}_$i.log" 2>&1)
+      echo "$side $i: $(grep -E 'run 1/' "$W/${side}_$i.log") at $(( $(date +%s) - t0 )) s"
+    done
+  done
+  python3 benchmarks/ab_table.py "$W" old new "session 22 (8a679fe)" "this tree"
+  timeout "$(left 560)" python3 -m pytest -q -rs -m gpu tests/compat > "$W/gpu_tests.log" 2>&1
+  echo "gpu tests exit $? at $(( $(date +%s) - t0 )) s"; grep -E "passed|failed|Error" "$W/gpu_tests.log" | tail -4 | cut -c1-300
 elif [ "$mode" = final7 ]; then
   timeout 300 python3 -m pytest -q -rs -m gpu tests/compat tests/utils tests/workers tests/rollout > "$W/gpu_tests.log" 2>&1
   echo "gpu tests exit $? at $(( $(date +%s) - t0 )) s"; grep -E "passed|failed|SKIPPED|Error" "$W/gpu_tests.log" | tail -8 | cut -c1-300
