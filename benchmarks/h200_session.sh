@@ -124,6 +124,21 @@ cold_starts() {
       timeout 120 python3 benchmarks/cold_start.py $cs --repeat 1 --out "$W/cold_sampled" > "$W/cold_sampled.log" 2>&1
   echo "cold_start sampled exit $?"; grep -E "run 1/" "$W/cold_sampled.log"
 }
+# The p40 cold start of .gpu-assets/ab_old (an older tree: `git archive <rev> verl benchmarks`) and of this tree,
+# alternately on this machine, 4 runs each (run 0 of each fills its caches), each within <run seconds>, none
+# started with less than 45 s left of <wall>; then the median stages of runs 1-3 (labels name the two trees).
+ab_runs() {
+  local run_s=$1 wall=$2 old_label=$3 cs="--shapes field --assets $PWD/.gpu-assets"
+  for i in 0 1 2 3; do
+    for side in old new; do
+      [ "$(left "$wall")" -lt 45 ] && break 2
+      dir=$PWD; [ $side = old ] && dir=$PWD/.gpu-assets/ab_old
+      (cd "$dir" && timeout "$run_s" python3 benchmarks/cold_start.py $cs --repeat 1 --out "$W/${side}_$i" > "$W/${side}_$i.log" 2>&1)
+      echo "$side $i: $(grep -E 'run 1/' "$W/${side}_$i.log") at $(( $(date +%s) - t0 )) s"
+    done
+  done
+  python3 benchmarks/ab_table.py "$W" old new "$old_label" "this tree"
+}
 OPT_OFFLOAD="actor_rollout_ref.actor.fsdp_config.optimizer_offload=True critic.fsdp.optimizer_offload=True"
 trap pack EXIT
 trap 'exit 143' TERM
@@ -155,53 +170,14 @@ elif [ "$mode" = cold4 ]; then
   timeout 200 python3 -m pytest -q -rs -m gpu tests/workers tests/utils > "$W/gpu_tests.log" 2>&1
   echo "gpu tests exit $? at $(( $(date +%s) - t0 )) s"; grep -E "passed|failed|SKIPPED|Error" "$W/gpu_tests.log" | tail -8 | cut -c1-300
 elif [ "$mode" = ab5 ]; then
-  # Same machine, alternating: the session-21 tree (.gpu-assets/ab_old, `git archive 5aeca65 verl benchmarks`)
-  # and this one; run 0 of each fills its bytecode cache, runs 1-3 are compared (median per stage).
-  cs="--shapes field --assets $PWD/.gpu-assets"
-  for i in 0 1 2 3; do
-    for side in old new; do
-      dir=$PWD; [ $side = old ] && dir=$PWD/.gpu-assets/ab_old
-      (cd "$dir" && timeout 85 python3 benchmarks/cold_start.py $cs --repeat 1 --out "$W/${side}_$i" > "$W/${side}_$i.log" 2>&1)
-      echo "$side $i: $(grep -E 'run 1/' "$W/${side}_$i.log") at $(( $(date +%s) - t0 )) s"
-    done
-  done
-  python3 - "$W" <<'PY'
-import json, statistics, sys
-from pathlib import Path
-w = Path(sys.argv[1])
-rows = {}
-for side in ("old", "new"):
-    runs = []
-    for i in (1, 2, 3):
-        f = w / f"{side}_{i}" / "cold_start.json"
-        if f.exists():
-            r = json.loads(f.read_text())["rows"]["field"]["runs"][0]
-            if r.get("startup"):
-                runs.append({"cold": r["cold_start_to_first_step_s"], "first_step": r["first_step_s"], **r["startup"]})
-    rows[side] = runs
-keys = []
-for runs in rows.values():
-    for r in runs:
-        keys += [k for k in r if k not in keys]
-print("| median of runs 1-3, s | session 21 (5aeca65) | this tree |\n|---|---|---|")
-for k in keys:
-    cells = [statistics.median([r[k] for r in rows[s] if k in r]) if any(k in r for r in rows[s]) else "" for s in ("old", "new")]
-    print(f"| {k} | " + " | ".join(f"{c:.2f}" if c != "" else "" for c in cells) + " |")
-print("cold per run:", {s: [r["cold"] for r in rows[s]] for s in rows})
-PY
+  # session 21's tree (5aeca65) against this one
+  ab_runs 85 600 "session 21 (5aeca65)"
 elif [ "$mode" = ab6 ]; then
   # Same machine, alternating: session 22's tree (.gpu-assets/ab_old, `git archive 8a679fe verl benchmarks`) and
   # this one, 4 runs each (run 0 fills each bytecode cache and this tree's import-structure cache); then one
   # stack-sampled run of this tree, and the GPU tests of the code the changes touch.
+  ab_runs 85 600 "session 22 (8a679fe)"
   cs="--shapes field --assets $PWD/.gpu-assets"
-  for i in 0 1 2 3; do
-    for side in old new; do
-      dir=$PWD; [ $side = old ] && dir=$PWD/.gpu-assets/ab_old
-      (cd "$dir" && timeout 85 python3 benchmarks/cold_start.py $cs --repeat 1 --out "$W/${side}_$i" > "$W/${side}_$i.log" 2>&1)
-      echo "$side $i: $(grep -E 'run 1/' "$W/${side}_$i.log") at $(( $(date +%s) - t0 )) s"
-    done
-  done
-  python3 benchmarks/ab_table.py "$W" old new "session 22 (8a679fe)" "this tree"
   VERL_STACK_SAMPLES="$W/stacks" VERL_STACK_SECONDS=40 PYTHONPATH="$PWD/benchmarks/stack_sampler:$PYTHONPATH" \
       timeout 70 python3 benchmarks/cold_start.py $cs --repeat 1 --out "$W/cold_sampled" > "$W/cold_sampled.log" 2>&1
   echo "cold start sampled exit $? at $(( $(date +%s) - t0 )) s"; grep -E "run 1/" "$W/cold_sampled.log"
@@ -219,28 +195,10 @@ import json, sys
 rows = [r for r in (json.loads(l)["data"] for l in open(sys.argv[1]) if l.strip()) if "timing_s/step" in r]
 print("gen per step", [round(r["timing_s/gen"], 3) for r in rows], "step", [round(r["timing_s/step"], 3) for r in rows])
 PY
-  cs="--shapes field --assets $PWD/.gpu-assets"
-  for i in 0 1 2 3; do
-    for side in old new; do
-      [ "$(left 590)" -lt 45 ] && break 2
-      dir=$PWD; [ $side = old ] && dir=$PWD/.gpu-assets/ab_old
-      (cd "$dir" && timeout 60 python3 benchmarks/cold_start.py $cs --repeat 1 --out "$W/${side}_$i" > "$W/${side}_$i.log" 2>&1)
-      echo "$side $i: $(grep -E 'run 1/' "$W/${side}_$i.log") at $(( $(date +%s) - t0 )) s"
-    done
-  done
-  python3 benchmarks/ab_table.py "$W" old new "session 22 (8a679fe)" "this tree"
+  ab_runs 60 590 "session 22 (8a679fe)"
 elif [ "$mode" = ab7 ]; then
   # ab6's comparison on the final tree (another machine, most likely), then the GPU tests of tests/compat.
-  cs="--shapes field --assets $PWD/.gpu-assets"
-  for i in 0 1 2 3; do
-    for side in old new; do
-      [ "$(left 480)" -lt 45 ] && break 2
-      dir=$PWD; [ $side = old ] && dir=$PWD/.gpu-assets/ab_old
-      (cd "$dir" && timeout 60 python3 benchmarks/cold_start.py $cs --repeat 1 --out "$W/${side}_$i" > "$W/${side}_$i.log" 2>&1)
-      echo "$side $i: $(grep -E 'run 1/' "$W/${side}_$i.log") at $(( $(date +%s) - t0 )) s"
-    done
-  done
-  python3 benchmarks/ab_table.py "$W" old new "session 22 (8a679fe)" "this tree"
+  ab_runs 60 480 "session 22 (8a679fe)"
   timeout "$(left 560)" python3 -m pytest -q -rs -m gpu tests/compat > "$W/gpu_tests.log" 2>&1
   echo "gpu tests exit $? at $(( $(date +%s) - t0 )) s"; grep -E "passed|failed|Error" "$W/gpu_tests.log" | tail -4 | cut -c1-300
 elif [ "$mode" = final7 ]; then
