@@ -100,3 +100,21 @@ def test_a_second_process_reads_no_model_sources(tmp_path):
     assert model_type == "qwen2"
     assert first > 1000 and second < 50, (first, second)
     assert len(list((tmp_path / "verl" / "import_structure").glob("*.json"))) == 2
+
+
+def test_the_finder_is_in_place_only_inside_the_block(monkeypatch):
+    """Before transformers' import utilities load, the block puts its finder first (in a new list, so another
+    thread walking the old one is undisturbed) and takes it out after; once they are loaded, nothing is added."""
+    before = list(sys.meta_path)
+    monkeypatch.delitem(sys.modules, cache._IMPORT_UTILS, raising=False)
+    with cache.import_structure_cached():
+        inside = sys.meta_path
+        assert isinstance(inside[0], cache._Finder) and inside[1:] == before and inside is not before
+    assert sys.meta_path == before
+    monkeypatch.undo()
+    from transformers.utils import import_utils   # loaded: wrapped in place instead (undone after the test)
+
+    monkeypatch.setattr(import_utils, "define_import_structure", import_utils.define_import_structure)
+    with cache.import_structure_cached():
+        assert sys.meta_path == before
+    assert getattr(import_utils.define_import_structure, "_verl_cached", False)

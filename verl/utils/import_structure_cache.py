@@ -145,9 +145,11 @@ def import_structure_cached():
         _wrap(loaded)
         yield
         return
+    # New lists rather than insert/remove: another thread (Ray's start, on the driver) may be walking the
+    # finders of the current list for an import of its own, and shifting it could make that walk skip one.
     finder = _Finder()
-    sys.meta_path.insert(0, finder)
+    sys.meta_path = [finder, *sys.meta_path]
     try:
         yield
     finally:
-        sys.meta_path.remove(finder)
+        sys.meta_path = [f for f in sys.meta_path if f is not finder]
