@@ -60,6 +60,18 @@ def test_an_unwritable_or_corrupt_cache_still_gives_the_answer(tmp_path):
     assert cache.cached_structure(lambda p, x: answer, package, None, "1.0", str(folder)) == answer
 
 
+def test_a_shape_the_encoding_does_not_carry_is_not_kept(tmp_path):
+    """A release whose index had another shape (here lists, not sets) is answered as computed, never cached."""
+    package = _tree(tmp_path)
+    folder = tmp_path / "cache"
+    other_shape = {frozenset(): {"alpha.modeling_alpha": ["AlphaModel"]}}
+    assert cache.cached_structure(lambda p, x: other_shape, package, None, "1.0", str(folder)) is other_shape
+    assert not folder.exists() or not list(folder.iterdir())
+    nested = {frozenset(): {"alpha": {"modeling_alpha": {"AlphaModel"}}}}
+    assert cache.cached_structure(lambda p, x: nested, package, None, "1.0", str(folder)) is nested
+    assert not folder.exists() or not list(folder.iterdir())
+
+
 def test_the_real_models_folder_reads_back_equal_to_transformers_own(tmp_path):
     import transformers
     from transformers.utils import import_utils

@@ -77,11 +77,14 @@ def cached_structure(define, module_path, prefix, version: str, folder: str) -> 
         pass
     structure = define(module_path, prefix)
     try:
+        rows = _encode(structure)
+        if _decode(rows) != structure:   # a shape this encoding does not carry: keep nothing
+            return structure
         os.makedirs(folder, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
-            json.dump(_encode(structure), f)
+            json.dump(rows, f)
         os.replace(f.name, path)
-    except OSError:
+    except (OSError, TypeError, ValueError, AttributeError):
         logger.debug("could not keep transformers' import structure in %s", folder, exc_info=True)
     return structure
 
