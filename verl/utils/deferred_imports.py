@@ -67,7 +67,10 @@ def _deferred(deferral: Deferral):
         return
     import transformers.utils as hf_utils
 
-    installed = getattr(hf_utils, deferral.check)
+    installed = getattr(hf_utils, deferral.check, None)
+    if installed is None:   # a release without this check: nothing it could skip
+        yield
+        return
     before = set(sys.modules)
     setattr(hf_utils, deferral.check, _absent)
     try:
