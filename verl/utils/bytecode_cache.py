@@ -32,9 +32,14 @@ class BytecodeCache:
     reason: str
 
 
-def default_folder() -> str:
+def cache_dir(name: str) -> str:
+    """`~/.cache/verl/<name>` (`$XDG_CACHE_HOME/verl/<name>`): where verl keeps what it caches between runs."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "verl", "pycache")
+    return os.path.join(base, "verl", name)
+
+
+def default_folder() -> str:
+    return cache_dir("pycache")
 
 
 def uncached_packages(names=HEAVY_PACKAGES) -> list[str]:

@@ -25,14 +25,15 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from verl.utils.bytecode_cache import cache_dir
+
 logger = logging.getLogger(__name__)
 
 _IMPORT_UTILS = "transformers.utils.import_utils"
 
 
 def cache_folder() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "verl", "import_structure")
+    return cache_dir("import_structure")
 
 
 def source_stamp(folder: str) -> str:
