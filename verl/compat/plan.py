@@ -46,6 +46,13 @@ class RolePlan:
     # False: the model runs unwrapped. On one device FSDP2 shards nothing and its gather only copies the
     # weights; compat wraps there only where FSDP2 also casts them or keeps them in host memory
     fsdp: bool = True
+    # LoRA (`<role>.model.lora_rank` > 0): peft adapters train, the base weights are frozen
+    lora_rank: int = 0
+    # storage dtype of weights that never train (a LoRA base, the reference model); None: param_dtype.
+    # A half-precision store on a float32-compute device is upcast layer by layer for compute
+    frozen_dtype: str | None = None
+    base_quantization: str | None = None   # "nf4": the frozen base is stored 4-bit by bitsandbytes (QLoRA)
+    optimizer_8bit: bool = False           # AdamW moments kept in 8 bits (bitsandbytes)
 
 
 @dataclass
@@ -80,6 +87,8 @@ class Plan:
     warnings: list[str] = field(default_factory=list)       # user settings that were adapted
     memory: dict = field(default_factory=dict)   # memory model breakdown: phase -> term -> GiB
     dataloader_num_workers: int = 0   # driver-side loader processes (data.dataloader_num_workers)
+    # the reference policy is the LoRA actor with its adapters disabled (no second model; `ref` is None)
+    ref_in_actor: bool = False
 
     @property
     def use_remove_padding(self) -> bool:
