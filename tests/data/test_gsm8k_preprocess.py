@@ -10,10 +10,10 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from shared_data import real_data
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "data_preprocess" / "gsm8k.py"
-GSM8K = str(REPO.parent / "shared" / "data" / "gsm8k")  # the real files, next to the checkout
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
 
@@ -31,9 +31,21 @@ def script():
 
 @pytest.fixture(scope="module")
 def output(tmp_path_factory, script):
+    """The real GSM8K files through the script (the tests using it are about the real data)."""
     out = tmp_path_factory.mktemp("gsm8k")
-    script.main(["--local_dataset_path", GSM8K, "--local_save_dir", str(out)])
+    script.main(["--local_dataset_path", str(real_data("gsm8k")), "--local_save_dir", str(out)])
     return out
+
+
+@pytest.fixture
+def small_gsm8k(tmp_path):
+    """A folder shaped like the GSM8K release (train.jsonl, test.jsonl), three and two rows."""
+    folder = tmp_path / "gsm8k_small"
+    folder.mkdir()
+    for split, count in (("train", 3), ("test", 2)):
+        rows = [{"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(count)]
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(folder)
 
 
 def test_row_counts(output):
@@ -65,7 +77,7 @@ def test_first_training_row(output):
 
 def test_labels_drop_commas_and_keep_signs(output):
     rows = pq.read_table(output / "train.parquet").to_pylist()
-    raw = [json.loads(line) for line in open(os.path.join(GSM8K, "train.jsonl"))]
+    raw = [json.loads(line) for line in open(os.path.join(real_data("gsm8k"), "train.jsonl"))]
     labels = [r["reward_model"]["ground_truth"] for r in rows]
     assert all("," not in label for label in labels)
     with_commas = [i for i, r in enumerate(raw) if "," in r["answer"].split("#### ")[-1]]
@@ -121,20 +133,20 @@ def test_answer_without_marker_is_explained(script):
         script.final_answer("no final line")
 
 
-def test_command_line_with_the_old_flag(tmp_path):
+def test_command_line_with_the_old_flag(tmp_path, small_gsm8k):
     """Run as users do, with upstream's deprecated --local_dir spelling and a plain-directory --hdfs_dir."""
     mirror = tmp_path / "mirror"
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--local_dataset_path", GSM8K, "--local_dir", str(tmp_path / "out"),
+        [sys.executable, str(SCRIPT), "--local_dataset_path", small_gsm8k, "--local_dir", str(tmp_path / "out"),
          "--hdfs_dir", str(mirror)],
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert "deprecated" in result.stdout and "wrote 7473 train rows" in result.stdout
+    assert "deprecated" in result.stdout and "wrote 3 train rows" in result.stdout
     assert (tmp_path / "out" / "train.parquet").exists() and (mirror / "test.parquet").exists()
 
 
-def test_hdfs_upload_fails_before_any_work(tmp_path, script):
+def test_hdfs_upload_fails_before_any_work(tmp_path, script, small_gsm8k):
     with pytest.raises(SystemExit, match="hdfs dfs -put"):
-        script.main(["--local_dataset_path", GSM8K, "--local_save_dir", str(tmp_path / "o"), "--hdfs_dir", "hdfs://x"])
+        script.main(["--local_dataset_path", small_gsm8k, "--local_save_dir", str(tmp_path / "o"), "--hdfs_dir", "hdfs://x"])
     assert not (tmp_path / "o").exists()

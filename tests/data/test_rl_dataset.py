@@ -11,18 +11,26 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
+from shared_data import real_data, tiny_tokenizer_dir
 from verl.protocol import DataProto
 from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn, create_rl_dataset, create_rl_sampler
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
-TOKENIZER = SHARED / "qwen-tokenizer"
-GSM8K = SHARED / "gsm8k"
 MAX_LEN = 32
 
 
+@pytest.fixture(scope="module", params=["tiny", "qwen"])
+def tokenizer(request, tmp_path_factory):
+    """Each test runs with a tokenizer built here and with the real Qwen tokenizer (skipped where absent)."""
+    if request.param == "qwen":
+        return AutoTokenizer.from_pretrained(real_data("qwen-tokenizer"))
+    corpus = [SHORT, LONG, "x " * 20, "Add 3 and 5.", "Question Another?", "user\nassistant\nsystem\n"]
+    return AutoTokenizer.from_pretrained(tiny_tokenizer_dir(tmp_path_factory.mktemp("tiny_tokenizer"), corpus * 4))
+
+
 @pytest.fixture(scope="module")
-def tokenizer():
-    return AutoTokenizer.from_pretrained(TOKENIZER)
+def qwen_tokenizer():
+    """The real Qwen tokenizer, for the tests whose point is the real GSM8K token counts."""
+    return AutoTokenizer.from_pretrained(real_data("qwen-tokenizer"))
 
 
 def row(question, index, answer="1"):
@@ -264,7 +272,7 @@ def test_sampler_shuffles_reproducibly_or_keeps_order():
     assert list(create_rl_sampler(config(shuffle=False), data)) == data
 
 
-def test_processed_gsm8k_test_split(tokenizer, tmp_path):
+def test_processed_gsm8k_test_split(qwen_tokenizer, tmp_path):
     """The real test split through the preprocessing script and the data set, at upstream's 512-token limit."""
     import importlib.util
 
@@ -272,17 +280,17 @@ def test_processed_gsm8k_test_split(tokenizer, tmp_path):
     spec = importlib.util.spec_from_file_location("gsm8k_preprocess_for_dataset", script_path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    script.main(["--local_dataset_path", str(GSM8K), "--local_save_dir", str(tmp_path)])
+    script.main(["--local_dataset_path", str(real_data("gsm8k")), "--local_save_dir", str(tmp_path)])
 
-    dataset = RLHFDataset(str(tmp_path / "test.parquet"), tokenizer,
+    dataset = RLHFDataset(str(tmp_path / "test.parquet"), qwen_tokenizer,
                           config(max_prompt_length=512, filter_overlong_prompts=True))
     assert len(dataset) == 1319  # no GSM8K prompt comes near 512 tokens
     sample = dataset[0]
     assert sample["reward_model"]["ground_truth"] == "18"
-    assert tokenizer.decode(sample["raw_prompt_ids"]).endswith('after "####".<|im_end|>\n<|im_start|>assistant\n')
+    assert qwen_tokenizer.decode(sample["raw_prompt_ids"]).endswith('after "####".<|im_end|>\n<|im_start|>assistant\n')
 
 
-def test_filter_counts_equal_each_samples_own_tokenization_on_real_gsm8k(tokenizer, tmp_path):
+def test_filter_counts_equal_each_samples_own_tokenization_on_real_gsm8k(qwen_tokenizer, tmp_path):
     """The over-long filter counts tokens with the fast tokenizer's backend in batches; on the real GSM8K
     test split (Qwen tokenizer) every count equals what `__getitem__` tokenises for that row, so a limit
     keeps exactly the rows whose prompt fits."""
@@ -292,18 +300,18 @@ def test_filter_counts_equal_each_samples_own_tokenization_on_real_gsm8k(tokeniz
     spec = importlib.util.spec_from_file_location("gsm8k_preprocess_for_filter", script_path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    script.main(["--local_dataset_path", str(GSM8K), "--local_save_dir", str(tmp_path)])
+    script.main(["--local_dataset_path", str(real_data("gsm8k")), "--local_save_dir", str(tmp_path)])
     path = str(tmp_path / "test.parquet")
 
-    every = RLHFDataset(path, tokenizer, config(max_prompt_length=4096))
+    every = RLHFDataset(path, qwen_tokenizer, config(max_prompt_length=4096))
     counts = every._prompt_lengths()
     messages = pd.read_parquet(path)["prompt"].tolist()
-    reference = [len(tokenizer(tokenizer.apply_chat_template(list(m), add_generation_prompt=True, tokenize=False),
+    reference = [len(qwen_tokenizer(qwen_tokenizer.apply_chat_template(list(m), add_generation_prompt=True, tokenize=False),
                                add_special_tokens=False)["input_ids"]) for m in messages]
     assert counts.tolist() == reference
 
     limit = int(np.median(reference))
-    kept = RLHFDataset(path, tokenizer, config(max_prompt_length=limit, filter_overlong_prompts=True))
+    kept = RLHFDataset(path, qwen_tokenizer, config(max_prompt_length=limit, filter_overlong_prompts=True))
     assert len(kept) == sum(n <= limit for n in reference) and 0 < len(kept) < len(reference)
     for i in range(0, len(kept), 97):   # kept rows load without truncation and fit the limit
         assert int(kept[i]["attention_mask"].sum()) <= limit

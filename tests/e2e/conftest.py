@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# CI checks the repository out next to shared/ (../shared/data/gsm8k holds the real GSM8K jsonl files).
-GSM8K_SOURCE = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
+from shared_data import DATA_ENV, data_root  # noqa: E402  (tests/ is on sys.path through tests/conftest.py)
+
+# the real GSM8K jsonl files: $VERL_TEST_DATA/gsm8k, else ../shared/data/gsm8k beside the checkout (CI's)
+GSM8K_SOURCE = data_root() / "gsm8k"
 RUN_TIMEOUT_S = 420
 
 _CONSOLE_LINE = re.compile(r"^step:(\d+) - (.*)$")
@@ -68,7 +70,7 @@ def console_metrics(stdout: str) -> dict[int, dict[str, float]]:
 def gsm8k_data(tmp_path_factory) -> Path:
     """train.parquet / test.parquet written by examples/data_preprocess/gsm8k.py from the real files."""
     if not GSM8K_SOURCE.is_dir():
-        pytest.skip(f"GSM8K source files not found at {GSM8K_SOURCE} (expected beside the checkout)")
+        pytest.skip(f"real data 'gsm8k' not found in {data_root()} (set {DATA_ENV} to the folder that holds it)")
     out = tmp_path_factory.mktemp("gsm8k")
     subprocess.run([sys.executable, "examples/data_preprocess/gsm8k.py", "--local_dataset_path", str(GSM8K_SOURCE),
                     "--local_save_dir", str(out)], cwd=REPO_ROOT, check=True, timeout=300)

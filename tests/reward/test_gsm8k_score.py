@@ -1,14 +1,13 @@
 """GSM8K rule reward and the data_source dispatcher: the scores upstream verl gives for the same text."""
 
 import json
-from pathlib import Path
 
 import pytest
+from shared_data import real_data
 
 from verl.utils import reward_score
 from verl.utils.reward_score import default_compute_score, gsm8k
 
-GSM8K_TRAIN = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "train.jsonl"
 
 
 @pytest.mark.parametrize(
@@ -69,7 +68,7 @@ def test_compute_score_right_wrong_and_missing():
 
 def test_every_reference_solution_scores_full_marks():
     """The label of each real training row, scored on its own reference solution, must give 1.0."""
-    with open(GSM8K_TRAIN) as handle:
+    with open(real_data("gsm8k") / "train.jsonl") as handle:
         rows = [json.loads(line) for line in handle]
     assert len(rows) == 7473
     for row in rows:

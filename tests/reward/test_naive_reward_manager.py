@@ -1,24 +1,27 @@
 """NaiveRewardManager on a DataProto shaped like a rollout's output (left-padded prompts, right-padded responses)."""
 
 import functools
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from transformers import AutoTokenizer
 
+from shared_data import tiny_tokenizer_dir
 from verl.protocol import DataProto
 from verl.trainer.ppo.reward import compute_reward
 from verl.workers.reward_manager import NaiveRewardManager
 
-TOKENIZER = Path(__file__).resolve().parents[3] / "shared" / "data" / "qwen-tokenizer"
 PROMPT_LEN, RESPONSE_LEN = 12, 10
+# what the batches below encode: a tokenizer trained on it keeps every prompt and response within the lengths
+CORPUS = ["What is 2+2? It is 4.\n#### 4", "What is 3+4? #### 8", "Name 1,000 in digits Sure: #### 1,000 ok",
+          "Say nothing ok", "q1 q2 q3 reasoning\nAnswer: 4 Answer: 5 so \\boxed{7}"] * 8
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return AutoTokenizer.from_pretrained(TOKENIZER)
+def tokenizer(tmp_path_factory):
+    """Decoding is all a reward manager does with its tokenizer, so one built here serves."""
+    return AutoTokenizer.from_pretrained(tiny_tokenizer_dir(tmp_path_factory.mktemp("tokenizer"), CORPUS))
 
 
 def make_batch(tokenizer, samples):

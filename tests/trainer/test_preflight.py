@@ -2,17 +2,16 @@
 packages is found and reported in one InputError (unit level; tests/e2e/test_input_errors.py runs main_ppo)."""
 import importlib.util
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
+from shared_data import tiny_tokenizer_dir
 from verl.trainer.ppo.task_runner import _checked_datasets
 from verl.trainer.preflight import InputError, file_problem, input_problems
 
-TOKENIZER = Path(__file__).resolve().parents[3] / "shared" / "data" / "qwen-tokenizer"
 
 
 def _row(question):
@@ -61,10 +60,9 @@ def test_all_problems_come_in_one_error(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    if not TOKENIZER.is_dir():
-        pytest.skip(f"tokenizer not found at {TOKENIZER}")
-    return AutoTokenizer.from_pretrained(TOKENIZER)
+def tokenizer(tmp_path_factory):
+    corpus = ["short? a user assistant", " ".join(f"w{i}" for i in range(60)), "x " * 50] * 4
+    return AutoTokenizer.from_pretrained(tiny_tokenizer_dir(tmp_path_factory.mktemp("tokenizer"), corpus))
 
 
 def test_overlong_prompts_and_an_empty_set_are_found_before_training(tokenizer, tmp_path):

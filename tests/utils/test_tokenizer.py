@@ -5,11 +5,12 @@ from pathlib import Path
 
 import pytest
 
+from shared_data import DATA_ENV, data_root, real_data_path
 from verl.utils import hf_processor, hf_tokenizer
 from verl.utils.model_loading import load_tokenizer
 
-QWEN = Path("/work/shared/data/qwen-tokenizer")
-pytestmark = pytest.mark.skipif(not QWEN.is_dir(), reason="the Qwen tokenizer files are not on this machine")
+QWEN = real_data_path("qwen-tokenizer")
+pytestmark = pytest.mark.skipif(QWEN is None, reason=f"the real Qwen tokenizer is not in {data_root()} ({DATA_ENV})")
 
 
 def copy_tokenizer(dest: Path, **config_changes) -> str:
