@@ -36,7 +36,7 @@ class ConfigError(ValueError):
 @lru_cache(maxsize=None)
 def _packaged(name: str) -> DictConfig:
     """One packaged YAML file without Hydra's `defaults` list, read once per process (every check reads
-    these; parsing them again cost the command line ~0.2 s). Shared: callers must not change it."""
+    these, and parsing them again slows the command line). Shared: callers must not change it."""
     config = OmegaConf.load(CONFIG_DIR / f"{name}.yaml")
     config.pop("defaults", None)
     return config
