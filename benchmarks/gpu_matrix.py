@@ -1,27 +1,19 @@
-"""The GPU matrix: the stock `python -m verl.trainer.main_ppo` under each simulated device profile, for
-PPO (GAE + critic) and GRPO with the KL loss, on the Qwen2.5-0.5B shape; one table of exit status,
-s/step and predicted vs measured peak memory, training and validation phases both.
+"""The device matrix: the stock `python -m verl.trainer.main_ppo` under each simulated device profile, PPO (GAE +
+critic) and GRPO (KL loss), on the Qwen2.5-0.5B shape: exit, s/step, and predicted vs measured peak memory.
 
-Each cell runs the stock command with `compat.device=<profile>` (the process caps its GPU memory at the
-profile's size and turns TF32 / the SDPA flash kernel off as that device would), 4 training steps of a
-small shape (batch 8, 256 + 128 tokens) with validation every 2 steps on a small validation set
-(`data.val_max_samples` = `data.val_batch_size` = 256 prompts, so the plan sizes its validation phase for
-that set). Cells run in parallel while their memory caps fit the GPU (`--budget-gb`).
+A cell runs `compat.device=<profile>` (the process caps its memory at the profile's size and switches TF32 and
+the flash kernel off as that device would), a small shape (batch 8, 256 + 128 tokens) for `--steps` steps,
+validating every `--test-freq` on 256 prompts. Predicted: the doctor's plan (`python -m verl.compat --json`).
+Measured: the allocator's peak per step (perf/max_memory_allocated_gb never resets: steps up to the first
+validation give the training peak) and per worker call (perf/max_memory_allocated_gb/<phase>). Cells run in
+parallel while their memory caps fit `--budget-gb`.
 
-Predicted: the doctor's `--json` plan for the same overrides (`python -m verl.compat --json ...`): the
-training phases' peak and the validation phase. Measured: `perf/max_memory_allocated_gb` in the file
-logger's JSON lines (the worker's allocator peak so far; it never resets): the last step before the first
-validation is the training peak, a step after it carries the validation's peak too.
-
-    python benchmarks/gpu_matrix.py --assets .gpu-assets --out "$OUT"      # ~8 min on one H200
-
-Needs .gpu-assets/ as benchmarks/gpu_e2e.sh does (tok/ with the Qwen tokenizer, gsm8k/ parquet files).
+    python benchmarks/gpu_matrix.py --profiles p40,t4,a100-40gb,h200 --out DIR
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -29,14 +21,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from summarize_run import summarize  # noqa: E402
+import harness  # noqa: E402
+from harness import ARR, ROOT, env as _env  # noqa: E402
 
 PROFILES = "p40,p100,v100-16gb,t4,rtx3090,a100-40gb,h200"
-ARR = "actor_rollout_ref"
 ALGOS = {
     "ppo": ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=4"],
     "grpo": ["algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=True", f"{ARR}.actor.kl_loss_coef=0.001",
@@ -78,8 +68,8 @@ def predicted(args, profile: str, algo: str, model: str) -> dict:
 
 
 def measured(jsonl: Path, test_freq: int) -> dict:
-    """s/step and the allocator peaks from the run's JSON lines (summarize_run.py)."""
-    s = summarize(str(jsonl))
+    """s/step and the allocator peaks from the run's JSON lines."""
+    s = harness.summarize(jsonl)
     by_step = [v for v in s["max_allocated_gb_by_step"]]
     before = [v for v in by_step[:test_freq] if isinstance(v, (int, float))]
     after = [v for v in by_step[test_freq:] if isinstance(v, (int, float))]
@@ -92,12 +82,6 @@ def measured(jsonl: Path, test_freq: int) -> dict:
 # the workers' phase names (perf/max_memory_allocated_gb/<name>, as timing_s/<name>) -> the plan's phases
 PHASES = {"gen": "rollout", "validation": "validation", "old_log_prob": "log_prob", "ref": "ref",
           "values": "values", "update_critic": "critic_update", "update_actor": "actor_update"}
-
-
-def _env(**extra) -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", **extra)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    return env
 
 
 class MemoryBudget:
@@ -142,7 +126,7 @@ def run_cell(args, cell: tuple[str, str], model: str, plan: dict, budget: Memory
     if jsonl.exists() and jsonl.stat().st_size:
         try:
             row["measured"] = measured(jsonl, args.test_freq)
-        except SystemExit as exc:      # summarize_run: no step logged
+        except SystemExit as exc:      # no step logged
             row["measured_error"] = str(exc)
     if rc != 0:
         row["error"] = _last_error(log)
@@ -196,9 +180,9 @@ def phase_table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--assets", default=".gpu-assets", help="tok/ (Qwen tokenizer) and gsm8k/ (parquet files)")
-    ap.add_argument("--out", default=os.environ.get("OUT", "gpu_out"))
-    ap.add_argument("--model", default="/tmp/qwen05b-random", help="built by build_qwen_shaped.py when missing")
+    ap.add_argument("--assets", default=harness.ASSETS, help="tok/ (Qwen tokenizer) and gsm8k/ (parquet files)")
+    ap.add_argument("--out", default="matrix_out")
+    ap.add_argument("--model", default=harness.MODEL, help="built by harness.py when missing")
     ap.add_argument("--profiles", default=PROFILES)
     ap.add_argument("--algos", default="ppo,grpo")
     ap.add_argument("--batch", type=int, default=8)
@@ -212,9 +196,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cell-timeout", type=int, default=420)
     args = ap.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    if not (Path(args.model) / "config.json").exists():
-        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "build_qwen_shaped.py"), args.model,
-                        "--tokenizer", str(Path(args.assets) / "tok")], check=True)
+    harness.ensure_model(args.model, args.assets)
     cells = [(p, a) for p in args.profiles.split(",") for a in args.algos.split(",")]
     start = time.time()
     with ThreadPoolExecutor(max_workers=4) as pool:

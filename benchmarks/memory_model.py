@@ -1,29 +1,15 @@
 """Memory model vs the real workers: each phase's peak allocated memory, predicted and measured.
 
-For each (device profile, setting, algorithm) the stock config is composed as `main_ppo` composes it,
-planned by the real planner (`verl.compat.build_plan`: `compat.device=NAME` simulates the device, i.e.
-caps the process's GPU memory and switches TF32 and the SDPA flash kernel off as that device would),
-resolved, and the real `ActorRolloutRefWorker` and `CriticWorker` are built in one process (as the
-trainer colocates them on a device) and driven through the step's phases: generate, old log-prob,
-reference log-prob, values, update_critic, update_actor, then a validation generate. One warm-up update
-runs first, unmeasured, so AdamW's states exist as they do from step 2 of a real run on.
+For each (device profile, setting, algorithm) the real workers are built from the real plan in one process
+(worker_harness.py) and driven through the step's phases, then a validation generate; one unmeasured warm-up
+update first creates AdamW's states. Measured: `torch.cuda.max_memory_allocated` per phase; on CPU the bytes
+of every storage created during the phase on top of the workers' resident state (`LiveBytes`) stand in.
+Each case runs in its own process (simulated limits are per process), up to `--jobs` at once. Prints the
+table and the calibration hints for verl/compat/memory.py; writes memory_model.json.
 
-Measured per phase: `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats` (what the plan's
-`predicted_peak_gb` predicts). On CPU (smoke runs and tests) the bytes of every tensor storage created
-while the phase runs, on top of the workers' resident state (`LiveBytes`), stand in for the allocator.
-
-Each case runs in its own process (simulated limits, TF32 and the process group are per process), up to
-`--jobs` at once; every case caps its own memory, so cases whose caps add up to the GPU's memory can
-share it. Prints one table, writes `memory_model.json` (rows + per-term predictions) to `--out`, and
-ends with the calibration hints: per term family, how far measured is from predicted.
-
-    python benchmarks/memory_model.py --model /tmp/qwen05b-random --profiles p40,t4,a100-40gb,h200 \
-        --settings field_report --algos ppo,grpo --jobs 3 --out "$OUT"
-    python benchmarks/memory_model.py --model /tmp/qwen05b-random --settings matrix --val-rows 256 \
-        --profiles p40,p100,v100-16gb,t4,rtx3090,a100-40gb,h200 --algos ppo,grpo --jobs 3 --out "$OUT"
-    python benchmarks/memory_model.py --tiny --profiles cpu --settings tiny --out /tmp/mm   # CPU smoke
-    python benchmarks/memory_model.py --model QWEN_2_LAYERS --profiles cpu --settings qwen_cpu \
-        --val-rows 32 --out /tmp/mm        # CPU check of the vocabulary-sized terms (~6 min, ~7 GB)
+    python benchmarks/memory_model.py --profiles p40,p100,v100-16gb,t4,rtx3090,a100-40gb,h200 --settings matrix \
+        --val-rows 256 --jobs 5 --out DIR
+    python benchmarks/memory_model.py --tiny --profiles cpu --settings tiny --out /tmp/mm     # CPU smoke
 """
 from __future__ import annotations
 
@@ -39,10 +25,9 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import harness  # noqa: E402
 from worker_harness import ARR, StepPhases, build_workers, stock_overrides, synthetic_step_batch  # noqa: E402
 
 GiB = 1024 ** 3
@@ -53,7 +38,7 @@ SETTINGS = {
     "field_report": dict(batch=1, mini=1, micro=1, log_prob_micro=1, ref_micro=1, prompt=256, response=256),
     # upstream's quick start: batch 256, mini 64, micro 4 (log-prob micro 8 / ref 4), 512 + 512
     "quickstart": dict(batch=256, mini=64, micro=4, log_prob_micro=8, ref_micro=4, prompt=512, response=512),
-    # the GPU matrix's shape (benchmarks/gpu_matrix.sh)
+    # the device matrix's shape (gpu_matrix.py)
     "matrix": dict(batch=8, mini=8, micro=4, log_prob_micro=8, ref_micro=8, prompt=256, response=128),
     # CPU check of the formulas on a reduced Qwen shape (build_qwen_shaped.py --layers 2): real vocabulary
     "qwen_cpu": dict(batch=2, mini=2, micro=1, log_prob_micro=2, ref_micro=2, prompt=128, response=32),
@@ -234,9 +219,8 @@ def _run_child(case: tuple[str, str, str], args, workdir: Path) -> dict:
         cmd += ["--val-rows", str(args.val_rows)]
     for item in args.override:
         cmd += ["--override", item]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     start = time.time()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.case_timeout)
+    proc = subprocess.run(cmd, env=harness.env(), capture_output=True, text=True, timeout=args.case_timeout)
     if proc.returncode != 0 or not path.exists():
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-12:]
         return {"profile": profile, "setting": setting, "algo": algo, "error": f"exit {proc.returncode}",
@@ -295,7 +279,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profiles", default="p40,t4,a100-40gb,h200", help="catalog names; cpu on a CPU-only host")
     ap.add_argument("--settings", default="field_report", help=f"comma-separated: {', '.join(SETTINGS)}")
     ap.add_argument("--algos", default="ppo,grpo", help="ppo (GAE + critic), grpo (use_kl_loss, n=2)")
-    ap.add_argument("--model", help="model folder (config.json + tokenizer); e.g. benchmarks/build_qwen_shaped.py's")
+    ap.add_argument("--model", help="model folder (config.json + tokenizer); e.g. harness.py build-model's")
     ap.add_argument("--tiny", action="store_true", help="build and use the tiny test model (CPU smoke runs)")
     ap.add_argument("--val-rows", type=int, default=None,
                     help="data.val_batch_size for the validation phase (default: null, one full chunk generated)")
@@ -312,10 +296,7 @@ def main(argv=None) -> int:
         return _child(args)
     with tempfile.TemporaryDirectory(prefix="memory_model_") as tmp:
         if args.tiny:
-            from verl.utils.tiny_model import build_tiny_model_dir
-
-            args.model = build_tiny_model_dir(str(Path(tmp) / "tiny"), hidden_size=64, num_layers=2,
-                                              intermediate_size=128, num_heads=4, num_kv_heads=2)
+            args.model = harness.tiny_model(str(Path(tmp) / "tiny"))
         if not args.model:
             ap.error("--model DIR or --tiny")
         cases = [(p, s, a) for p in args.profiles.split(",") for s in args.settings.split(",")

@@ -1,45 +1,20 @@
 """Where a training step's time goes: each phase timed, then run under the torch profiler.
 
-For each (device profile, setting) the real workers are built from the real plan in one process
-(`worker_harness.build_workers`, as `memory_model.py` builds them) and driven through the step's phases
-in the trainer's order: generate_sequences, compute_log_prob, compute_ref_log_prob, compute_values,
-update_critic, update_actor (the ones the setting's algorithm runs).
+For each (device profile, setting, variant) the real workers are built from the real plan in one process
+(worker_harness.py) and driven through the step's phases in the trainer's order:
+  1. warm-up: every phase once, each first call timed (`first s`: torch.compile, graph capture, autotuning);
+  2. timed: `--steps` passes, the median wall time per phase, with upstream's perf/mfu/* of the updates;
+  3. profiled: one more pass under `torch.profiler`, on a slice by default (traces grow with every kernel):
+     scoring and updates on one mini-batch, generate with `--profile-decode-steps` new tokens.
+Per phase: the top ops by self device time, device time per kernel family, busy time (the union of kernel
+intervals), idle fraction, kernel count, host syncs. `--variant NAME=KEY=VALUE[,...]` (repeatable) runs every
+case once per variant, to compare plans side by side. Writes profile_step.{json,txt} and the gzipped chrome
+traces (traces/).
 
-  1. warm-up: every phase once (CUDA graphs captured, AdamW's states created, kernels autotuned);
-     Each phase's first call is timed too (`first_s`, the table's "first s": one-time costs such as
-     torch.compile's, under the plan's torch_compile, show as first s minus wall s);
-  2. timed: `--steps` passes, each phase's wall time between device synchronisations (the median is
-     reported, with upstream's perf/mfu/* of the updates);
-  3. profiled: one more pass, each phase under `torch.profiler` (CPU + CUDA activities), on a slice of
-     the work by default, since the profiler's cost grows with every op and kernel it records (a whole
-     256 x 512-token generate is hundreds of thousands of kernels): scoring and updates on the first
-     mini-batch's rows (an update: one optimizer step), generate with `--profile-decode-steps` new
-     tokens (32; its graph captured first, outside the profile). `--profile-rows all` and
-     `--profile-decode-steps 0` profile whole phases.
-
-Per phase it prints the top ops/kernels by self device time (the profiler's key_averages table; self
-CPU time on a CPU-only run), on a GPU also the top ops by self CPU time (the host's share: FSDP hooks,
-dispatch), and a summary: device time per family (gemm, attention, elementwise/other, optimizer,
-collectives, memcpy/memset), busy time (the union of kernel intervals), the device-idle fraction
-(1 - busy / wall: launch and host overhead, syncs), the kernel count and mean kernel time, the host's
-synchronising calls and the aten ops dispatched. Writes `profile_step.json` and `profile_step.txt` (the tables) to `--out`
-and packs them with the gzipped chrome traces into `--out/profile_step.tgz`.
-
-    python benchmarks/profile_step.py --model /tmp/qwen05b-random --profiles h200 --settings quickstart,grpo \
-        --out "$OUT"
-    python benchmarks/profile_step.py --settings quickstart --phases update_critic,update_actor \
-        --variant base= --variant budget64k=actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536 --out "$OUT"
-    python benchmarks/profile_step.py --tiny --profiles cpu --out /tmp/prof     # CPU smoke (~20 s)
-    python benchmarks/profile_step.py --settings quickstart --phases compute_log_prob,compute_values,update_critic,update_actor \
-        --steps 2 --variant eager=actor_rollout_ref.actor.use_torch_compile=False \
-        --variant compiled=actor_rollout_ref.actor.use_torch_compile=True --out "$OUT"   # torch.compile on vs off
-
-`--variant NAME=KEY=VALUE[,KEY=VALUE]` (repeatable) runs each (profile, setting) once per variant with
-those overrides on top, so one call compares plans (token budgets, checkpointing) side by side.
-
-Prompts are random tokens, left-padded, with `--prompt-tokens LO:HI` real tokens per row (default 48:128,
-GSM8K-like: its prompts are 42-217 tokens with the Qwen chat template, median 79); responses run to full
-length (ignore_eos), as a random-weight model's do.
+    python benchmarks/profile_step.py --profiles h200 --settings quickstart,grpo --out DIR
+    python benchmarks/profile_step.py --settings quickstart --phases update_actor --steps 2 \
+        --variant eager=actor_rollout_ref.actor.use_torch_compile=False --variant compiled= --out DIR
+    python benchmarks/profile_step.py --tiny --profiles cpu --out /tmp/prof     # CPU smoke
 """
 from __future__ import annotations
 
@@ -47,19 +22,16 @@ import argparse
 import dataclasses
 import gzip
 import json
-import os
 import shutil
 import statistics
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import harness  # noqa: E402
 from worker_harness import ARR, PHASES, StepPhases, build_workers, stock_overrides  # noqa: E402
 
 _GRPO = ["algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=True", f"{ARR}.actor.kl_loss_coef=0.001",
@@ -204,9 +176,9 @@ def _release() -> None:
     """Free one setting's workers before the next is built (their modules hold reference cycles)."""
     import gc
 
+    gc.collect()
     import torch
 
-    gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
@@ -262,15 +234,14 @@ def run_setting(profile: str, name: str, model: str, args, work: Path,
                 step.call(phase)
 
     lines = [f"=== {profile} / {name} / {variant[0]}: {w.rows} rows ({shape['batch']} prompts x n={spec['n']}), "
-             f"{shape['prompt']}+{shape['response']} tokens, prompt tokens {args.prompt_tokens}, on {row['device']}",
-             plan_line(w.plan)]
+             f"{shape['prompt']}+{shape['response']} tokens, prompt tokens {args.prompt_tokens}, on {row['device']}"]
     for phase in wanted:              # on the timed pass's batch
         part = "the whole phase"
         if phase == "generate_sequences" and 0 < args.profile_decode_steps < shape["response"]:
             step.decode_steps = args.profile_decode_steps
             step.call(phase)                   # its decode graph captured outside the profile
             part = f"prefill + {step.decode_steps} of {shape['response']} decode steps, {w.rows} rows"
-        elif phase != "generate_sequences" and args.profile_rows == "mini" and w.mini_rows < w.rows:
+        elif phase != "generate_sequences" and w.mini_rows < w.rows:
             step.rows = w.mini_rows
             part = f"one mini-batch ({w.mini_rows} of {w.rows} rows" + (
                 ": one optimizer step)" if phase.startswith("update") else ")")
@@ -283,23 +254,6 @@ def run_setting(profile: str, name: str, model: str, args, work: Path,
         lines += [f"\n--- {phase}: wall {entry['wall_s']:.3f} s (median of {len(runs[phase])}); profiled {part}: "
                   f"wall {summary['wall_s']:.3f} s", table, format_summary(summary)]
     return row, "\n".join(lines)
-
-
-def plan_line(plan) -> str:
-    """The plan's throughput choices per trained role, as the profile's reader needs them."""
-    parts = []
-    for name, r in (("actor", plan.actor), ("critic", plan.critic)):
-        if r is None:
-            continue
-        batching = (f"token budget {r.max_token_len_per_gpu} (forward {r.forward_max_token_len_per_gpu})"
-                    if r.use_dynamic_bsz else f"micro {r.micro_batch_size_per_gpu} (forward "
-                                              f"{r.forward_micro_batch_size_per_gpu})")
-        parts.append(f"{name}: {r.compute_dtype}/{r.param_dtype}, {r.attn_implementation}, remove_padding "
-                     f"{r.use_remove_padding}, checkpointing {r.gradient_checkpointing}, {batching}, fused AdamW "
-                     f"{r.fused_optimizer}, offload {r.param_offload}/{r.optimizer_offload}")
-    rollout = plan.rollout
-    parts.append(f"rollout: {rollout.name} {rollout.dtype}, chunk {rollout.micro_batch_size}, graphs {rollout.cuda_graphs}")
-    return "plan: " + "; ".join(parts) + f"; torch_compile {plan.torch_compile}"
 
 
 def format_summary(s: dict) -> str:
@@ -330,73 +284,48 @@ def overview(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_results(rows: list[dict], reports: list[str], start: float, folders) -> str:
+def write_results(rows: list[dict], reports: list[str], start: float, out: Path) -> str:
     """profile_step.json and .txt with the cases so far (a run stopped at its time limit keeps them)."""
     table = overview(rows)
     text = table + "\n\n" + "\n\n".join(reports)
     result = {"seconds": round(time.perf_counter() - start, 1), "cases": rows}
-    for folder in folders:
-        (folder / "profile_step.txt").write_text(text)
-        (folder / "profile_step.json").write_text(json.dumps(result, indent=1))
+    (out / "profile_step.txt").write_text(text)
+    (out / "profile_step.json").write_text(json.dumps(result, indent=1))
     return table
-
-
-def pack(out: Path, work: Path, limit_mb: float) -> list[str]:
-    """profile_step.tgz with the JSON, the tables and the traces; the largest traces are left out until
-    it is under `limit_mb` (the GPU tool returns files up to 16 MiB). Returns the traces left out."""
-    traces = sorted(work.glob("*.json.gz"), key=lambda p: p.stat().st_size)
-    left_out: list[str] = []
-    while True:
-        target = out / "profile_step.tgz"
-        with tarfile.open(target, "w:gz") as tar:
-            for path in sorted(work.iterdir()):
-                if path.name not in left_out:
-                    tar.add(path, arcname=f"profile_step/{path.name}")
-        if target.stat().st_size <= limit_mb * 2 ** 20 or not traces:
-            return left_out
-        left_out.append(traces.pop().name)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", help="folder for profile_step.{json,txt,tgz} (default: $OUT or .)")
+    ap.add_argument("--out", default="profile_out", help="folder for profile_step.{json,txt} and the traces")
     ap.add_argument("--profiles", default="h200", help="catalog names (compat.device); cpu on a CPU-only host")
     ap.add_argument("--settings", default="quickstart,grpo", help=f"comma-separated: {', '.join(SETTINGS)}")
     ap.add_argument("--phases", default="", help=f"comma-separated subset of {', '.join(PHASES)} (default: all)")
     ap.add_argument("--steps", type=int, default=1, help="timed passes per phase (median reported)")
-    ap.add_argument("--profile-rows", choices=("mini", "all"), default="mini",
-                    help="profile scoring and updates on the first mini-batch's rows (default) or the whole batch")
     ap.add_argument("--profile-decode-steps", type=int, default=32,
                     help="new tokens of the profiled generate (0: the whole response length)")
     ap.add_argument("--prompt-tokens", default="48:128", help="LO:HI real prompt tokens per row, or 'full'")
     ap.add_argument("--top", type=int, default=25, help="rows of each key_averages table")
-    ap.add_argument("--model", default="/tmp/qwen05b-random", help="model folder (benchmarks/build_qwen_shaped.py)")
+    ap.add_argument("--model", default=harness.MODEL, help="model folder (harness.py build-model)")
     ap.add_argument("--tiny", action="store_true", help="the tiny test model and shapes (CPU smoke runs)")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="one more Hydra override for every case (repeatable)")
     ap.add_argument("--variant", action="append", type=parse_variant, metavar="NAME=KEY=VALUE[,KEY=VALUE]",
                     help="run every (profile, setting) once per variant with these extra overrides (repeatable; "
                          "NAME= is the unchanged plan); e.g. to compare token budgets or checkpointing")
-    ap.add_argument("--tgz-limit-mb", type=float, default=15.0)
     args = ap.parse_args(argv)
-    out = Path(args.out or os.environ.get("OUT") or ".")
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    (out / "traces").mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     rows, reports = [], []
     with tempfile.TemporaryDirectory(prefix="profile_step_") as tmp:
-        work = Path(tmp) / "work"
-        work.mkdir()
         model = args.model
         if args.tiny:
-            from verl.utils.tiny_model import build_tiny_model_dir
-
-            model = build_tiny_model_dir(str(Path(tmp) / "tiny"), hidden_size=64, num_layers=2,
-                                         intermediate_size=128, num_heads=4, num_kv_heads=2)
+            model = harness.tiny_model(str(Path(tmp) / "tiny"))
         for profile in args.profiles.split(","):
             for name in args.settings.split(","):
                 for variant in args.variant or [("base", [])]:
                     try:
-                        row, report = run_setting(profile, name, model, args, work, variant)
+                        row, report = run_setting(profile, name, model, args, out / "traces", variant)
                     except Exception as exc:  # noqa: BLE001 - one failed case must not lose the others' results
                         import traceback
 
@@ -407,12 +336,8 @@ def main(argv=None) -> int:
                     reports.append(report)
                     print(report, flush=True)
                     _release()
-                    table = write_results(rows, reports, start, (work, out))   # each case as it ends
-        left_out = pack(out, work, args.tgz_limit_mb)
+                    table = write_results(rows, reports, start, out)   # each case as it ends
     print("\n" + table)
-    if left_out:
-        print(f"traces left out of profile_step.tgz (size limit): {', '.join(left_out)}")
-    print(f"\nwrote {out}/profile_step.{{json,txt,tgz}} ({time.perf_counter() - start:.0f} s)")
     return 0 if all("error" not in r for r in rows) else 1
 
 

@@ -1,35 +1,26 @@
-"""Speed of the built-in rollout engine (HFRollout) on the present GPU, old decode path beside the new.
+"""Speed of the built-in rollout engine (HFRollout) on the present GPU, each case planned by verl.compat.
 
-Two cases on a Qwen2.5-0.5B-shaped model with random weights, each planned by verl.compat for its profile:
-  p40   one sequence, 256 prompt + 256 new tokens, under the simulated P40 profile (float32, its
-        memory cap, TF32 off): decode ms/token.
-  h200  256 sequences, 512 prompt (left-padded, 256..512 real tokens) + 512 new tokens, under the
-        real device's plan (bfloat16): tokens/s.
-  h200_eager  the same with torch.compile off in the plan (decode step not compiled, still a graph).
-  h200_short  the h200 shape with GSM8K-like prompts: 60..200 real tokens left-padded to 512 (the
-        engine trims the common padding before prefill, so its cache is ~256 + 512 slots, not 1,024).
-"new" is the static-cache decoder (CUDA graphs where the plan allows them); "old" is the HF forward
-per token with its growing cache (the path models the static decoder cannot run still take).
-Sampling is upstream's default (temperature 1, no top-k/top-p), with ignore_eos so every row runs to
-full length. Each case runs in its own process (a simulated profile caps that process's memory).
+Cases on the Qwen2.5-0.5B-shaped model with random weights, each in its own process:
+  p40         1 sequence, 256 prompt + 256 new tokens, the simulated P40 plan (float32): decode ms/token
+  h200        256 sequences, 512 prompt (256..512 real tokens, left-padded) + 512 new, the device's plan: tokens/s
+  h200_eager  the same with torch.compile off (the decode step replayed as a graph, not compiled)
+  h200_short  GSM8K-like prompts, 60..200 real tokens padded to 512 (the engine trims common padding first)
+Sampling is upstream's default (temperature 1) with ignore_eos, so every row runs to full length.
 
-    python benchmarks/rollout_speed.py [--out DIR] [--skip-old] [--cases p40,h200,h200_eager]
-
-Prints a table and writes rollout_speed.json to --out (default $OUT, else the current directory).
+    python benchmarks/rollout_speed.py --cases p40,h200 --out DIR
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness  # noqa: E402
 
 CASES = {
     "p40": {"simulate": "p40", "batch": 1, "prompt": 256, "response": 256},
@@ -39,12 +30,10 @@ CASES = {
     "h200_short": {"simulate": None, "batch": 256, "prompt": 512, "response": 512, "lengths": (60, 200)},
 }
 EOS = PAD = 151643  # Qwen's <|endoftext|>; the random model's prompts are random ids below it
-GREEDY_CHECK_TOKENS = 64
 
 
 def _plan_and_model(case: dict):
     import torch
-    from build_qwen_shaped import QWEN25_05B
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from verl.compat import apply_in_process, torch_dtype
@@ -52,7 +41,7 @@ def _plan_and_model(case: dict):
     from verl.compat.model_spec import ModelSpec
     from verl.compat.planner import make_plan
 
-    hf_config = Qwen2Config(**QWEN25_05B, eos_token_id=EOS, pad_token_id=PAD)
+    hf_config = Qwen2Config(**harness.qwen_shape(), eos_token_id=EOS, pad_token_id=PAD)
     config = {"data": {"train_batch_size": case["batch"], "max_prompt_length": case["prompt"],
                        "max_response_length": case["response"]},
               "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": case["batch"], "ppo_micro_batch_size_per_gpu": 1,
@@ -90,15 +79,12 @@ def _prompts(case: dict, device):
                                meta_info={"eos_token_id": EOS, "pad_token_id": PAD}).to(device)
 
 
-def _engine(model, plan, response, path: str, do_sample=True):
+def _engine(model, plan, response):
     from verl.workers.rollout import HFRollout
 
-    cfg = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "do_sample": do_sample, "response_length": response,
+    cfg = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "do_sample": True, "response_length": response,
            "seed": 0, "ignore_eos": True}
-    engine = HFRollout(model, cfg, plan=plan)
-    if path == "old":  # the HF forward per token, as before the static decoder
-        engine.static_unsupported = lambda: "benchmark: old path"
-    return engine
+    return HFRollout(model, cfg, plan=plan)
 
 
 def _timed(engine, batch, response):
@@ -112,89 +98,53 @@ def _timed(engine, batch, response):
     return time.perf_counter() - start, out
 
 
-def run_case(name: str, skip_old: bool) -> dict:
+def run_case(name: str) -> dict:
     import torch
 
     case = CASES[name]
     plan, model, device = _plan_and_model(case)
     batch = _prompts(case, device)
-    result = {"case": name, **case, "dtype": plan.rollout.dtype, "cuda_graphs": plan.rollout.cuda_graphs,
-              "compile_backend": plan.rollout.compile_backend,
-              "micro_batch_size": plan.rollout.micro_batch_size, "device": torch.cuda.get_device_name(device),
-              "torch": torch.__version__, "reasons": {k: v for k, v in plan.reasons.items() if k.startswith("rollout")}}
-    tokens = case["batch"] * case["response"]
-    for path in ("new",) if skip_old else ("new", "old"):
-        engine = _engine(model, plan, case["response"], path)
-        # warm-up at full length: the decode step's compile (when planned), graph capture, kernels, allocator
-        warm, _ = _timed(engine, batch, case["response"])
-        torch.cuda.reset_peak_memory_stats(device)
-        full, _ = _timed(engine, batch, case["response"])
-        first, _ = _timed(engine, batch, 1)  # prefill and the first token only
-        result[path] = {"wall_s": round(full, 3), "tokens_per_s": round(tokens / full, 1),
-                        "prefill_s": round(first, 3), "first_call_s": round(warm, 3),
-                        "decode_ms_per_step": round(1000 * (full - first) / (case["response"] - 1), 3),
-                        "max_memory_allocated_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 2)}
-    if not skip_old:  # the two paths should pick the same greedy tokens (exactly so in float32)
-        rows = batch[:min(len(batch), 8)]
-        outs = [_timed(_engine(model, plan, GREEDY_CHECK_TOKENS, path, do_sample=False), rows,
-                       GREEDY_CHECK_TOKENS)[1].batch["responses"] for path in ("new", "old")]
-        result["greedy_tokens_equal"] = f"{int((outs[0] == outs[1]).sum())}/{outs[0].numel()}"
-    return result
+    engine = _engine(model, plan, case["response"])
+    # warm-up at full length: the decode step's compile (when planned), graph capture, kernels, allocator
+    warm, _ = _timed(engine, batch, case["response"])
+    torch.cuda.reset_peak_memory_stats(device)
+    full, _ = _timed(engine, batch, case["response"])
+    first, _ = _timed(engine, batch, 1)  # prefill and the first token only
+    return {"case": name, **case, "dtype": plan.rollout.dtype, "cuda_graphs": plan.rollout.cuda_graphs,
+            "compile_backend": plan.rollout.compile_backend, "micro_batch_size": plan.rollout.micro_batch_size,
+            "device": torch.cuda.get_device_name(device), "wall_s": round(full, 3),
+            "tokens_per_s": round(case["batch"] * case["response"] / full, 1), "prefill_s": round(first, 3),
+            "first_call_s": round(warm, 3), "decode_ms_per_step": round(1000 * (full - first) / (case["response"] - 1), 3),
+            "max_memory_allocated_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 2)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--cases", default="p40,h200")
-    parser.add_argument("--skip-old", action="store_true")
-    parser.add_argument("--case", help=argparse.SUPPRESS)   # internal: run one case in this process
-    parser.add_argument("--json", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="rollout_out")
+    ap.add_argument("--cases", default="p40,h200", help=f"comma-separated: {', '.join(CASES)}")
+    ap.add_argument("--case", help=argparse.SUPPRESS)   # internal: run one case in this process
+    ap.add_argument("--json", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
     if args.case:
-        Path(args.json).write_text(json.dumps(run_case(args.case, args.skip_old)))
-        return
-
+        Path(args.json).write_text(json.dumps(run_case(args.case)))
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
     for name in args.cases.split(","):
         part = out / f"rollout_speed.{name}.json"
-        cmd = [sys.executable, __file__, "--case", name, "--json", str(part)]
-        cmd += ["--skip-old"] if args.skip_old else []
-        proc = subprocess.run(cmd, timeout=240, capture_output=True, text=True)
-        if proc.returncode != 0:
-            print(f"{name}: failed (exit {proc.returncode})\n{proc.stderr[-3000:]}")
-            results.append({"case": name, "error": proc.stderr[-3000:]})
-            continue
-        results.append(json.loads(part.read_text()))
-    (out / "rollout_speed.json").write_text(json.dumps(results, indent=2))
-    print_table(results)
-    print(f"wrote {out / 'rollout_speed.json'}")
-
-
-def print_table(results: list) -> None:
-    print("\n| case | shape | dtype | graphs | compiled | path | wall s | tok/s | decode ms/step | prefill s | "
-          "first call s | peak GiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        proc = subprocess.run([sys.executable, __file__, "--case", name, "--json", str(part)], timeout=240,
+                              capture_output=True, text=True, env=harness.env())
+        results.append(json.loads(part.read_text()) if proc.returncode == 0 else
+                       {"case": name, "error": f"exit {proc.returncode}: {proc.stderr[-3000:]}"})
+    (out / "rollout_speed.json").write_text(json.dumps(results, indent=1))
+    keys = ("case", "batch", "prompt", "response", "dtype", "cuda_graphs", "compile_backend", "wall_s", "tokens_per_s",
+            "decode_ms_per_step", "prefill_s", "first_call_s", "max_memory_allocated_gb")
+    print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
     for r in results:
-        if "error" in r:
-            continue
-        shape = f"{r['batch']} x ({r['prompt']} + {r['response']})"
-        for path in ("new", "old"):
-            if path in r:
-                m = r[path]
-                graphs = "yes" if r["cuda_graphs"] and path == "new" else "no"
-                compiled = r.get("compile_backend") if path == "new" else None
-                print(f"| {r['case']} | {shape} | {r['dtype']} | {graphs} | {compiled or 'no'} "
-                      f"| {path} | {m['wall_s']} | {m['tokens_per_s']} | {m['decode_ms_per_step']} | {m['prefill_s']} "
-                      f"| {m.get('first_call_s')} | {m['max_memory_allocated_gb']} |")
-    for r in results:
-        if "greedy_tokens_equal" in r:
-            print(f"{r['case']}: greedy tokens equal, new vs old path over {GREEDY_CHECK_TOKENS} steps: "
-                  f"{r['greedy_tokens_equal']}")
-        if "error" in r:
-            print(f"{r['case']}: failed, see rollout_speed.json")
+        print("| " + " | ".join(str(r.get(k, r.get("error", "")[:80] if k == "wall_s" else "")) for k in keys) + " |")
+    return 0 if all("error" not in r for r in results) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

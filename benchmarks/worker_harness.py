@@ -146,26 +146,6 @@ def build_workers(overrides: list[str], total_training_steps: int = 2) -> Worker
                    mini_rows=int(config[ARR].actor.ppo_mini_batch_size) * n)
 
 
-def add_step_arguments(p, shapes: dict, algo: str, shape: str) -> None:
-    """The options of the scripts that run one step's real workers (memory_growth.py, peak_breakdown.py)."""
-    p.add_argument("--model", required=True)
-    p.add_argument("--profile", default="auto", help="compat.device to simulate (auto: the present device)")
-    p.add_argument("--algo", choices=("grpo", "ppo"), default=algo)
-    p.add_argument("--shape", choices=sorted(shapes), default=shape)
-    p.add_argument("--override", action="append", default=[], help="more Hydra overrides")
-    p.add_argument("--json", default=None)
-
-
-def step_for(args, shapes: dict, total_training_steps: int) -> "StepPhases":
-    """The workers those options ask for and one step's phases on them (prompts of varied real length)."""
-    s = shapes[args.shape]
-    overrides = stock_overrides(s, args.profile, args.model) + [f"{ARR}.rollout.n={s['n']}"]
-    if args.algo == "grpo":
-        overrides += ["algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=True"]
-    w = build_workers(overrides + args.override, total_training_steps=total_training_steps)
-    return StepPhases(w, prompt=s["prompt"], real_prompt=(max(s["prompt"] // 8, 1), s["prompt"] // 2))
-
-
 # ----------------------------------------------------------------------------- phases
 
 # The trainer's phase order; the names are the workers' methods.
