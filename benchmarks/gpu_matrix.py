@@ -107,23 +107,18 @@ def run_cell(args, cell: tuple[str, str], model: str, plan: dict, budget: Memory
     name = f"{profile}_{algo}"
     out = Path(args.out)
     jsonl, log = out / f"{name}.jsonl", out / f"{name}.log"
-    jsonl.unlink(missing_ok=True)
     # a simulated profile caps itself at its size; uncapped (the real device), its plan's need + 4 GiB
     need = plan.get("limit_gb") if plan.get("simulated") else (plan.get("required_gb") or args.budget_gb) + 4
     need = min(need or args.budget_gb, args.budget_gb)
     budget.take(need)
     start = time.time()
-    try:
-        with open(log, "w") as f:
-            cmd = ["timeout", str(args.cell_timeout), sys.executable, "-m", "verl.trainer.main_ppo",
-                   *overrides(args, profile, algo, model)]
-            # each run starts its own Ray instance: a private temp dir keeps parallel ones apart
-            env = _env(VERL_FILE_LOGGER_PATH=str(jsonl), RAY_TMPDIR=f"/tmp/ray_{name}")
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env).returncode
+    try:   # each run starts its own Ray instance: a private temp dir keeps parallel ones apart
+        rc = harness.launch_main_ppo(overrides(args, profile, algo, model), jsonl, log, args.cell_timeout,
+                                     RAY_TMPDIR=f"/tmp/ray_{name}")["exit"]
     finally:
         budget.give(need)
     row = {"profile": profile, "algo": algo, "exit": rc, "wall_s": round(time.time() - start, 1), "predicted": plan}
-    if jsonl.exists() and jsonl.stat().st_size:
+    if jsonl.exists():
         try:
             row["measured"] = measured(jsonl, args.test_freq)
         except SystemExit as exc:      # no step logged

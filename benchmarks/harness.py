@@ -6,7 +6,6 @@ weights and the real Qwen tokenizer (`build_model`): realistic token counts, mem
 rewards stay near 0. `ASSETS` (default .gpu-assets) holds tok/ and gsm8k/{train,test}.parquet.
 
     python benchmarks/harness.py build-model /tmp/qwen05b-random --tokenizer .gpu-assets/tok [--layers 2 --hidden 64]
-    python benchmarks/harness.py summarize RUN.jsonl
 """
 from __future__ import annotations
 
@@ -115,10 +114,10 @@ P40_MANUAL = P40 + [f"{ARR}.actor.fsdp_config.dtype=float32", f"{ARR}.actor.fsdp
                     f"{ARR}.actor.use_dynamic_bsz=False"]
 # GRPO: 64 prompts x 4 samples, 512 + 512 tokens, KL loss
 GRPO_SHAPE = dict(prompts=64, n=4, prompt=512, response=512)
-GRPO = ["algorithm.adv_estimator=grpo", "data.train_batch_size=64", "data.max_prompt_length=512",
-        "data.max_response_length=512", f"{ARR}.rollout.n=4", *_micro(16, 16, 16, 16)[:4],
-        f"{ARR}.actor.use_kl_loss=True", f"{ARR}.actor.kl_loss_coef=0.001", f"{ARR}.actor.kl_loss_type=low_var_kl",
-        f"{ARR}.actor.entropy_coeff=0", "algorithm.use_kl_in_reward=False"]
+GRPO_ALGO = ["algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=True", f"{ARR}.actor.kl_loss_coef=0.001",
+             f"{ARR}.actor.kl_loss_type=low_var_kl", f"{ARR}.actor.entropy_coeff=0", "algorithm.use_kl_in_reward=False"]
+GRPO = ["data.train_batch_size=64", "data.max_prompt_length=512", "data.max_response_length=512", f"{ARR}.rollout.n=4",
+        *_micro(16, 16, 16, 16)[:4], *GRPO_ALGO]
 
 
 # ----------------------------------------------------------------------------- one run and its summary
@@ -215,13 +214,8 @@ def main() -> None:
     b.add_argument("--tokenizer", required=True, help="folder with tokenizer.json + tokenizer_config.json")
     b.add_argument("--layers", type=int)
     b.add_argument("--hidden", type=int)
-    s = sub.add_parser("summarize")
-    s.add_argument("path")
     args = ap.parse_args()
-    if args.cmd == "build-model":
-        build_model(args.out, args.tokenizer, args.layers, args.hidden)
-    else:
-        print(json.dumps(summarize(args.path), indent=1))
+    build_model(args.out, args.tokenizer, args.layers, args.hidden)
 
 
 if __name__ == "__main__":

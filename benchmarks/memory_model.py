@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,7 @@ SETTINGS = {
     "quickstart": dict(batch=256, mini=64, micro=4, log_prob_micro=8, ref_micro=4, prompt=512, response=512),
     # the device matrix's shape (gpu_matrix.py)
     "matrix": dict(batch=8, mini=8, micro=4, log_prob_micro=8, ref_micro=8, prompt=256, response=128),
-    # CPU check of the formulas on a reduced Qwen shape (build_qwen_shaped.py --layers 2): real vocabulary
+    # CPU check of the formulas on a reduced Qwen shape (harness.py build-model --layers 2): real vocabulary
     "qwen_cpu": dict(batch=2, mini=2, micro=1, log_prob_micro=2, ref_micro=2, prompt=128, response=32),
     # CPU smoke and tests: the tiny model
     "tiny": dict(batch=2, mini=2, micro=1, log_prob_micro=2, ref_micro=2, prompt=16, response=4),
@@ -200,34 +199,16 @@ def run_case(profile: str, setting_name: str, algo: str, model: str, val_rows: i
 
 # ----------------------------------------------------------------------------- driver
 
-def _child(args) -> int:
-    row = run_case(args.profiles, args.settings, args.algos, args.model, args.val_rows, tuple(args.override))
-    Path(args.json).write_text(json.dumps(row, indent=1))
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return 0
-
-
-def _run_child(case: tuple[str, str, str], args, workdir: Path) -> dict:
-    profile, setting, algo = case
-    path = workdir / f"{profile}_{setting}_{algo}.json"
-    cmd = [sys.executable, __file__, "--child", "--profiles", profile, "--settings", setting, "--algos", algo,
-           "--model", args.model, "--json", str(path)]
-    if args.val_rows is not None:
-        cmd += ["--val-rows", str(args.val_rows)]
-    for item in args.override:
-        cmd += ["--override", item]
-    start = time.time()
-    proc = subprocess.run(cmd, env=harness.env(), capture_output=True, text=True, timeout=args.case_timeout)
-    if proc.returncode != 0 or not path.exists():
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-12:]
-        return {"profile": profile, "setting": setting, "algo": algo, "error": f"exit {proc.returncode}",
-                "log_tail": tail, "wall_s": round(time.time() - start, 1)}
-    row = json.loads(path.read_text())
-    row["wall_s"] = round(time.time() - start, 1)
-    return row
+def _run_child(argv: list[str], case: tuple[str, str, str], model: str, timeout: float, workdir: Path) -> dict:
+    """One case in a process of its own: this command again, narrowed to the case (later options win)."""
+    path, start = workdir / ("_".join(case) + ".json"), time.time()
+    cmd = [sys.executable, __file__, *argv, "--profiles", case[0], "--settings", case[1], "--algos", case[2],
+           "--model", model, "--child", str(path)]
+    proc = subprocess.run(cmd, env=harness.env(), capture_output=True, text=True, timeout=timeout)
+    row = json.loads(path.read_text()) if proc.returncode == 0 and path.exists() else dict(
+        zip(("profile", "setting", "algo"), case), error=f"exit {proc.returncode}",
+        log_tail=(proc.stdout + proc.stderr).strip().splitlines()[-12:])
+    return {**row, "wall_s": round(time.time() - start, 1)}
 
 
 def format_table(rows: list[dict]) -> str:
@@ -274,48 +255,45 @@ def calibration_hints(rows: list[dict], tolerance: float = 0.15) -> list[str]:
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", help="folder for memory_model.json (default: $OUT or .)")
+    ap.add_argument("--out", default="memory_out", help="folder for memory_model.json")
     ap.add_argument("--profiles", default="p40,t4,a100-40gb,h200", help="catalog names; cpu on a CPU-only host")
     ap.add_argument("--settings", default="field_report", help=f"comma-separated: {', '.join(SETTINGS)}")
     ap.add_argument("--algos", default="ppo,grpo", help="ppo (GAE + critic), grpo (use_kl_loss, n=2)")
-    ap.add_argument("--model", help="model folder (config.json + tokenizer); e.g. harness.py build-model's")
+    ap.add_argument("--model", default=harness.MODEL, help="model folder (harness.py build-model)")
     ap.add_argument("--tiny", action="store_true", help="build and use the tiny test model (CPU smoke runs)")
-    ap.add_argument("--val-rows", type=int, default=None,
-                    help="data.val_batch_size for the validation phase (default: null, one full chunk generated)")
-    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                    help="one more Hydra override for every case (repeatable)")
+    ap.add_argument("--val-rows", type=int, help="data.val_batch_size of the validation phase (default: one chunk)")
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="more Hydra overrides")
     ap.add_argument("--jobs", type=int, default=1, help="cases run at once (each caps its own memory)")
-    ap.add_argument("--in-process", action="store_true",
-                    help="run every case in this process (CPU smoke runs and tests; a simulated GPU needs its own)")
+    ap.add_argument("--in-process", action="store_true", help="every case in this process (CPU runs and tests)")
     ap.add_argument("--case-timeout", type=float, default=600)
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--json", help=argparse.SUPPRESS)
+    ap.add_argument("--child", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        return _child(args)
+        row = run_case(args.profiles, args.settings, args.algos, args.model, args.val_rows, tuple(args.override))
+        Path(args.child).write_text(json.dumps(row, indent=1))
+        import torch.distributed as dist
+
+        if dist.is_initialized():     # a group left open can abort the process at exit
+            dist.destroy_process_group()
+        return 0
+    start = time.time()
     with tempfile.TemporaryDirectory(prefix="memory_model_") as tmp:
-        if args.tiny:
-            args.model = harness.tiny_model(str(Path(tmp) / "tiny"))
-        if not args.model:
-            ap.error("--model DIR or --tiny")
+        model = harness.tiny_model(str(Path(tmp) / "tiny")) if args.tiny else harness.ensure_model(args.model)
         cases = [(p, s, a) for p in args.profiles.split(",") for s in args.settings.split(",")
                  for a in args.algos.split(",")]
-        start = time.time()
         if args.in_process:
-            rows = [run_case(*case, args.model, args.val_rows, tuple(args.override)) for case in cases]
+            rows = [run_case(*case, model, args.val_rows, tuple(args.override)) for case in cases]
         else:
             with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
-                rows = list(pool.map(lambda c: _run_child(c, args, Path(tmp)), cases))
-    table = format_table(rows)
+                rows = list(pool.map(lambda c: _run_child(argv, c, model, args.case_timeout, Path(tmp)), cases))
     hints = calibration_hints(rows)
-    print(table)
-    print("\ncalibration (verl/compat/memory.py):\n" + "\n".join(f"  {h}" for h in hints))
-    out = Path(args.out or os.environ.get("OUT") or ".")
+    print(format_table(rows) + "\n\ncalibration (verl/compat/memory.py):\n" + "\n".join(f"  {h}" for h in hints))
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "memory_model.json").write_text(json.dumps(
         {"seconds": round(time.time() - start, 1), "cases": rows, "calibration": hints}, indent=1))
-    print(f"\nwrote {out / 'memory_model.json'} ({time.time() - start:.0f} s)")
     return 0 if all("error" not in r for r in rows) else 1
 
 

@@ -19,10 +19,8 @@ traces (traces/).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gzip
 import json
-import shutil
 import statistics
 import sys
 import tempfile
@@ -34,19 +32,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 from worker_harness import ARR, PHASES, StepPhases, build_workers, stock_overrides  # noqa: E402
 
-_GRPO = ["algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=True", f"{ARR}.actor.kl_loss_coef=0.001",
-         f"{ARR}.actor.kl_loss_type=low_var_kl", f"{ARR}.actor.entropy_coeff=0", "algorithm.use_kl_in_reward=False"]
-# Each setting: the shape (prompts, mini-batch in prompts, micro-batches per GPU, lengths), rollout.n and
-# the algorithm's overrides; `tiny` is the same setting shrunk for the tiny model (CPU smoke runs).
+# Each setting: the shape (worker_harness.stock_overrides), rollout.n and the algorithm's overrides; `tiny` is the
+# same setting shrunk for the tiny model (CPU smoke runs). The shapes are harness.py's QUICKSTART and GRPO.
 SETTINGS = {
-    # upstream's quick start (PPO with GAE and a critic): batch 256, mini 64, micro 4 (log-prob 8, ref 4)
     "quickstart": dict(shape=dict(batch=256, mini=64, micro=4, log_prob_micro=8, ref_micro=4, prompt=512, response=512),
                        n=1, algo=["algorithm.adv_estimator=gae", "algorithm.kl_ctrl.kl_coef=0.001"],
                        tiny=dict(batch=4, mini=2, micro=1, log_prob_micro=2, ref_micro=2, prompt=16, response=8)),
-    # issue 8's GRPO row: 64 prompts x 4 samples, 512 + 512, KL loss (low_var_kl, 0.001); mini-batch a
-    # quarter of the batch as in upstream's GRPO examples (benchmarks/speed.py's grpo row)
     "grpo": dict(shape=dict(batch=64, mini=16, micro=16, log_prob_micro=16, ref_micro=16, prompt=512, response=512),
-                 n=4, algo=_GRPO,
+                 n=4, algo=harness.GRPO_ALGO,
                  tiny=dict(batch=2, mini=1, micro=2, log_prob_micro=2, ref_micro=2, prompt=16, response=8)),
 }
 FAMILIES = ("gemm", "attention", "elementwise/other", "optimizer", "collectives", "memcpy/memset")
@@ -96,11 +89,7 @@ def device_summary(trace: dict, wall_s: float) -> dict:
         elif cat == "cuda_runtime" and ev.get("name") in _SYNC_CALLS:
             syncs += 1
             sync_us += dur or 0.0
-    busy = _union_us(intervals) / 1e6
-    return {"families_s": {k: round(v / 1e6, 6) for k, v in fams.items()}, "device_busy_s": round(busy, 6),
-            "device_idle_fraction": round(max(0.0, 1 - busy / wall_s), 4) if wall_s > 0 else None,
-            "kernels": kernels, "mean_kernel_us": round(sum(fams.values()) / max(kernels, 1), 2),
-            "host_syncs": syncs, "host_sync_s": round(sync_us / 1e6, 6)}
+    return _summary(fams, _union_us(intervals) / 1e6, wall_s, kernels, syncs, sync_us)
 
 
 def host_summary(averages, wall_s: float) -> dict:
@@ -108,10 +97,14 @@ def host_summary(averages, wall_s: float) -> dict:
     fams = dict.fromkeys(FAMILIES, 0.0)
     for evt in averages:
         fams[family(evt.key)] += evt.self_cpu_time_total
-    busy = sum(fams.values()) / 1e6
-    return {"families_s": {k: round(v / 1e6, 6) for k, v in fams.items()}, "device_busy_s": round(busy, 6),
+    return _summary(fams, sum(fams.values()) / 1e6, wall_s)
+
+
+def _summary(fams_us: dict, busy: float, wall_s: float, kernels: int = 0, syncs: int = 0, sync_us: float = 0.0) -> dict:
+    return {"families_s": {k: round(v / 1e6, 6) for k, v in fams_us.items()}, "device_busy_s": round(busy, 6),
             "device_idle_fraction": round(max(0.0, 1 - busy / wall_s), 4) if wall_s > 0 else None,
-            "kernels": 0, "mean_kernel_us": None, "host_syncs": 0, "host_sync_s": 0.0}
+            "kernels": kernels, "mean_kernel_us": round(sum(fams_us.values()) / kernels, 2) if kernels else None,
+            "host_syncs": syncs, "host_sync_s": round(sync_us / 1e6, 6)}
 
 
 def _self_device_us(evt) -> float:
@@ -125,18 +118,15 @@ def top_ops(averages, cuda: bool, limit: int) -> list[dict]:
              "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 3)} for e in rows]
 
 
-def _sync(device) -> None:
+def timed(fn, device) -> float:
+    """Wall seconds of `fn`, between device synchronisations."""
     import torch
 
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device) -> float:
-    _sync(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda _: None)
+    sync(device)
     start = time.perf_counter()
     fn()
-    _sync(device)
+    sync(device)
     return time.perf_counter() - start
 
 
@@ -159,9 +149,8 @@ def profile_phase(fn, device, trace_path: Path, limit: int) -> tuple[dict, str]:
             sort_by="self_cpu_time_total", row_limit=max(limit // 2, 5), max_name_column_width=70)
     raw = trace_path.with_suffix("")        # the .json before gzip
     prof.export_chrome_trace(str(raw))
+    trace_path.write_bytes(gzip.compress(raw.read_bytes()))
     trace = json.loads(raw.read_text())
-    with open(raw, "rb") as src, gzip.open(trace_path, "wb") as dst:
-        shutil.copyfileobj(src, dst)
     raw.unlink()
     summary = device_summary(trace, wall) if cuda else host_summary(averages, wall)
     summary.update(wall_s=round(wall, 4), top=top_ops(averages, cuda, limit),
@@ -176,9 +165,9 @@ def _release() -> None:
     """Free one setting's workers before the next is built (their modules hold reference cycles)."""
     import gc
 
-    gc.collect()
     import torch
 
+    gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
@@ -213,10 +202,7 @@ def run_setting(profile: str, name: str, model: str, args, work: Path,
     row = {"profile": profile, "setting": name, "variant": variant[0], "shape": shape, "n": spec["n"], "rows": w.rows,
            "mini_batch_rows": w.mini_rows, "prompt_tokens": args.prompt_tokens, "overrides": overrides,
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "torch": torch.__version__, "build_s": round(build_s, 1),
-           "plan": {"actor": dataclasses.asdict(w.plan.actor), "critic": dataclasses.asdict(w.plan.critic)
-                    if w.plan.critic else None, "rollout": dataclasses.asdict(w.plan.rollout),
-                    "reasons": dict(w.plan.reasons), "torch_compile": w.plan.torch_compile}, "phases": {}}
+           "torch": torch.__version__, "build_s": round(build_s, 1), "plan": w.plan.to_dict(), "phases": {}}
 
     clock = time.perf_counter()
     first = {}
