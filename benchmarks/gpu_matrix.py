@@ -1,12 +1,7 @@
-"""The device matrix: the stock `python -m verl.trainer.main_ppo` under each simulated device profile, PPO (GAE +
-critic) and GRPO (KL loss), on the Qwen2.5-0.5B shape: exit, s/step, and predicted vs measured peak memory.
-
-A cell runs `compat.device=<profile>` (the process caps its memory at the profile's size and switches TF32 and
-the flash kernel off as that device would), a small shape (batch 8, 256 + 128 tokens) for `--steps` steps,
-validating every `--test-freq` on 256 prompts. Predicted: the doctor's plan (`python -m verl.compat --json`).
-Measured: the allocator's peak per step (perf/max_memory_allocated_gb never resets: steps up to the first
-validation give the training peak) and per worker call (perf/max_memory_allocated_gb/<phase>). Cells run in
-parallel while their memory caps fit `--budget-gb`.
+"""The device matrix: the stock `main_ppo` under each simulated device profile, PPO and GRPO, on the
+Qwen2.5-0.5B shape: exit, s/step, predicted (the doctor's `--json` plan) vs measured peak memory, per step and
+per phase (perf/max_memory_allocated_gb never resets: steps before the first validation give the training peak).
+Cells run in parallel while their memory caps fit `--budget-gb`.
 
     python benchmarks/gpu_matrix.py --profiles p40,t4,a100-40gb,h200 --out DIR
 """
@@ -136,9 +131,7 @@ def _last_error(log: Path) -> str:
 
 
 def _pct(pred, meas) -> str:
-    if not isinstance(pred, (int, float)) or not meas:
-        return "-"
-    return f"{100 * (pred - meas) / meas:+.1f}%"
+    return f"{100 * (pred - meas) / meas:+.1f}%" if isinstance(pred, (int, float)) and meas else "-"
 
 
 def table(rows: list[dict]) -> str:
@@ -180,15 +173,10 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=harness.MODEL, help="built by harness.py when missing")
     ap.add_argument("--profiles", default=PROFILES)
     ap.add_argument("--algos", default="ppo,grpo")
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--prompt", type=int, default=256)
-    ap.add_argument("--response", type=int, default=128)
-    ap.add_argument("--val", type=int, default=256, help="validation prompts (data.val_max_samples and val_batch_size)")
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--test-freq", type=int, default=2)
+    for name, default in (("batch", 8), ("prompt", 256), ("response", 128), ("val", 256), ("steps", 4),
+                          ("test-freq", 2), ("jobs", 6), ("cell-timeout", 420)):   # --val: validation prompts
+        ap.add_argument(f"--{name}", type=int, default=default)
     ap.add_argument("--budget-gb", type=float, default=128, help="GPU memory the parallel cells may reserve")
-    ap.add_argument("--jobs", type=int, default=6)
-    ap.add_argument("--cell-timeout", type=int, default=420)
     args = ap.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     harness.ensure_model(args.model, args.assets)
@@ -207,7 +195,6 @@ def main(argv=None) -> int:
     (Path(args.out) / "gpu_matrix.md").write_text(text + "\n")
     (Path(args.out) / "gpu_matrix.json").write_text(json.dumps(
         {"seconds": round(time.time() - start, 1), "settings": vars(args), "cells": rows}, indent=1))
-    print(f"\n{len(rows)} cells in {time.time() - start:.0f} s; wrote {args.out}/gpu_matrix.md and .json")
     return 0 if all(r["exit"] == 0 for r in rows) else 1
 
 

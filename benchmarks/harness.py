@@ -1,17 +1,14 @@
-"""What the benchmarks share: the model they train, the stock command's settings, one timed run of it and the
-summary of its logged steps.
+"""What the benchmarks share: the model, the stock command's settings, one timed run and its summary.
 
-The GPU has no downloadable weights, so the benchmarks train a Qwen2.5-0.5B-shaped model with random
-weights and the real Qwen tokenizer (`build_model`): realistic token counts, memory and speed; GSM8K
-rewards stay near 0. `ASSETS` (default .gpu-assets) holds tok/ and gsm8k/{train,test}.parquet.
+The benchmarks train a Qwen2.5-0.5B-shaped model with random weights and the real tokenizer (no weights can be
+downloaded on the GPU machine). `ASSETS` (default .gpu-assets) holds tok/ and gsm8k/{train,test}.parquet.
 
-    python benchmarks/harness.py build-model /tmp/qwen05b-random --tokenizer .gpu-assets/tok [--layers 2 --hidden 64]
+    python benchmarks/harness.py /tmp/qwen05b-random --tokenizer .gpu-assets/tok [--layers 2 --hidden 64]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import statistics
@@ -72,8 +69,7 @@ def ensure_model(model: str = MODEL, assets: str = ASSETS, **size) -> str:
     return model if (Path(model) / "config.json").exists() else build_model(model, f"{assets}/tok", **size)
 
 
-def tiny_model(folder: str) -> str:
-    """The tiny test model (CPU smoke runs of the in-process tools)."""
+def tiny_model(folder: str) -> str:   # CPU smoke runs of the in-process tools
     from verl.utils.tiny_model import build_tiny_model_dir
 
     return build_tiny_model_dir(folder, hidden_size=64, num_layers=2, intermediate_size=128, num_heads=4,
@@ -163,14 +159,6 @@ def startup_of(record: dict) -> dict:
             for k, v in record.items() if k.startswith("timing_s/startup")}
 
 
-def _finite(value) -> bool:
-    """A logged number is finite (non-finite norms are logged as the strings "nan" / "inf")."""
-    try:
-        return math.isfinite(float(value))
-    except (TypeError, ValueError):
-        return False
-
-
 TIMINGS = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "step")
 MEMORY = ("perf/predicted_peak_gb", "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb",
           "perf/cpu_memory_used_gb")
@@ -199,24 +187,18 @@ def summarize(path) -> dict:
         "phase_peak_gb": {k.rsplit("/", 1)[-1]: max(s[k] for s in steps if isinstance(s.get(k), (int, float)))
                           for k in phase_keys},
         # a step whose optimizer step was skipped on a non-finite grad norm learned nothing; its timing has no step
-        "skipped_updates": {role: sum(1 for s in steps if f"{role}/grad_norm" in s and not _finite(s[f"{role}/grad_norm"]))
+        # (the file logger writes a non-finite norm as the string "nan" / "inf")
+        "skipped_updates": {role: sum(1 for s in steps if str(s.get(f"{role}/grad_norm", 0)) in ("nan", "inf", "-inf"))
                             for role in ("actor", "critic")},
         "startup_s": startup_of(steps[0]),
         "throughput_tokens_per_s": median("perf/throughput"),
     }
 
 
-def main() -> None:
+if __name__ == "__main__":   # build the model
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build-model")
-    b.add_argument("out")
-    b.add_argument("--tokenizer", required=True, help="folder with tokenizer.json + tokenizer_config.json")
-    b.add_argument("--layers", type=int)
-    b.add_argument("--hidden", type=int)
-    args = ap.parse_args()
-    build_model(args.out, args.tokenizer, args.layers, args.hidden)
-
-
-if __name__ == "__main__":
-    main()
+    ap.add_argument("out")
+    ap.add_argument("--tokenizer", required=True, help="folder with tokenizer.json + tokenizer_config.json")
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--hidden", type=int)
+    build_model(**vars(ap.parse_args()))

@@ -1,15 +1,12 @@
 """Memory model vs the real workers: each phase's peak allocated memory, predicted and measured.
 
-For each (device profile, setting, algorithm) the real workers are built from the real plan in one process
-(worker_harness.py) and driven through the step's phases, then a validation generate; one unmeasured warm-up
-update first creates AdamW's states. Measured: `torch.cuda.max_memory_allocated` per phase; on CPU the bytes
-of every storage created during the phase on top of the workers' resident state (`LiveBytes`) stand in.
-Each case runs in its own process (simulated limits are per process), up to `--jobs` at once. Prints the
-table and the calibration hints for verl/compat/memory.py; writes memory_model.json.
+Per (device profile, setting, algorithm), in a process of its own, the real workers (worker_harness.py) run
+one unmeasured warm-up update (AdamW's states), then every phase and a validation generate. Measured:
+`torch.cuda.max_memory_allocated`; on CPU the bytes of the storages each phase creates (`LiveBytes`).
+Prints the table and calibration hints for verl/compat/memory.py; writes memory_model.json.
 
-    python benchmarks/memory_model.py --profiles p40,p100,v100-16gb,t4,rtx3090,a100-40gb,h200 --settings matrix \
-        --val-rows 256 --jobs 5 --out DIR
-    python benchmarks/memory_model.py --tiny --profiles cpu --settings tiny --out /tmp/mm     # CPU smoke
+    python benchmarks/memory_model.py --profiles p40,t4,h200 --settings matrix --val-rows 256 --jobs 3 --out DIR
+    python benchmarks/memory_model.py --tiny --profiles cpu --settings tiny --in-process --out /tmp/mm   # CPU
 """
 from __future__ import annotations
 
@@ -27,33 +24,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
-from worker_harness import ARR, StepPhases, build_workers, stock_overrides, synthetic_step_batch  # noqa: E402
+from worker_harness import ARR, SHAPES, StepPhases, build_workers, stock_overrides, synthetic_step_batch  # noqa: E402
 
 GiB = 1024 ** 3
 
-# Shapes: (train prompts, mini-batch, micro-batch, log-prob micro, ref micro, prompt, response).
-SETTINGS = {
-    # the field report: batch 1, micro-batch 1, 256 + 256 tokens (validation: the whole GSM8K test set)
-    "field_report": dict(batch=1, mini=1, micro=1, log_prob_micro=1, ref_micro=1, prompt=256, response=256),
-    # upstream's quick start: batch 256, mini 64, micro 4 (log-prob micro 8 / ref 4), 512 + 512
-    "quickstart": dict(batch=256, mini=64, micro=4, log_prob_micro=8, ref_micro=4, prompt=512, response=512),
-    # the device matrix's shape (gpu_matrix.py)
-    "matrix": dict(batch=8, mini=8, micro=4, log_prob_micro=8, ref_micro=8, prompt=256, response=128),
-    # CPU check of the formulas on a reduced Qwen shape (harness.py build-model --layers 2): real vocabulary
-    "qwen_cpu": dict(batch=2, mini=2, micro=1, log_prob_micro=2, ref_micro=2, prompt=128, response=32),
-    # CPU smoke and tests: the tiny model
-    "tiny": dict(batch=2, mini=2, micro=1, log_prob_micro=2, ref_micro=2, prompt=16, response=4),
-}
+SETTINGS = {k: SHAPES[k] for k in ("field_report", "quickstart", "matrix", "qwen_cpu", "tiny")}
 ALGOS = {
     "ppo": ["algorithm.adv_estimator=gae"],                                           # GAE + critic
     "grpo": ["algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=True", f"{ARR}.rollout.n=2"],
 }
 PHASES = ("rollout", "log_prob", "ref", "values", "critic_update", "actor_update", "validation")
-
-
-def overrides(setting: dict, algo: str, profile: str, model: str, val_rows: int | None) -> list[str]:
-    """The stock command's Hydra overrides for one case (hardware keys left to the planner)."""
-    return stock_overrides(setting, profile, model, val_rows) + ALGOS[algo]
 
 
 # ----------------------------------------------------------------------------- measurement
@@ -158,7 +138,7 @@ def run_case(profile: str, setting_name: str, algo: str, model: str, val_rows: i
     import torch
 
     setting = SETTINGS[setting_name]
-    w = build_workers(overrides(setting, algo, profile, model, val_rows) + list(extra))
+    w = build_workers(stock_overrides(setting, profile, model, val_rows) + ALGOS[algo] + list(extra))
     plan = w.plan
     # phase totals from the terms (kept to 0.1 MiB; the rounded totals would swamp a tiny model's phases)
     predicted = {k: round(sum(t.values()), 4) for k, t in plan.memory.get("phases", {}).items()}
@@ -261,7 +241,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profiles", default="p40,t4,a100-40gb,h200", help="catalog names; cpu on a CPU-only host")
     ap.add_argument("--settings", default="field_report", help=f"comma-separated: {', '.join(SETTINGS)}")
     ap.add_argument("--algos", default="ppo,grpo", help="ppo (GAE + critic), grpo (use_kl_loss, n=2)")
-    ap.add_argument("--model", default=harness.MODEL, help="model folder (harness.py build-model)")
+    ap.add_argument("--model", default=harness.MODEL, help="model folder (harness.py)")
     ap.add_argument("--tiny", action="store_true", help="build and use the tiny test model (CPU smoke runs)")
     ap.add_argument("--val-rows", type=int, help="data.val_batch_size of the validation phase (default: one chunk)")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="more Hydra overrides")

@@ -1,19 +1,10 @@
-"""Where a training step's time goes: each phase timed, then run under the torch profiler.
+"""Where a training step's time goes: each phase timed, then run under the torch profiler (benchmarks/README.md).
 
-For each (device profile, setting, variant) the real workers are built from the real plan in one process
-(worker_harness.py) and driven through the step's phases in the trainer's order:
-  1. warm-up: every phase once, each first call timed (`first s`: torch.compile, graph capture, autotuning);
-  2. timed: `--steps` passes, the median wall time per phase, with upstream's perf/mfu/* of the updates;
-  3. profiled: one more pass under `torch.profiler`, on a slice by default (traces grow with every kernel):
-     scoring and updates on one mini-batch, generate with `--profile-decode-steps` new tokens.
-Per phase: the top ops by self device time, device time per kernel family, busy time (the union of kernel
-intervals), idle fraction, kernel count, host syncs. `--variant NAME=KEY=VALUE[,...]` (repeatable) runs every
-case once per variant, to compare plans side by side. Writes profile_step.{json,txt} and the gzipped chrome
-traces (traces/).
+Per (device profile, setting, variant) the real workers (worker_harness.py) run every phase once as warm-up
+(`first s`), `--steps` timed passes (median wall, perf/mfu/*, generate's tokens/s), then one profiled pass on
+a slice (one mini-batch; `--profile-decode-steps` new tokens). Writes profile_step.{json,txt} and traces/.
 
     python benchmarks/profile_step.py --profiles h200 --settings quickstart,grpo --out DIR
-    python benchmarks/profile_step.py --settings quickstart --phases update_actor --steps 2 \
-        --variant eager=actor_rollout_ref.actor.use_torch_compile=False --variant compiled= --out DIR
     python benchmarks/profile_step.py --tiny --profiles cpu --out /tmp/prof     # CPU smoke
 """
 from __future__ import annotations
@@ -30,17 +21,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
-from worker_harness import ARR, PHASES, StepPhases, build_workers, stock_overrides  # noqa: E402
+from worker_harness import ARR, PHASES, SHAPES, StepPhases, build_workers, shape, stock_overrides  # noqa: E402
 
-# Each setting: the shape (worker_harness.stock_overrides), rollout.n and the algorithm's overrides; `tiny` is the
-# same setting shrunk for the tiny model (CPU smoke runs). The shapes are harness.py's QUICKSTART and GRPO.
+# Each setting: its shape, rollout.n and the algorithm's overrides; `tiny`, the shape for the tiny model (CPU).
 SETTINGS = {
-    "quickstart": dict(shape=dict(batch=256, mini=64, micro=4, log_prob_micro=8, ref_micro=4, prompt=512, response=512),
-                       n=1, algo=["algorithm.adv_estimator=gae", "algorithm.kl_ctrl.kl_coef=0.001"],
-                       tiny=dict(batch=4, mini=2, micro=1, log_prob_micro=2, ref_micro=2, prompt=16, response=8)),
-    "grpo": dict(shape=dict(batch=64, mini=16, micro=16, log_prob_micro=16, ref_micro=16, prompt=512, response=512),
-                 n=4, algo=harness.GRPO_ALGO,
-                 tiny=dict(batch=2, mini=1, micro=2, log_prob_micro=2, ref_micro=2, prompt=16, response=8)),
+    "field": dict(shape=SHAPES["field_report"], n=1, algo=["algorithm.adv_estimator=gae"],
+                  tiny=shape(1, 1, 1, 1, 1, 16, 8)),
+    "quickstart": dict(shape=SHAPES["quickstart"], n=1, algo=["algorithm.adv_estimator=gae", "algorithm.kl_ctrl.kl_coef=0.001"],
+                       tiny=shape(4, 2, 1, 2, 2, 16, 8)),
+    "grpo": dict(shape=SHAPES["grpo"], n=4, algo=harness.GRPO_ALGO, tiny=shape(2, 1, 2, 2, 2, 16, 8)),
 }
 FAMILIES = ("gemm", "attention", "elementwise/other", "optimizer", "collectives", "memcpy/memset")
 _PATTERNS = (   # first match wins: attention kernels are often cutlass too
@@ -186,20 +175,20 @@ def run_setting(profile: str, name: str, model: str, args, work: Path,
     import torch
 
     spec = SETTINGS[name]
-    shape = spec["tiny"] if args.tiny else spec["shape"]
-    overrides = stock_overrides(shape, profile, model) + [f"{ARR}.rollout.n={spec['n']}", *spec["algo"], *args.override,
+    dims = spec["tiny"] if args.tiny else spec["shape"]
+    overrides = stock_overrides(dims, profile, model) + [f"{ARR}.rollout.n={spec['n']}", *spec["algo"], *args.override,
                                                           *variant[1]]
     clock = time.perf_counter()
     w = build_workers(overrides)
     build_s = time.perf_counter() - clock
     real = None if args.prompt_tokens == "full" else tuple(int(x) for x in args.prompt_tokens.split(":"))
     if args.tiny and real is not None:
-        real = (max(1, shape["prompt"] // 4), shape["prompt"])
-    step = StepPhases(w, prompt=shape["prompt"], real_prompt=real)
+        real = (max(1, dims["prompt"] // 4), dims["prompt"])
+    step = StepPhases(w, prompt=dims["prompt"], real_prompt=real)
     available = step.available()
     wanted = [p for p in (args.phases.split(",") if args.phases else PHASES) if p in available]
     device = w.device
-    row = {"profile": profile, "setting": name, "variant": variant[0], "shape": shape, "n": spec["n"], "rows": w.rows,
+    row = {"profile": profile, "setting": name, "variant": variant[0], "shape": dims, "n": spec["n"], "rows": w.rows,
            "mini_batch_rows": w.mini_rows, "prompt_tokens": args.prompt_tokens, "overrides": overrides,
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "torch": torch.__version__, "build_s": round(build_s, 1), "plan": w.plan.to_dict(), "phases": {}}
@@ -219,14 +208,14 @@ def run_setting(profile: str, name: str, model: str, args, work: Path,
             elif phase == "generate_sequences":    # later phases need this step's batch
                 step.call(phase)
 
-    lines = [f"=== {profile} / {name} / {variant[0]}: {w.rows} rows ({shape['batch']} prompts x n={spec['n']}), "
-             f"{shape['prompt']}+{shape['response']} tokens, prompt tokens {args.prompt_tokens}, on {row['device']}"]
+    lines = [f"=== {profile} / {name} / {variant[0]}: {w.rows} rows ({dims['batch']} prompts x n={spec['n']}), "
+             f"{dims['prompt']}+{dims['response']} tokens, prompt tokens {args.prompt_tokens}, on {row['device']}"]
     for phase in wanted:              # on the timed pass's batch
         part = "the whole phase"
-        if phase == "generate_sequences" and 0 < args.profile_decode_steps < shape["response"]:
+        if phase == "generate_sequences" and 0 < args.profile_decode_steps < dims["response"]:
             step.decode_steps = args.profile_decode_steps
             step.call(phase)                   # its decode graph captured outside the profile
-            part = f"prefill + {step.decode_steps} of {shape['response']} decode steps, {w.rows} rows"
+            part = f"prefill + {step.decode_steps} of {dims['response']} decode steps, {w.rows} rows"
         elif phase != "generate_sequences" and w.mini_rows < w.rows:
             step.rows = w.mini_rows
             part = f"one mini-batch ({w.mini_rows} of {w.rows} rows" + (
@@ -237,6 +226,8 @@ def run_setting(profile: str, name: str, model: str, args, work: Path,
         entry = row["phases"].setdefault(phase, {})
         entry.update(wall_s=round(statistics.median(runs[phase]), 4), wall_s_runs=[round(t, 4) for t in runs[phase]],
                      first_s=round(first[phase], 4), profiled=dict(summary, what=part))
+        if phase == "generate_sequences":   # the rollout engine's speed: new tokens per second of the whole phase
+            entry["tokens_per_s"] = round(w.rows * dims["response"] / entry["wall_s"], 1)
         lines += [f"\n--- {phase}: wall {entry['wall_s']:.3f} s (median of {len(runs[phase])}); profiled {part}: "
                   f"wall {summary['wall_s']:.3f} s", table, format_summary(summary)]
     return row, "\n".join(lines)
@@ -263,21 +254,11 @@ def overview(rows: list[dict]) -> str:
                 continue
             fams = sorted(p["families_s"].items(), key=lambda kv: -kv[1])[:2]
             idle = "-" if p["device_idle_fraction"] is None else f"{100 * p['device_idle_fraction']:.0f}%"
-            mfu = "".join(f"  {k}={v:.3f}" for k, v in e.items() if k.startswith("perf/mfu"))
+            mfu = "".join(f"  {k}={v:.3f}" for k, v in e.items() if k.startswith("perf/mfu") or k == "tokens_per_s")
             lines.append(f"{row['profile']:8s} {row['setting']:10s} {row.get('variant', ''):10s} {phase:22s} "
                          f"{e.get('first_s', float('nan')):7.2f} {e['wall_s']:7.3f} {p['wall_s']:7.3f} "
                          f"{p['device_busy_s']:7.3f} {idle:>5s}  " + ", ".join(f"{k} {v:.3f}" for k, v in fams) + mfu)
     return "\n".join(lines)
-
-
-def write_results(rows: list[dict], reports: list[str], start: float, out: Path) -> str:
-    """profile_step.json and .txt with the cases so far (a run stopped at its time limit keeps them)."""
-    table = overview(rows)
-    text = table + "\n\n" + "\n\n".join(reports)
-    result = {"seconds": round(time.perf_counter() - start, 1), "cases": rows}
-    (out / "profile_step.txt").write_text(text)
-    (out / "profile_step.json").write_text(json.dumps(result, indent=1))
-    return table
 
 
 def main(argv=None) -> int:
@@ -291,22 +272,17 @@ def main(argv=None) -> int:
                     help="new tokens of the profiled generate (0: the whole response length)")
     ap.add_argument("--prompt-tokens", default="48:128", help="LO:HI real prompt tokens per row, or 'full'")
     ap.add_argument("--top", type=int, default=25, help="rows of each key_averages table")
-    ap.add_argument("--model", default=harness.MODEL, help="model folder (harness.py build-model)")
+    ap.add_argument("--model", default=harness.MODEL, help="model folder (harness.py)")
     ap.add_argument("--tiny", action="store_true", help="the tiny test model and shapes (CPU smoke runs)")
-    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                    help="one more Hydra override for every case (repeatable)")
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="more Hydra overrides")
     ap.add_argument("--variant", action="append", type=parse_variant, metavar="NAME=KEY=VALUE[,KEY=VALUE]",
-                    help="run every (profile, setting) once per variant with these extra overrides (repeatable; "
-                         "NAME= is the unchanged plan); e.g. to compare token budgets or checkpointing")
+                    help="every case once per variant with these overrides (NAME= is the plan as it is)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     (out / "traces").mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
     rows, reports = [], []
     with tempfile.TemporaryDirectory(prefix="profile_step_") as tmp:
-        model = args.model
-        if args.tiny:
-            model = harness.tiny_model(str(Path(tmp) / "tiny"))
+        model = harness.tiny_model(str(Path(tmp) / "tiny")) if args.tiny else args.model
         for profile in args.profiles.split(","):
             for name in args.settings.split(","):
                 for variant in args.variant or [("base", [])]:
@@ -321,9 +297,10 @@ def main(argv=None) -> int:
                     rows.append(row)
                     reports.append(report)
                     print(report, flush=True)
-                    _release()
-                    table = write_results(rows, reports, start, out)   # each case as it ends
-    print("\n" + table)
+                    _release()   # results written as each case ends: a run stopped at its time limit keeps them
+                    (out / "profile_step.txt").write_text(overview(rows) + "\n\n" + "\n\n".join(reports))
+                    (out / "profile_step.json").write_text(json.dumps({"cases": rows}, indent=1))
+    print("\n" + overview(rows))
     return 0 if all("error" not in r for r in rows) else 1
 
 

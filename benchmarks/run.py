@@ -1,12 +1,10 @@
 """The one runner: a named suite of benchmark steps, each a tool of this folder with its arguments.
 
-    python benchmarks/run.py SUITE [--only STEP,...] [--out DIR] [--dry-run]
-    python benchmarks/run.py --list
+    python benchmarks/run.py SUITE [--only STEP,...] [--out DIR] [--dry-run]      # --list: suites and steps
 
-Each step runs in its own process under its time limit, writing into OUT/SUITE/STEP (OUT: --out, else $OUT,
-else ./bench_out); its output is kept in STEP.log. A suite larger than one device call (10 min) is run in
-parts with --only. At the end OUT/SUITE.tgz packs the suite's folder (files over 8 MiB left out and listed),
-since the device tool returns only a few files. The model is built first when missing (harness.py).
+Each step runs in a process of its own under its time limit, into OUT/SUITE/STEP (log: OUT/SUITE/STEP.log);
+OUT/SUITE.tgz then packs the suite (files over 8 MiB left out). A suite longer than one device call runs in
+parts with --only.
 """
 from __future__ import annotations
 
@@ -28,10 +26,15 @@ SUITES = {
     "speed": {       # end-to-end s/step, MFU, peak memory; TRL beside ours; the built-in engine's decode speed
         "rows": (540, ["speed.py", "--rows", "quickstart,p40,grpo", "--steps", "3", "--timeout", "200"]),
         "trl": (300, ["speed.py", "--rows", "trl", "--steps", "3", "--timeout", "280"]),
-        "rollout": (330, ["rollout_speed.py", "--cases", "p40,h200,h200_short"]),
+        # the built-in engine's generate on the quick-start shape, compiled decode and eager; one P40 sequence
+        "rollout": (420, ["profile_step.py", "--profiles", "h200", "--settings", "quickstart", "--phases",
+                          "generate_sequences", "--steps", "2", "--prompt-tokens", "256:512", "--variant", "compiled=",
+                          "--variant", "eager=actor_rollout_ref.actor.use_torch_compile=False"]),
+        "rollout-p40": (200, ["profile_step.py", "--profiles", "p40", "--settings", "field", "--phases",
+                              "generate_sequences", "--steps", "2", "--prompt-tokens", "full"]),
     },
     "startup": {     # launch to first step, per start-up stage; run 1 fills the caches
-        "cold": (400, ["cold_start.py", "--shapes", "field", "--repeat", "4", "--timeout", "95"]),
+        "cold": (400, ["speed.py", "--rows", "p40", "--steps", "1", "--repeat", "4", "--timeout", "95"]),
     },
     "phases": {      # per phase of one step: time and kernels under the profiler; memory against the model
         "profile": (300, ["profile_step.py", "--profiles", "h200", "--settings", "quickstart,grpo"]),
@@ -59,10 +62,6 @@ def choose(suite: str, only: str | None) -> dict:
     return {name: steps[name] for name in wanted}
 
 
-def command(tool_args: list[str], out: Path) -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve().parent / tool_args[0]), *tool_args[1:], "--out", str(out)]
-
-
 def pack(folder: Path, target: Path) -> list[str]:
     """Tar the suite's folder; files over PACK_FILE_LIMIT stay out (returned)."""
     left_out = []
@@ -84,24 +83,23 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="list the suites and their steps")
     args = ap.parse_args(argv)
     if args.list or not args.suite:
-        for suite, steps in SUITES.items():
-            for name, (seconds, tool) in steps.items():
-                print(f"{suite:8s} {name:14s} {seconds:4d} s  {' '.join(tool)}")
+        print("\n".join(f"{suite:8s} {name:14s} {sec:4d} s  {' '.join(tool)}" for suite, steps in SUITES.items()
+                        for name, (sec, tool) in steps.items()))
         return 0 if args.list else 2
-    steps = choose(args.suite, args.only)
     folder = Path(args.out) / args.suite
+    steps = {name: (sec, [sys.executable, str(harness.ROOT / "benchmarks" / tool[0]), *tool[1:], "--out",
+                          str(folder / name)]) for name, (sec, tool) in choose(args.suite, args.only).items()}
     if args.dry_run:
-        for name, (seconds, tool) in steps.items():
-            print(f"{name} ({seconds} s): {' '.join(command(tool, folder / name))}")
+        print("\n".join(f"{name} ({sec} s): {' '.join(cmd)}" for name, (sec, cmd) in steps.items()))
         return 0
     harness.ensure_model()
     start, failed = time.time(), []
-    for name, (seconds, tool) in steps.items():
+    for name, (seconds, cmd) in steps.items():
         (folder / name).mkdir(parents=True, exist_ok=True)
         with open(folder / f"{name}.log", "w") as log:
             try:
-                rc = subprocess.run(command(tool, folder / name), stdout=log, stderr=subprocess.STDOUT, cwd=harness.ROOT,
-                                    env=harness.env(), timeout=seconds).returncode
+                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=harness.ROOT, env=harness.env(),
+                                    timeout=seconds).returncode
             except subprocess.TimeoutExpired:
                 rc = "timeout"
         print(f"{args.suite}/{name}: exit {rc} at {time.time() - start:.0f} s; tail of {name}.log:", flush=True)

@@ -1,16 +1,12 @@
 """End-to-end speed of the stock `python -m verl.trainer.main_ppo`, one row per setting, TRL beside it.
 
-Rows (harness.py's settings, each in its own process):
-  quickstart  upstream's quick-start shape on the present GPU: s/step, phases, actor/critic MFU, cold start
-  p40         the field report's settings under the simulated P40: s/step, peak memory, cold start
-  p40_manual  the same with the field report's hand-made plan (float32, eager, every offload)
-  grpo        GRPO 64 x 4 samples x 512 new tokens, KL loss: s/step
-  trl         TRL's GRPOTrainer on the GRPO row's shape (skipped when `trl` does not import)
-
-s/step is the median of the steps after the first. MFU is upstream's perf/mfu/*: the update's model FLOPs
-over its time and the device profile's dense peak.
+Rows (harness.py's settings): quickstart, p40 (the field report under the simulated P40; unsimulated without a
+GPU), p40_manual (its hand-made float32 plan), grpo, trl (TRL's GRPOTrainer on the GRPO shape, when installed).
+Per row: s/step (median after step 1), phases, MFU, peak memory, cold start (launch to the first step's
+record) and the trainer's start-up stages; `--repeat N` gives medians over N runs.
 
     python benchmarks/speed.py --rows quickstart,p40,grpo --steps 3 --out DIR [--extra KEY=VALUE ...]
+    python benchmarks/speed.py --rows p40 --steps 1 --repeat 4 --out DIR          # cold start
 """
 from __future__ import annotations
 
@@ -29,16 +25,29 @@ ROWS = {"quickstart": harness.QUICKSTART, "p40": harness.P40, "p40_manual": harn
         "grpo": harness.GRPO, "trl": None}
 
 
-def run_row(name: str, steps: int, timeout: int, out: Path, extra: list[str]) -> dict:
+def run_row(name: str, steps: int, timeout: int, out: Path, extra: list[str], gpu: bool) -> dict:
     """One main_ppo run: its launch record and the summary of its steps."""
     jsonl, log = out / f"{name}.jsonl", out / f"{name}.log"
-    overrides = [*harness.common(), *ROWS[name], *extra, f"trainer.total_training_steps={steps}"]
+    settings = [o for o in ROWS[name.rsplit("_", 1)[0]] if gpu or not o.startswith("compat.device=")]
+    overrides = [*harness.common(), *settings, *extra, f"trainer.total_training_steps={steps}"]
     row = {"name": name, **harness.launch_main_ppo(overrides, jsonl, log, timeout)}
     try:
         row.update(harness.summarize(jsonl))
     except SystemExit as err:   # no step logged: keep the log's tail for the report
         row.update(error=str(err), log_tail=log.read_text()[-3000:])
     return row
+
+
+def repeated(name: str, args, out: Path, gpu: bool) -> dict:
+    """The row run `--repeat` times: the last run's summary, the median cold start and start-up stages."""
+    runs = [run_row(f"{name}_{i}", args.steps, args.timeout, out, args.extra, gpu) for i in range(args.repeat)]
+    ok = [r for r in runs if r.get("startup_s")]
+    stages = dict.fromkeys(k for r in ok for k in r["startup_s"])
+    median = lambda values: round(statistics.median(values), 2) if values else None  # noqa: E731
+    return {**runs[-1], "name": name, "exits": [r["exit"] for r in runs],
+            "cold_start_to_first_step_s": median([r["cold_start_to_first_step_s"] for r in ok]),
+            "cold_start_runs_s": [r["cold_start_to_first_step_s"] for r in runs],
+            "startup_s": {k: median([r["startup_s"][k] for r in ok if k in r["startup_s"]]) for k in stages}}
 
 
 TRL_SCRIPT = r'''
@@ -114,6 +123,10 @@ def table(rows: dict) -> str:
         if skipped:
             lines.append(f"\nWARNING {name}: optimizer steps skipped on a non-finite grad norm {skipped}: "
                          "its timings include no optimizer step\n")
+    stages = list(dict.fromkeys(k for r in rows.values() for k in r.get("startup_s") or {}))
+    lines += ["", "| start-up stage, s | " + " | ".join(rows) + " |", "|---|" + "---|" * len(rows)]
+    lines += [f"| {k} | " + " | ".join(str((r.get("startup_s") or {}).get(k, "")) for r in rows.values()) + " |"
+              for k in stages]
     return "\n".join(lines) + "\n"
 
 
@@ -121,7 +134,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="quickstart,p40,grpo,trl", help=f"comma-separated: {', '.join(ROWS)}")
     ap.add_argument("--steps", type=int, default=3, help="training steps per row (the first is warm-up)")
-    ap.add_argument("--timeout", type=int, default=240, help="seconds per row")
+    ap.add_argument("--timeout", type=int, default=240, help="seconds per run")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per row (cold start: medians over them)")
     ap.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every main_ppo row")
     ap.add_argument("--out", default="speed_out")
     args = ap.parse_args(argv)
@@ -131,14 +145,15 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     harness.ensure_model()
-    rows = {}
+    import torch
+
+    gpu, rows = torch.cuda.is_available(), {}
     for name in wanted:
-        rows[name] = (run_trl(args.steps, args.timeout, out) if name == "trl"
-                      else run_row(name, args.steps, args.timeout, out, args.extra))
+        rows[name] = run_trl(args.steps, args.timeout, out) if name == "trl" else repeated(name, args, out, gpu)
         print(f"{name}: exit {rows[name].get('exit')}, {rows[name].get('s_per_step')} s/step", flush=True)
     (out / "speed.json").write_text(json.dumps(rows, indent=1))
     print(table(rows))
-    return 0 if all(r.get("exit", 0) == 0 for r in rows.values()) else 1
+    return 0 if all(set(r.get("exits", [r.get("exit", 0)])) == {0} for r in rows.values()) else 1
 
 
 if __name__ == "__main__":
