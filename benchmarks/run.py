@@ -24,7 +24,7 @@ ALL_PROFILES = "p40,p100,v100-16gb,t4,rtx3090,a100-40gb,h200"
 # suite -> step -> (seconds, tool and its arguments); `{out}` is the step's folder
 SUITES = {
     "speed": {       # end-to-end s/step, MFU, peak memory; TRL beside ours; the built-in engine's decode speed
-        "rows": (540, ["speed.py", "--rows", "quickstart,p40,grpo", "--steps", "3", "--timeout", "200"]),
+        "rows": (540, ["speed.py", "--rows", "quickstart,p40,grpo", "--steps", "3", "--timeout", "170"]),
         "trl": (300, ["speed.py", "--rows", "trl", "--steps", "3", "--timeout", "280"]),
         # the built-in engine's generate on the quick-start shape, compiled decode and eager; one P40 sequence
         "rollout": (420, ["profile_step.py", "--profiles", "h200", "--settings", "quickstart", "--phases",
