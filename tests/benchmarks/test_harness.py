@@ -31,3 +31,22 @@ def test_the_first_step_carries_the_startup_breakdown_and_mfu_is_a_median(tmp_pa
     s = summarize(run)
     assert s["startup_s"] == {"total": 20.0, "ray_init": 3.5}
     assert s["mfu"] == {"actor": 0.3, "critic": None}     # steps 2+ only
+
+
+def test_speed_repeats_a_row_and_reports_median_cold_start_and_stages(monkeypatch, tmp_path):
+    """`speed.py --repeat`: the cold start and each start-up stage are medians over the runs that logged a step;
+    a run that logged none still shows in the exits."""
+    import argparse
+
+    import speed
+
+    runs = iter([{"exit": 0, "cold_start_to_first_step_s": 30.0, "startup_s": {"total": 28.0, "ray_init": 9.0}},
+                 {"exit": 0, "cold_start_to_first_step_s": 14.0, "startup_s": {"total": 12.0, "ray_init": 3.0}},
+                 {"exit": 1, "cold_start_to_first_step_s": None},
+                 {"exit": 0, "cold_start_to_first_step_s": 16.0, "startup_s": {"total": 13.0, "ray_init": 4.0}}])
+    monkeypatch.setattr(speed, "run_row", lambda *a: dict(next(runs)))
+    args = argparse.Namespace(repeat=4, steps=1, timeout=10, extra=[])
+    row = speed.repeated("p40", args, tmp_path, gpu=False)
+    assert row["exits"] == [0, 0, 1, 0] and row["name"] == "p40"
+    assert row["cold_start_to_first_step_s"] == 16.0 and row["startup_s"] == {"total": 13.0, "ray_init": 4.0}
+    assert "| ray_init | 4.0 |" in speed.table({"p40": row})
