@@ -1,27 +1,14 @@
-"""The GPU matrix: the stock `python -m verl.trainer.main_ppo` under each simulated device profile, for
-PPO (GAE + critic) and GRPO with the KL loss, on the Qwen2.5-0.5B shape; one table of exit status,
-s/step and predicted vs measured peak memory, training and validation phases both.
+"""The device matrix: the stock `main_ppo` under each simulated device profile, PPO and GRPO, on the
+Qwen2.5-0.5B shape: exit, s/step, predicted (the doctor's `--json` plan) vs measured peak memory, per step and
+per phase (perf/max_memory_allocated_gb never resets: steps before the first validation give the training peak).
+Cells run in parallel while their memory caps fit `--budget-gb`.
 
-Each cell runs the stock command with `compat.device=<profile>` (the process caps its GPU memory at the
-profile's size and turns TF32 / the SDPA flash kernel off as that device would), 4 training steps of a
-small shape (batch 8, 256 + 128 tokens) with validation every 2 steps on a small validation set
-(`data.val_max_samples` = `data.val_batch_size` = 256 prompts, so the plan sizes its validation phase for
-that set). Cells run in parallel while their memory caps fit the GPU (`--budget-gb`).
-
-Predicted: the doctor's `--json` plan for the same overrides (`python -m verl.compat --json ...`): the
-training phases' peak and the validation phase. Measured: `perf/max_memory_allocated_gb` in the file
-logger's JSON lines (the worker's allocator peak so far; it never resets): the last step before the first
-validation is the training peak, a step after it carries the validation's peak too.
-
-    python benchmarks/gpu_matrix.py --assets .gpu-assets --out "$OUT"      # ~8 min on one H200
-
-Needs .gpu-assets/ as benchmarks/gpu_e2e.sh does (tok/ with the Qwen tokenizer, gsm8k/ parquet files).
+    python benchmarks/gpu_matrix.py --profiles p40,t4,a100-40gb,h200 --out DIR
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -29,14 +16,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from summarize_run import summarize  # noqa: E402
+import harness  # noqa: E402
+from harness import ARR, ROOT, env as _env  # noqa: E402
 
 PROFILES = "p40,p100,v100-16gb,t4,rtx3090,a100-40gb,h200"
-ARR = "actor_rollout_ref"
 ALGOS = {
     "ppo": ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=4"],
     "grpo": ["algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=True", f"{ARR}.actor.kl_loss_coef=0.001",
@@ -78,8 +63,8 @@ def predicted(args, profile: str, algo: str, model: str) -> dict:
 
 
 def measured(jsonl: Path, test_freq: int) -> dict:
-    """s/step and the allocator peaks from the run's JSON lines (summarize_run.py)."""
-    s = summarize(str(jsonl))
+    """s/step and the allocator peaks from the run's JSON lines."""
+    s = harness.summarize(jsonl)
     by_step = [v for v in s["max_allocated_gb_by_step"]]
     before = [v for v in by_step[:test_freq] if isinstance(v, (int, float))]
     after = [v for v in by_step[test_freq:] if isinstance(v, (int, float))]
@@ -92,12 +77,6 @@ def measured(jsonl: Path, test_freq: int) -> dict:
 # the workers' phase names (perf/max_memory_allocated_gb/<name>, as timing_s/<name>) -> the plan's phases
 PHASES = {"gen": "rollout", "validation": "validation", "old_log_prob": "log_prob", "ref": "ref",
           "values": "values", "update_critic": "critic_update", "update_actor": "actor_update"}
-
-
-def _env(**extra) -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", **extra)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    return env
 
 
 class MemoryBudget:
@@ -123,26 +102,21 @@ def run_cell(args, cell: tuple[str, str], model: str, plan: dict, budget: Memory
     name = f"{profile}_{algo}"
     out = Path(args.out)
     jsonl, log = out / f"{name}.jsonl", out / f"{name}.log"
-    jsonl.unlink(missing_ok=True)
     # a simulated profile caps itself at its size; uncapped (the real device), its plan's need + 4 GiB
     need = plan.get("limit_gb") if plan.get("simulated") else (plan.get("required_gb") or args.budget_gb) + 4
     need = min(need or args.budget_gb, args.budget_gb)
     budget.take(need)
     start = time.time()
-    try:
-        with open(log, "w") as f:
-            cmd = ["timeout", str(args.cell_timeout), sys.executable, "-m", "verl.trainer.main_ppo",
-                   *overrides(args, profile, algo, model)]
-            # each run starts its own Ray instance: a private temp dir keeps parallel ones apart
-            env = _env(VERL_FILE_LOGGER_PATH=str(jsonl), RAY_TMPDIR=f"/tmp/ray_{name}")
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env).returncode
+    try:   # each run starts its own Ray instance: a private temp dir keeps parallel ones apart
+        rc = harness.launch_main_ppo(overrides(args, profile, algo, model), jsonl, log, args.cell_timeout,
+                                     RAY_TMPDIR=f"/tmp/ray_{name}")["exit"]
     finally:
         budget.give(need)
     row = {"profile": profile, "algo": algo, "exit": rc, "wall_s": round(time.time() - start, 1), "predicted": plan}
-    if jsonl.exists() and jsonl.stat().st_size:
+    if jsonl.exists():
         try:
             row["measured"] = measured(jsonl, args.test_freq)
-        except SystemExit as exc:      # summarize_run: no step logged
+        except SystemExit as exc:      # no step logged
             row["measured_error"] = str(exc)
     if rc != 0:
         row["error"] = _last_error(log)
@@ -157,9 +131,7 @@ def _last_error(log: Path) -> str:
 
 
 def _pct(pred, meas) -> str:
-    if not isinstance(pred, (int, float)) or not meas:
-        return "-"
-    return f"{100 * (pred - meas) / meas:+.1f}%"
+    return f"{100 * (pred - meas) / meas:+.1f}%" if isinstance(pred, (int, float)) and meas else "-"
 
 
 def table(rows: list[dict]) -> str:
@@ -196,25 +168,18 @@ def phase_table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--assets", default=".gpu-assets", help="tok/ (Qwen tokenizer) and gsm8k/ (parquet files)")
-    ap.add_argument("--out", default=os.environ.get("OUT", "gpu_out"))
-    ap.add_argument("--model", default="/tmp/qwen05b-random", help="built by build_qwen_shaped.py when missing")
+    ap.add_argument("--assets", default=harness.ASSETS, help="tok/ (Qwen tokenizer) and gsm8k/ (parquet files)")
+    ap.add_argument("--out", default="matrix_out")
+    ap.add_argument("--model", default=harness.MODEL, help="built by harness.py when missing")
     ap.add_argument("--profiles", default=PROFILES)
     ap.add_argument("--algos", default="ppo,grpo")
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--prompt", type=int, default=256)
-    ap.add_argument("--response", type=int, default=128)
-    ap.add_argument("--val", type=int, default=256, help="validation prompts (data.val_max_samples and val_batch_size)")
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--test-freq", type=int, default=2)
+    for name, default in (("batch", 8), ("prompt", 256), ("response", 128), ("val", 256), ("steps", 4),
+                          ("test-freq", 2), ("jobs", 6), ("cell-timeout", 420)):   # --val: validation prompts
+        ap.add_argument(f"--{name}", type=int, default=default)
     ap.add_argument("--budget-gb", type=float, default=128, help="GPU memory the parallel cells may reserve")
-    ap.add_argument("--jobs", type=int, default=6)
-    ap.add_argument("--cell-timeout", type=int, default=420)
     args = ap.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    if not (Path(args.model) / "config.json").exists():
-        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "build_qwen_shaped.py"), args.model,
-                        "--tokenizer", str(Path(args.assets) / "tok")], check=True)
+    harness.ensure_model(args.model, args.assets)
     cells = [(p, a) for p in args.profiles.split(",") for a in args.algos.split(",")]
     start = time.time()
     with ThreadPoolExecutor(max_workers=4) as pool:
@@ -230,7 +195,6 @@ def main(argv=None) -> int:
     (Path(args.out) / "gpu_matrix.md").write_text(text + "\n")
     (Path(args.out) / "gpu_matrix.json").write_text(json.dumps(
         {"seconds": round(time.time() - start, 1), "settings": vars(args), "cells": rows}, indent=1))
-    print(f"\n{len(rows)} cells in {time.time() - start:.0f} s; wrote {args.out}/gpu_matrix.md and .json")
     return 0 if all(r["exit"] == 0 for r in rows) else 1
 
 

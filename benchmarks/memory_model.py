@@ -1,36 +1,18 @@
 """Memory model vs the real workers: each phase's peak allocated memory, predicted and measured.
 
-For each (device profile, setting, algorithm) the stock config is composed as `main_ppo` composes it,
-planned by the real planner (`verl.compat.build_plan`: `compat.device=NAME` simulates the device, i.e.
-caps the process's GPU memory and switches TF32 and the SDPA flash kernel off as that device would),
-resolved, and the real `ActorRolloutRefWorker` and `CriticWorker` are built in one process (as the
-trainer colocates them on a device) and driven through the step's phases: generate, old log-prob,
-reference log-prob, values, update_critic, update_actor, then a validation generate. One warm-up update
-runs first, unmeasured, so AdamW's states exist as they do from step 2 of a real run on.
+Per (device profile, setting, algorithm), in a process of its own, the real workers (worker_harness.py) run
+one unmeasured warm-up update (AdamW's states), then every phase and a validation generate. Measured:
+`torch.cuda.max_memory_allocated`; on CPU the bytes of the storages each phase creates (`LiveBytes`).
+Prints the table and calibration hints for verl/compat/memory.py; writes memory_model.json.
 
-Measured per phase: `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats` (what the plan's
-`predicted_peak_gb` predicts). On CPU (smoke runs and tests) the bytes of every tensor storage created
-while the phase runs, on top of the workers' resident state (`LiveBytes`), stand in for the allocator.
-
-Each case runs in its own process (simulated limits, TF32 and the process group are per process), up to
-`--jobs` at once; every case caps its own memory, so cases whose caps add up to the GPU's memory can
-share it. Prints one table, writes `memory_model.json` (rows + per-term predictions) to `--out`, and
-ends with the calibration hints: per term family, how far measured is from predicted.
-
-    python benchmarks/memory_model.py --model /tmp/qwen05b-random --profiles p40,t4,a100-40gb,h200 \
-        --settings field_report --algos ppo,grpo --jobs 3 --out "$OUT"
-    python benchmarks/memory_model.py --model /tmp/qwen05b-random --settings matrix --val-rows 256 \
-        --profiles p40,p100,v100-16gb,t4,rtx3090,a100-40gb,h200 --algos ppo,grpo --jobs 3 --out "$OUT"
-    python benchmarks/memory_model.py --tiny --profiles cpu --settings tiny --out /tmp/mm   # CPU smoke
-    python benchmarks/memory_model.py --model QWEN_2_LAYERS --profiles cpu --settings qwen_cpu \
-        --val-rows 32 --out /tmp/mm        # CPU check of the vocabulary-sized terms (~6 min, ~7 GB)
+    python benchmarks/memory_model.py --profiles p40,t4,h200 --settings matrix --val-rows 256 --jobs 3 --out DIR
+    python benchmarks/memory_model.py --tiny --profiles cpu --settings tiny --in-process --out /tmp/mm   # CPU
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -39,37 +21,19 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from worker_harness import ARR, StepPhases, build_workers, stock_overrides, synthetic_step_batch  # noqa: E402
+import harness  # noqa: E402
+from worker_harness import ARR, SHAPES, StepPhases, build_workers, stock_overrides, synthetic_step_batch  # noqa: E402
 
 GiB = 1024 ** 3
 
-# Shapes: (train prompts, mini-batch, micro-batch, log-prob micro, ref micro, prompt, response).
-SETTINGS = {
-    # the field report: batch 1, micro-batch 1, 256 + 256 tokens (validation: the whole GSM8K test set)
-    "field_report": dict(batch=1, mini=1, micro=1, log_prob_micro=1, ref_micro=1, prompt=256, response=256),
-    # upstream's quick start: batch 256, mini 64, micro 4 (log-prob micro 8 / ref 4), 512 + 512
-    "quickstart": dict(batch=256, mini=64, micro=4, log_prob_micro=8, ref_micro=4, prompt=512, response=512),
-    # the GPU matrix's shape (benchmarks/gpu_matrix.sh)
-    "matrix": dict(batch=8, mini=8, micro=4, log_prob_micro=8, ref_micro=8, prompt=256, response=128),
-    # CPU check of the formulas on a reduced Qwen shape (build_qwen_shaped.py --layers 2): real vocabulary
-    "qwen_cpu": dict(batch=2, mini=2, micro=1, log_prob_micro=2, ref_micro=2, prompt=128, response=32),
-    # CPU smoke and tests: the tiny model
-    "tiny": dict(batch=2, mini=2, micro=1, log_prob_micro=2, ref_micro=2, prompt=16, response=4),
-}
+SETTINGS = {k: SHAPES[k] for k in ("field_report", "quickstart", "matrix", "qwen_cpu", "tiny")}
 ALGOS = {
     "ppo": ["algorithm.adv_estimator=gae"],                                           # GAE + critic
     "grpo": ["algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=True", f"{ARR}.rollout.n=2"],
 }
 PHASES = ("rollout", "log_prob", "ref", "values", "critic_update", "actor_update", "validation")
-
-
-def overrides(setting: dict, algo: str, profile: str, model: str, val_rows: int | None) -> list[str]:
-    """The stock command's Hydra overrides for one case (hardware keys left to the planner)."""
-    return stock_overrides(setting, profile, model, val_rows) + ALGOS[algo]
 
 
 # ----------------------------------------------------------------------------- measurement
@@ -174,7 +138,7 @@ def run_case(profile: str, setting_name: str, algo: str, model: str, val_rows: i
     import torch
 
     setting = SETTINGS[setting_name]
-    w = build_workers(overrides(setting, algo, profile, model, val_rows) + list(extra))
+    w = build_workers(stock_overrides(setting, profile, model, val_rows) + ALGOS[algo] + list(extra))
     plan = w.plan
     # phase totals from the terms (kept to 0.1 MiB; the rounded totals would swamp a tiny model's phases)
     predicted = {k: round(sum(t.values()), 4) for k, t in plan.memory.get("phases", {}).items()}
@@ -215,35 +179,16 @@ def run_case(profile: str, setting_name: str, algo: str, model: str, val_rows: i
 
 # ----------------------------------------------------------------------------- driver
 
-def _child(args) -> int:
-    row = run_case(args.profiles, args.settings, args.algos, args.model, args.val_rows, tuple(args.override))
-    Path(args.json).write_text(json.dumps(row, indent=1))
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return 0
-
-
-def _run_child(case: tuple[str, str, str], args, workdir: Path) -> dict:
-    profile, setting, algo = case
-    path = workdir / f"{profile}_{setting}_{algo}.json"
-    cmd = [sys.executable, __file__, "--child", "--profiles", profile, "--settings", setting, "--algos", algo,
-           "--model", args.model, "--json", str(path)]
-    if args.val_rows is not None:
-        cmd += ["--val-rows", str(args.val_rows)]
-    for item in args.override:
-        cmd += ["--override", item]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    start = time.time()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.case_timeout)
-    if proc.returncode != 0 or not path.exists():
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-12:]
-        return {"profile": profile, "setting": setting, "algo": algo, "error": f"exit {proc.returncode}",
-                "log_tail": tail, "wall_s": round(time.time() - start, 1)}
-    row = json.loads(path.read_text())
-    row["wall_s"] = round(time.time() - start, 1)
-    return row
+def _run_child(argv: list[str], case: tuple[str, str, str], model: str, timeout: float, workdir: Path) -> dict:
+    """One case in a process of its own: this command again, narrowed to the case (later options win)."""
+    path, start = workdir / ("_".join(case) + ".json"), time.time()
+    cmd = [sys.executable, __file__, *argv, "--profiles", case[0], "--settings", case[1], "--algos", case[2],
+           "--model", model, "--child", str(path)]
+    proc = subprocess.run(cmd, env=harness.env(), capture_output=True, text=True, timeout=timeout)
+    row = json.loads(path.read_text()) if proc.returncode == 0 and path.exists() else dict(
+        zip(("profile", "setting", "algo"), case), error=f"exit {proc.returncode}",
+        log_tail=(proc.stdout + proc.stderr).strip().splitlines()[-12:])
+    return {**row, "wall_s": round(time.time() - start, 1)}
 
 
 def format_table(rows: list[dict]) -> str:
@@ -290,51 +235,45 @@ def calibration_hints(rows: list[dict], tolerance: float = 0.15) -> list[str]:
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", help="folder for memory_model.json (default: $OUT or .)")
+    ap.add_argument("--out", default="memory_out", help="folder for memory_model.json")
     ap.add_argument("--profiles", default="p40,t4,a100-40gb,h200", help="catalog names; cpu on a CPU-only host")
     ap.add_argument("--settings", default="field_report", help=f"comma-separated: {', '.join(SETTINGS)}")
     ap.add_argument("--algos", default="ppo,grpo", help="ppo (GAE + critic), grpo (use_kl_loss, n=2)")
-    ap.add_argument("--model", help="model folder (config.json + tokenizer); e.g. benchmarks/build_qwen_shaped.py's")
+    ap.add_argument("--model", default=harness.MODEL, help="model folder (harness.py)")
     ap.add_argument("--tiny", action="store_true", help="build and use the tiny test model (CPU smoke runs)")
-    ap.add_argument("--val-rows", type=int, default=None,
-                    help="data.val_batch_size for the validation phase (default: null, one full chunk generated)")
-    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                    help="one more Hydra override for every case (repeatable)")
+    ap.add_argument("--val-rows", type=int, help="data.val_batch_size of the validation phase (default: one chunk)")
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="more Hydra overrides")
     ap.add_argument("--jobs", type=int, default=1, help="cases run at once (each caps its own memory)")
-    ap.add_argument("--in-process", action="store_true",
-                    help="run every case in this process (CPU smoke runs and tests; a simulated GPU needs its own)")
+    ap.add_argument("--in-process", action="store_true", help="every case in this process (CPU runs and tests)")
     ap.add_argument("--case-timeout", type=float, default=600)
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--json", help=argparse.SUPPRESS)
+    ap.add_argument("--child", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        return _child(args)
-    with tempfile.TemporaryDirectory(prefix="memory_model_") as tmp:
-        if args.tiny:
-            from verl.utils.tiny_model import build_tiny_model_dir
+        row = run_case(args.profiles, args.settings, args.algos, args.model, args.val_rows, tuple(args.override))
+        Path(args.child).write_text(json.dumps(row, indent=1))
+        import torch.distributed as dist
 
-            args.model = build_tiny_model_dir(str(Path(tmp) / "tiny"), hidden_size=64, num_layers=2,
-                                              intermediate_size=128, num_heads=4, num_kv_heads=2)
-        if not args.model:
-            ap.error("--model DIR or --tiny")
+        if dist.is_initialized():     # a group left open can abort the process at exit
+            dist.destroy_process_group()
+        return 0
+    start = time.time()
+    with tempfile.TemporaryDirectory(prefix="memory_model_") as tmp:
+        model = harness.tiny_model(str(Path(tmp) / "tiny")) if args.tiny else harness.ensure_model(args.model)
         cases = [(p, s, a) for p in args.profiles.split(",") for s in args.settings.split(",")
                  for a in args.algos.split(",")]
-        start = time.time()
         if args.in_process:
-            rows = [run_case(*case, args.model, args.val_rows, tuple(args.override)) for case in cases]
+            rows = [run_case(*case, model, args.val_rows, tuple(args.override)) for case in cases]
         else:
             with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
-                rows = list(pool.map(lambda c: _run_child(c, args, Path(tmp)), cases))
-    table = format_table(rows)
+                rows = list(pool.map(lambda c: _run_child(argv, c, model, args.case_timeout, Path(tmp)), cases))
     hints = calibration_hints(rows)
-    print(table)
-    print("\ncalibration (verl/compat/memory.py):\n" + "\n".join(f"  {h}" for h in hints))
-    out = Path(args.out or os.environ.get("OUT") or ".")
+    print(format_table(rows) + "\n\ncalibration (verl/compat/memory.py):\n" + "\n".join(f"  {h}" for h in hints))
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "memory_model.json").write_text(json.dumps(
         {"seconds": round(time.time() - start, 1), "cases": rows, "calibration": hints}, indent=1))
-    print(f"\nwrote {out / 'memory_model.json'} ({time.time() - start:.0f} s)")
     return 0 if all("error" not in r for r in rows) else 1
 
 

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from launch import launch_main_ppo  # noqa: E402
+import harness  # noqa: E402
 
 ARR = "actor_rollout_ref"
 GOALS = ("p40:1.5b:full", "p40:3b:full", "p40:7b:lora", "t4:1.5b:full", "t4:7b:qlora",
@@ -79,14 +79,14 @@ def prepare_assets(assets: Path) -> None:
 
 
 def build_model(models: Path, shape: str, tokenizer: Path) -> Path:
+    """The shape's random-weight model under `models` (built on the GPU when there is one, saved in half size)."""
     out = models / f"qwen2.5-{shape}"
     if not (out / "config.json").exists():
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        subprocess.run([sys.executable, str(ROOT / "benchmarks/build_qwen_shaped.py"), str(out), "--tokenizer",
-                        str(tokenizer), "--shape", f"qwen2.5-{shape}", "--init-device", device,
-                        "--save-dtype", "bfloat16"], check=True)
+        harness.build_model(str(out), str(tokenizer), shape_name=f"qwen2.5-{shape}", init_device=device,
+                            save_dtype="bfloat16")
     return out
 
 
@@ -148,7 +148,7 @@ def run_cell(cell, args, assets: Path) -> dict:
     if args.plan_only or "refused" in row["plan"]:
         return row
     out = Path(args.out)
-    run = launch_main_ppo(overrides, out / f"{name}.jsonl", out / f"{name}.log", args.timeout)
+    run = harness.launch_main_ppo(overrides, out / f"{name}.jsonl", out / f"{name}.log", args.timeout)
     row["run"] = {**run, **measured(out / f"{name}.jsonl")}
     row["phases"] = judge(row["plan"], row["run"])
     return row

@@ -1,81 +1,35 @@
-"""Where a training step's time goes: each phase timed, then run under the torch profiler.
+"""Where a training step's time goes: each phase timed, then run under the torch profiler (benchmarks/README.md).
 
-For each (device profile, setting) the real workers are built from the real plan in one process
-(`worker_harness.build_workers`, as `memory_model.py` builds them) and driven through the step's phases
-in the trainer's order: generate_sequences, compute_log_prob, compute_ref_log_prob, compute_values,
-update_critic, update_actor (the ones the setting's algorithm runs).
+Per (device profile, setting, variant) the real workers (worker_harness.py) run every phase once as warm-up
+(`first s`), `--steps` timed passes (median wall, perf/mfu/*, generate's tokens/s), then one profiled pass on
+a slice (one mini-batch; `--profile-decode-steps` new tokens). Writes profile_step.{json,txt} and traces/.
 
-  1. warm-up: every phase once (CUDA graphs captured, AdamW's states created, kernels autotuned);
-     Each phase's first call is timed too (`first_s`, the table's "first s": one-time costs such as
-     torch.compile's, under the plan's torch_compile, show as first s minus wall s);
-  2. timed: `--steps` passes, each phase's wall time between device synchronisations (the median is
-     reported, with upstream's perf/mfu/* of the updates);
-  3. profiled: one more pass, each phase under `torch.profiler` (CPU + CUDA activities), on a slice of
-     the work by default, since the profiler's cost grows with every op and kernel it records (a whole
-     256 x 512-token generate is hundreds of thousands of kernels): scoring and updates on the first
-     mini-batch's rows (an update: one optimizer step), generate with `--profile-decode-steps` new
-     tokens (32; its graph captured first, outside the profile). `--profile-rows all` and
-     `--profile-decode-steps 0` profile whole phases.
-
-Per phase it prints the top ops/kernels by self device time (the profiler's key_averages table; self
-CPU time on a CPU-only run), on a GPU also the top ops by self CPU time (the host's share: FSDP hooks,
-dispatch), and a summary: device time per family (gemm, attention, elementwise/other, optimizer,
-collectives, memcpy/memset), busy time (the union of kernel intervals), the device-idle fraction
-(1 - busy / wall: launch and host overhead, syncs), the kernel count and mean kernel time, the host's
-synchronising calls and the aten ops dispatched. Writes `profile_step.json` and `profile_step.txt` (the tables) to `--out`
-and packs them with the gzipped chrome traces into `--out/profile_step.tgz`.
-
-    python benchmarks/profile_step.py --model /tmp/qwen05b-random --profiles h200 --settings quickstart,grpo \
-        --out "$OUT"
-    python benchmarks/profile_step.py --settings quickstart --phases update_critic,update_actor \
-        --variant base= --variant budget64k=actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536 --out "$OUT"
-    python benchmarks/profile_step.py --tiny --profiles cpu --out /tmp/prof     # CPU smoke (~20 s)
-    python benchmarks/profile_step.py --settings quickstart --phases compute_log_prob,compute_values,update_critic,update_actor \
-        --steps 2 --variant eager=actor_rollout_ref.actor.use_torch_compile=False \
-        --variant compiled=actor_rollout_ref.actor.use_torch_compile=True --out "$OUT"   # torch.compile on vs off
-
-`--variant NAME=KEY=VALUE[,KEY=VALUE]` (repeatable) runs each (profile, setting) once per variant with
-those overrides on top, so one call compares plans (token budgets, checkpointing) side by side.
-
-Prompts are random tokens, left-padded, with `--prompt-tokens LO:HI` real tokens per row (default 48:128,
-GSM8K-like: its prompts are 42-217 tokens with the Qwen chat template, median 79); responses run to full
-length (ignore_eos), as a random-weight model's do.
+    python benchmarks/profile_step.py --profiles h200 --settings quickstart,grpo --out DIR
+    python benchmarks/profile_step.py --tiny --profiles cpu --out /tmp/prof     # CPU smoke
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gzip
 import json
-import os
-import shutil
 import statistics
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from worker_harness import ARR, PHASES, StepPhases, build_workers, stock_overrides  # noqa: E402
+import harness  # noqa: E402
+from worker_harness import ARR, PHASES, SHAPES, StepPhases, build_workers, shape, stock_overrides  # noqa: E402
 
-_GRPO = ["algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=True", f"{ARR}.actor.kl_loss_coef=0.001",
-         f"{ARR}.actor.kl_loss_type=low_var_kl", f"{ARR}.actor.entropy_coeff=0", "algorithm.use_kl_in_reward=False"]
-# Each setting: the shape (prompts, mini-batch in prompts, micro-batches per GPU, lengths), rollout.n and
-# the algorithm's overrides; `tiny` is the same setting shrunk for the tiny model (CPU smoke runs).
+# Each setting: its shape, rollout.n and the algorithm's overrides; `tiny`, the shape for the tiny model (CPU).
 SETTINGS = {
-    # upstream's quick start (PPO with GAE and a critic): batch 256, mini 64, micro 4 (log-prob 8, ref 4)
-    "quickstart": dict(shape=dict(batch=256, mini=64, micro=4, log_prob_micro=8, ref_micro=4, prompt=512, response=512),
-                       n=1, algo=["algorithm.adv_estimator=gae", "algorithm.kl_ctrl.kl_coef=0.001"],
-                       tiny=dict(batch=4, mini=2, micro=1, log_prob_micro=2, ref_micro=2, prompt=16, response=8)),
-    # issue 8's GRPO row: 64 prompts x 4 samples, 512 + 512, KL loss (low_var_kl, 0.001); mini-batch a
-    # quarter of the batch as in upstream's GRPO examples (benchmarks/speed.py's grpo row)
-    "grpo": dict(shape=dict(batch=64, mini=16, micro=16, log_prob_micro=16, ref_micro=16, prompt=512, response=512),
-                 n=4, algo=_GRPO,
-                 tiny=dict(batch=2, mini=1, micro=2, log_prob_micro=2, ref_micro=2, prompt=16, response=8)),
+    "field": dict(shape=SHAPES["field_report"], n=1, algo=["algorithm.adv_estimator=gae"],
+                  tiny=shape(1, 1, 1, 1, 1, 16, 8)),
+    "quickstart": dict(shape=SHAPES["quickstart"], n=1, algo=["algorithm.adv_estimator=gae", "algorithm.kl_ctrl.kl_coef=0.001"],
+                       tiny=shape(4, 2, 1, 2, 2, 16, 8)),
+    "grpo": dict(shape=SHAPES["grpo"], n=4, algo=harness.GRPO_ALGO, tiny=shape(2, 1, 2, 2, 2, 16, 8)),
 }
 FAMILIES = ("gemm", "attention", "elementwise/other", "optimizer", "collectives", "memcpy/memset")
 _PATTERNS = (   # first match wins: attention kernels are often cutlass too
@@ -124,11 +78,7 @@ def device_summary(trace: dict, wall_s: float) -> dict:
         elif cat == "cuda_runtime" and ev.get("name") in _SYNC_CALLS:
             syncs += 1
             sync_us += dur or 0.0
-    busy = _union_us(intervals) / 1e6
-    return {"families_s": {k: round(v / 1e6, 6) for k, v in fams.items()}, "device_busy_s": round(busy, 6),
-            "device_idle_fraction": round(max(0.0, 1 - busy / wall_s), 4) if wall_s > 0 else None,
-            "kernels": kernels, "mean_kernel_us": round(sum(fams.values()) / max(kernels, 1), 2),
-            "host_syncs": syncs, "host_sync_s": round(sync_us / 1e6, 6)}
+    return _summary(fams, _union_us(intervals) / 1e6, wall_s, kernels, syncs, sync_us)
 
 
 def host_summary(averages, wall_s: float) -> dict:
@@ -136,10 +86,14 @@ def host_summary(averages, wall_s: float) -> dict:
     fams = dict.fromkeys(FAMILIES, 0.0)
     for evt in averages:
         fams[family(evt.key)] += evt.self_cpu_time_total
-    busy = sum(fams.values()) / 1e6
-    return {"families_s": {k: round(v / 1e6, 6) for k, v in fams.items()}, "device_busy_s": round(busy, 6),
+    return _summary(fams, sum(fams.values()) / 1e6, wall_s)
+
+
+def _summary(fams_us: dict, busy: float, wall_s: float, kernels: int = 0, syncs: int = 0, sync_us: float = 0.0) -> dict:
+    return {"families_s": {k: round(v / 1e6, 6) for k, v in fams_us.items()}, "device_busy_s": round(busy, 6),
             "device_idle_fraction": round(max(0.0, 1 - busy / wall_s), 4) if wall_s > 0 else None,
-            "kernels": 0, "mean_kernel_us": None, "host_syncs": 0, "host_sync_s": 0.0}
+            "kernels": kernels, "mean_kernel_us": round(sum(fams_us.values()) / kernels, 2) if kernels else None,
+            "host_syncs": syncs, "host_sync_s": round(sync_us / 1e6, 6)}
 
 
 def _self_device_us(evt) -> float:
@@ -153,18 +107,15 @@ def top_ops(averages, cuda: bool, limit: int) -> list[dict]:
              "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 3)} for e in rows]
 
 
-def _sync(device) -> None:
+def timed(fn, device) -> float:
+    """Wall seconds of `fn`, between device synchronisations."""
     import torch
 
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device) -> float:
-    _sync(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda _: None)
+    sync(device)
     start = time.perf_counter()
     fn()
-    _sync(device)
+    sync(device)
     return time.perf_counter() - start
 
 
@@ -187,9 +138,8 @@ def profile_phase(fn, device, trace_path: Path, limit: int) -> tuple[dict, str]:
             sort_by="self_cpu_time_total", row_limit=max(limit // 2, 5), max_name_column_width=70)
     raw = trace_path.with_suffix("")        # the .json before gzip
     prof.export_chrome_trace(str(raw))
+    trace_path.write_bytes(gzip.compress(raw.read_bytes()))
     trace = json.loads(raw.read_text())
-    with open(raw, "rb") as src, gzip.open(trace_path, "wb") as dst:
-        shutil.copyfileobj(src, dst)
     raw.unlink()
     summary = device_summary(trace, wall) if cuda else host_summary(averages, wall)
     summary.update(wall_s=round(wall, 4), top=top_ops(averages, cuda, limit),
@@ -225,26 +175,23 @@ def run_setting(profile: str, name: str, model: str, args, work: Path,
     import torch
 
     spec = SETTINGS[name]
-    shape = spec["tiny"] if args.tiny else spec["shape"]
-    overrides = stock_overrides(shape, profile, model) + [f"{ARR}.rollout.n={spec['n']}", *spec["algo"], *args.override,
+    dims = spec["tiny"] if args.tiny else spec["shape"]
+    overrides = stock_overrides(dims, profile, model) + [f"{ARR}.rollout.n={spec['n']}", *spec["algo"], *args.override,
                                                           *variant[1]]
     clock = time.perf_counter()
     w = build_workers(overrides)
     build_s = time.perf_counter() - clock
     real = None if args.prompt_tokens == "full" else tuple(int(x) for x in args.prompt_tokens.split(":"))
     if args.tiny and real is not None:
-        real = (max(1, shape["prompt"] // 4), shape["prompt"])
-    step = StepPhases(w, prompt=shape["prompt"], real_prompt=real)
+        real = (max(1, dims["prompt"] // 4), dims["prompt"])
+    step = StepPhases(w, prompt=dims["prompt"], real_prompt=real)
     available = step.available()
     wanted = [p for p in (args.phases.split(",") if args.phases else PHASES) if p in available]
     device = w.device
-    row = {"profile": profile, "setting": name, "variant": variant[0], "shape": shape, "n": spec["n"], "rows": w.rows,
+    row = {"profile": profile, "setting": name, "variant": variant[0], "shape": dims, "n": spec["n"], "rows": w.rows,
            "mini_batch_rows": w.mini_rows, "prompt_tokens": args.prompt_tokens, "overrides": overrides,
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "torch": torch.__version__, "build_s": round(build_s, 1),
-           "plan": {"actor": dataclasses.asdict(w.plan.actor), "critic": dataclasses.asdict(w.plan.critic)
-                    if w.plan.critic else None, "rollout": dataclasses.asdict(w.plan.rollout),
-                    "reasons": dict(w.plan.reasons), "torch_compile": w.plan.torch_compile}, "phases": {}}
+           "torch": torch.__version__, "build_s": round(build_s, 1), "plan": w.plan.to_dict(), "phases": {}}
 
     clock = time.perf_counter()
     first = {}
@@ -261,16 +208,15 @@ def run_setting(profile: str, name: str, model: str, args, work: Path,
             elif phase == "generate_sequences":    # later phases need this step's batch
                 step.call(phase)
 
-    lines = [f"=== {profile} / {name} / {variant[0]}: {w.rows} rows ({shape['batch']} prompts x n={spec['n']}), "
-             f"{shape['prompt']}+{shape['response']} tokens, prompt tokens {args.prompt_tokens}, on {row['device']}",
-             plan_line(w.plan)]
+    lines = [f"=== {profile} / {name} / {variant[0]}: {w.rows} rows ({dims['batch']} prompts x n={spec['n']}), "
+             f"{dims['prompt']}+{dims['response']} tokens, prompt tokens {args.prompt_tokens}, on {row['device']}"]
     for phase in wanted:              # on the timed pass's batch
         part = "the whole phase"
-        if phase == "generate_sequences" and 0 < args.profile_decode_steps < shape["response"]:
+        if phase == "generate_sequences" and 0 < args.profile_decode_steps < dims["response"]:
             step.decode_steps = args.profile_decode_steps
             step.call(phase)                   # its decode graph captured outside the profile
-            part = f"prefill + {step.decode_steps} of {shape['response']} decode steps, {w.rows} rows"
-        elif phase != "generate_sequences" and args.profile_rows == "mini" and w.mini_rows < w.rows:
+            part = f"prefill + {step.decode_steps} of {dims['response']} decode steps, {w.rows} rows"
+        elif phase != "generate_sequences" and w.mini_rows < w.rows:
             step.rows = w.mini_rows
             part = f"one mini-batch ({w.mini_rows} of {w.rows} rows" + (
                 ": one optimizer step)" if phase.startswith("update") else ")")
@@ -280,26 +226,11 @@ def run_setting(profile: str, name: str, model: str, args, work: Path,
         entry = row["phases"].setdefault(phase, {})
         entry.update(wall_s=round(statistics.median(runs[phase]), 4), wall_s_runs=[round(t, 4) for t in runs[phase]],
                      first_s=round(first[phase], 4), profiled=dict(summary, what=part))
+        if phase == "generate_sequences":   # the rollout engine's speed: new tokens per second of the whole phase
+            entry["tokens_per_s"] = round(w.rows * dims["response"] / entry["wall_s"], 1)
         lines += [f"\n--- {phase}: wall {entry['wall_s']:.3f} s (median of {len(runs[phase])}); profiled {part}: "
                   f"wall {summary['wall_s']:.3f} s", table, format_summary(summary)]
     return row, "\n".join(lines)
-
-
-def plan_line(plan) -> str:
-    """The plan's throughput choices per trained role, as the profile's reader needs them."""
-    parts = []
-    for name, r in (("actor", plan.actor), ("critic", plan.critic)):
-        if r is None:
-            continue
-        batching = (f"token budget {r.max_token_len_per_gpu} (forward {r.forward_max_token_len_per_gpu})"
-                    if r.use_dynamic_bsz else f"micro {r.micro_batch_size_per_gpu} (forward "
-                                              f"{r.forward_micro_batch_size_per_gpu})")
-        parts.append(f"{name}: {r.compute_dtype}/{r.param_dtype}, {r.attn_implementation}, remove_padding "
-                     f"{r.use_remove_padding}, checkpointing {r.gradient_checkpointing}, {batching}, fused AdamW "
-                     f"{r.fused_optimizer}, offload {r.param_offload}/{r.optimizer_offload}")
-    rollout = plan.rollout
-    parts.append(f"rollout: {rollout.name} {rollout.dtype}, chunk {rollout.micro_batch_size}, graphs {rollout.cuda_graphs}")
-    return "plan: " + "; ".join(parts) + f"; torch_compile {plan.torch_compile}"
 
 
 def format_summary(s: dict) -> str:
@@ -323,80 +254,40 @@ def overview(rows: list[dict]) -> str:
                 continue
             fams = sorted(p["families_s"].items(), key=lambda kv: -kv[1])[:2]
             idle = "-" if p["device_idle_fraction"] is None else f"{100 * p['device_idle_fraction']:.0f}%"
-            mfu = "".join(f"  {k}={v:.3f}" for k, v in e.items() if k.startswith("perf/mfu"))
+            mfu = "".join(f"  {k}={v:.3f}" for k, v in e.items() if k.startswith("perf/mfu") or k == "tokens_per_s")
             lines.append(f"{row['profile']:8s} {row['setting']:10s} {row.get('variant', ''):10s} {phase:22s} "
                          f"{e.get('first_s', float('nan')):7.2f} {e['wall_s']:7.3f} {p['wall_s']:7.3f} "
                          f"{p['device_busy_s']:7.3f} {idle:>5s}  " + ", ".join(f"{k} {v:.3f}" for k, v in fams) + mfu)
     return "\n".join(lines)
 
 
-def write_results(rows: list[dict], reports: list[str], start: float, folders) -> str:
-    """profile_step.json and .txt with the cases so far (a run stopped at its time limit keeps them)."""
-    table = overview(rows)
-    text = table + "\n\n" + "\n\n".join(reports)
-    result = {"seconds": round(time.perf_counter() - start, 1), "cases": rows}
-    for folder in folders:
-        (folder / "profile_step.txt").write_text(text)
-        (folder / "profile_step.json").write_text(json.dumps(result, indent=1))
-    return table
-
-
-def pack(out: Path, work: Path, limit_mb: float) -> list[str]:
-    """profile_step.tgz with the JSON, the tables and the traces; the largest traces are left out until
-    it is under `limit_mb` (the GPU tool returns files up to 16 MiB). Returns the traces left out."""
-    traces = sorted(work.glob("*.json.gz"), key=lambda p: p.stat().st_size)
-    left_out: list[str] = []
-    while True:
-        target = out / "profile_step.tgz"
-        with tarfile.open(target, "w:gz") as tar:
-            for path in sorted(work.iterdir()):
-                if path.name not in left_out:
-                    tar.add(path, arcname=f"profile_step/{path.name}")
-        if target.stat().st_size <= limit_mb * 2 ** 20 or not traces:
-            return left_out
-        left_out.append(traces.pop().name)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", help="folder for profile_step.{json,txt,tgz} (default: $OUT or .)")
+    ap.add_argument("--out", default="profile_out", help="folder for profile_step.{json,txt} and the traces")
     ap.add_argument("--profiles", default="h200", help="catalog names (compat.device); cpu on a CPU-only host")
     ap.add_argument("--settings", default="quickstart,grpo", help=f"comma-separated: {', '.join(SETTINGS)}")
     ap.add_argument("--phases", default="", help=f"comma-separated subset of {', '.join(PHASES)} (default: all)")
     ap.add_argument("--steps", type=int, default=1, help="timed passes per phase (median reported)")
-    ap.add_argument("--profile-rows", choices=("mini", "all"), default="mini",
-                    help="profile scoring and updates on the first mini-batch's rows (default) or the whole batch")
     ap.add_argument("--profile-decode-steps", type=int, default=32,
                     help="new tokens of the profiled generate (0: the whole response length)")
     ap.add_argument("--prompt-tokens", default="48:128", help="LO:HI real prompt tokens per row, or 'full'")
     ap.add_argument("--top", type=int, default=25, help="rows of each key_averages table")
-    ap.add_argument("--model", default="/tmp/qwen05b-random", help="model folder (benchmarks/build_qwen_shaped.py)")
+    ap.add_argument("--model", default=harness.MODEL, help="model folder (harness.py)")
     ap.add_argument("--tiny", action="store_true", help="the tiny test model and shapes (CPU smoke runs)")
-    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                    help="one more Hydra override for every case (repeatable)")
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="more Hydra overrides")
     ap.add_argument("--variant", action="append", type=parse_variant, metavar="NAME=KEY=VALUE[,KEY=VALUE]",
-                    help="run every (profile, setting) once per variant with these extra overrides (repeatable; "
-                         "NAME= is the unchanged plan); e.g. to compare token budgets or checkpointing")
-    ap.add_argument("--tgz-limit-mb", type=float, default=15.0)
+                    help="every case once per variant with these overrides (NAME= is the plan as it is)")
     args = ap.parse_args(argv)
-    out = Path(args.out or os.environ.get("OUT") or ".")
-    out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
+    out = Path(args.out)
+    (out / "traces").mkdir(parents=True, exist_ok=True)
     rows, reports = [], []
     with tempfile.TemporaryDirectory(prefix="profile_step_") as tmp:
-        work = Path(tmp) / "work"
-        work.mkdir()
-        model = args.model
-        if args.tiny:
-            from verl.utils.tiny_model import build_tiny_model_dir
-
-            model = build_tiny_model_dir(str(Path(tmp) / "tiny"), hidden_size=64, num_layers=2,
-                                         intermediate_size=128, num_heads=4, num_kv_heads=2)
+        model = harness.tiny_model(str(Path(tmp) / "tiny")) if args.tiny else args.model
         for profile in args.profiles.split(","):
             for name in args.settings.split(","):
                 for variant in args.variant or [("base", [])]:
                     try:
-                        row, report = run_setting(profile, name, model, args, work, variant)
+                        row, report = run_setting(profile, name, model, args, out / "traces", variant)
                     except Exception as exc:  # noqa: BLE001 - one failed case must not lose the others' results
                         import traceback
 
@@ -406,13 +297,10 @@ def main(argv=None) -> int:
                     rows.append(row)
                     reports.append(report)
                     print(report, flush=True)
-                    _release()
-                    table = write_results(rows, reports, start, (work, out))   # each case as it ends
-        left_out = pack(out, work, args.tgz_limit_mb)
-    print("\n" + table)
-    if left_out:
-        print(f"traces left out of profile_step.tgz (size limit): {', '.join(left_out)}")
-    print(f"\nwrote {out}/profile_step.{{json,txt,tgz}} ({time.perf_counter() - start:.0f} s)")
+                    _release()   # results written as each case ends: a run stopped at its time limit keeps them
+                    (out / "profile_step.txt").write_text(overview(rows) + "\n\n" + "\n\n".join(reports))
+                    (out / "profile_step.json").write_text(json.dumps({"cases": rows}, indent=1))
+    print("\n" + overview(rows))
     return 0 if all("error" not in r for r in rows) else 1
 
 

@@ -1,11 +1,9 @@
-"""The real workers of one training step, built in one process from the real plan (benchmarks only).
+"""The real workers of one training step in one process, from the stock config and the real plan.
 
-The stock config is composed as `main_ppo` composes it (`verl.trainer.config_check.load_config`), planned
-by the real planner (`verl.compat.build_plan`; `compat.device=NAME` simulates a device), resolved, and
-the real `ActorRolloutRefWorker` and `CriticWorker` are built side by side, as the trainer colocates
-them on one device. `StepPhases` then drives the step's phases in the trainer's order on random data
-of the right shapes (the driver's advantages and returns included). Shared by `memory_model.py`
-(memory per phase) and `profile_step.py` (time and kernels per phase), so both measure the same thing.
+The config is composed as `main_ppo` composes it, planned (`compat.device=NAME` simulates a device) and
+resolved; the actor and critic workers are built side by side, as the trainer colocates them. `StepPhases`
+drives the step's phases in the trainer's order on random data of the right shapes. Shared by
+memory_model.py (memory per phase) and profile_step.py (time per phase), so both measure the same thing.
 """
 from __future__ import annotations
 
@@ -15,13 +13,23 @@ from typing import Any
 ARR = "actor_rollout_ref"
 
 
-def stock_overrides(shape: dict, profile: str, model: str, val_rows: int | None = None) -> list[str]:
-    """The stock command's Hydra overrides for one shape (hardware keys left to the planner).
+def shape(batch, mini, micro, log_prob_micro, ref_micro, prompt, response) -> dict:
+    """Prompts per batch and per mini-batch, rows per micro-batch (update, log-prob, ref), lengths."""
+    return dict(batch=batch, mini=mini, micro=micro, log_prob_micro=log_prob_micro, ref_micro=ref_micro,
+                prompt=prompt, response=response)
 
-    `shape`: batch (prompts), mini (prompts per mini-batch), micro, log_prob_micro, ref_micro (rows per
-    GPU), prompt and response lengths. Responses run to full length (ignore_eos): the worst case, and
-    what a random-weight model does anyway.
-    """
+
+SHAPES = {"field_report": shape(1, 1, 1, 1, 1, 256, 256),      # the field report (batch 1)
+          "quickstart": shape(256, 64, 4, 8, 4, 512, 512),     # upstream's quick start
+          "grpo": shape(64, 16, 16, 16, 16, 512, 512),         # GRPO 64 prompts (x 4 samples)
+          "matrix": shape(8, 8, 4, 8, 8, 256, 128),            # the device matrix (gpu_matrix.py)
+          "qwen_cpu": shape(2, 2, 1, 2, 2, 128, 32),           # a 2-layer Qwen on CPU: the real vocabulary
+          "tiny": shape(2, 2, 1, 2, 2, 16, 4)}                 # the tiny test model
+
+
+def stock_overrides(shape: dict, profile: str, model: str, val_rows: int | None = None) -> list[str]:
+    """The stock command's overrides for a `shape()` (hardware keys left to the planner). Responses run to full
+    length (ignore_eos): the worst case, and what a random-weight model does anyway."""
     s = shape
     out = [f"data.train_batch_size={s['batch']}", f"data.max_prompt_length={s['prompt']}",
            f"data.max_response_length={s['response']}", f"{ARR}.model.path={model}", f"critic.model.path={model}",
@@ -144,26 +152,6 @@ def build_workers(overrides: list[str], total_training_steps: int = 2) -> Worker
     return Workers(config=config, plan=plan, actor=actor, critic=critic, device=actor.device,
                    vocab=len(actor.tokenizer), rows=int(config.data.train_batch_size) * n,
                    mini_rows=int(config[ARR].actor.ppo_mini_batch_size) * n)
-
-
-def add_step_arguments(p, shapes: dict, algo: str, shape: str) -> None:
-    """The options of the scripts that run one step's real workers (memory_growth.py, peak_breakdown.py)."""
-    p.add_argument("--model", required=True)
-    p.add_argument("--profile", default="auto", help="compat.device to simulate (auto: the present device)")
-    p.add_argument("--algo", choices=("grpo", "ppo"), default=algo)
-    p.add_argument("--shape", choices=sorted(shapes), default=shape)
-    p.add_argument("--override", action="append", default=[], help="more Hydra overrides")
-    p.add_argument("--json", default=None)
-
-
-def step_for(args, shapes: dict, total_training_steps: int) -> "StepPhases":
-    """The workers those options ask for and one step's phases on them (prompts of varied real length)."""
-    s = shapes[args.shape]
-    overrides = stock_overrides(s, args.profile, args.model) + [f"{ARR}.rollout.n={s['n']}"]
-    if args.algo == "grpo":
-        overrides += ["algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=True"]
-    w = build_workers(overrides + args.override, total_training_steps=total_training_steps)
-    return StepPhases(w, prompt=s["prompt"], real_prompt=(max(s["prompt"] // 8, 1), s["prompt"] // 2))
 
 
 # ----------------------------------------------------------------------------- phases

@@ -2,7 +2,6 @@
 workers, and the device-trace summary (what the H200 run reports) adds up kernels correctly."""
 import importlib.util
 import json
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -39,10 +38,9 @@ def test_cpu_smoke_profiles_every_phase(tmp_path, capsys):
     assert "2 of 4 rows: one optimizer step" in case["phases"]["update_actor"]["profiled"]["what"]
     assert "2 of 4 rows" in case["phases"]["compute_values"]["profiled"]["what"]
     assert "4 of 8 decode steps" in case["phases"]["generate_sequences"]["profiled"]["what"]
-    with tarfile.open(tmp_path / "profile_step.tgz") as tar:
-        names = set(tar.getnames())
-    assert {f"profile_step/cpu_quickstart_ckpt_{p}.json.gz" for p in ps.PHASES} <= names
-    assert "profile_step/profile_step.json" in names and "profile_step/profile_step.txt" in names
+    names = {p.name for p in (tmp_path / "traces").iterdir()}
+    assert {f"cpu_quickstart_ckpt_{p}.json.gz" for p in ps.PHASES} <= names
+    assert (tmp_path / "profile_step.txt").exists()
     assert "update_actor" in out and "families: gemm" in out
 
 

@@ -8,8 +8,8 @@ raises "Expected all tensors to be on the same device ... meta and cpu" exactly 
 "cuda:0 and cpu" on the H200) and which holds no values (a checkpoint or a step taken from there
 cannot match the reference numbers). What it cannot stand in for is compute: the FSDP2 mesh is the
 gloo CPU mesh, so all-gathered (unsharded) parameters are computed on the CPU; and optimizer-only
-offload (shards on the device) cannot run here at all; the H200 script benchmarks/offload_e2e.sh
-covers those.
+offload (shards on the device) cannot run here at all; on a GPU `benchmarks/speed.py --rows p40_manual`
+(every offload on) covers those.
 
 The components are the workers' own (`_PlannedModel`, `_build_optimizer`, `_checkpoint_manager`, the
 PPO actor/critic, the HF rollout engine under `full_params`) joined as the workers join them, for role

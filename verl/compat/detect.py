@@ -214,8 +214,7 @@ def check_can_run(profile: DeviceProfile) -> None:
 @functools.lru_cache(maxsize=1)
 def _module_distributions() -> dict:
     """importlib's module -> distributions map, read once. Building it reads every installed
-    distribution's file list (0.24 s on the CI machine, seconds in a GPU image with hundreds of
-    packages), so `_version` asks for it only when no distribution carries the module's own name."""
+    distribution's file list (seconds in an image with hundreds of packages), so `_version` asks for it only when no distribution carries the module's own name."""
     return importlib.metadata.packages_distributions()
 
 
@@ -282,7 +281,7 @@ def _probe_cache_path() -> Path:
 def _xformers_probe(dtype: str) -> str | None:
     """One tiny causal memory-efficient attention on GPU 0 in `dtype`: None if it ran, else why not.
 
-    The child process costs 10-15 s (a fresh torch, CUDA context, xformers import), so its verdict is
+    The child process costs seconds (a fresh torch, CUDA context, xformers import), so its verdict is
     kept on disk per (xformers, torch, GPU, dtype): later runs on the machine start without it."""
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     key = "|".join((_version("xformers") or "?", torch.__version__, gpu, dtype))

@@ -36,7 +36,7 @@ class ConfigError(ValueError):
 @lru_cache(maxsize=None)
 def _packaged(name: str) -> DictConfig:
     """One packaged YAML file without Hydra's `defaults` list, read once per process (every check reads
-    these; parsing them again cost the command line ~0.2 s). Shared: callers must not change it."""
+    these, and parsing them again slows the command line). Shared: callers must not change it."""
     config = OmegaConf.load(CONFIG_DIR / f"{name}.yaml")
     config.pop("defaults", None)
     return config
@@ -420,18 +420,19 @@ def _check_choices(cfg, errors: list[str], warnings: list[str]) -> None:
     one_of("actor_rollout_ref.actor.loss_agg_mode", LOSS_AGG_MODES)
     if _explicit(cfg, "critic.loss_agg_mode") is not None:  # else it follows the actor's
         one_of("critic.loss_agg_mode", LOSS_AGG_MODES)
+
+    def implemented(path, allowed, upstream_only, what):
+        value = _get(cfg, path)
+        if value in upstream_only:
+            errors.append(f"{path}={value} is an upstream {what} this fork does not implement yet; use one of "
+                          f"{', '.join(allowed)}.")
+        else:
+            one_of(path, allowed)
+
+    implemented("algorithm.adv_estimator", ADV_ESTIMATORS, UPSTREAM_ONLY_ADV_ESTIMATORS, "estimator")
+    implemented("actor_rollout_ref.actor.policy_loss.loss_mode", POLICY_LOSS_MODES, UPSTREAM_ONLY_POLICY_LOSS_MODES,
+                "policy loss")
     est = _get(cfg, "algorithm.adv_estimator")
-    if est in UPSTREAM_ONLY_ADV_ESTIMATORS:
-        errors.append(f"algorithm.adv_estimator={est} is an upstream estimator this fork does not implement "
-                      f"yet; use one of {', '.join(ADV_ESTIMATORS)}.")
-    else:
-        one_of("algorithm.adv_estimator", ADV_ESTIMATORS)
-    loss_mode = _get(cfg, "actor_rollout_ref.actor.policy_loss.loss_mode")
-    if loss_mode in UPSTREAM_ONLY_POLICY_LOSS_MODES:
-        errors.append(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} is an upstream policy loss this "
-                      f"fork does not implement; use one of {', '.join(POLICY_LOSS_MODES)}.")
-    else:
-        one_of("actor_rollout_ref.actor.policy_loss.loss_mode", POLICY_LOSS_MODES)
     for path in ("actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_penalty"):
         value = _get(cfg, path)
         if value not in KL_ESTIMATORS:

@@ -2,9 +2,8 @@
 
 Container images often set PYTHONDONTWRITEBYTECODE=1 and install packages without their .pyc files.
 Python then compiles every module it imports from source, in every process, every run: the driver,
-each worker and each of Ray's daemons compile torch again. On the H200 image of 2026-12-02 (torch,
-sympy and Ray shipped no .pyc) importing torch and transformers took 13-15 s in a fresh process and
-6.9 s with a cache; the p40 cold start went from 37.5 s to 19-23 s.
+each worker and each of Ray's daemons compile torch again, which can double a run's cold start
+(figures: docs/performance.md, "Cold start").
 
 When that is the case, `configure()` (called first thing by the `main_ppo` entry point) caches
 bytecode in a folder of its own (PYTHONPYCACHEPREFIX), never next to the sources, which is what

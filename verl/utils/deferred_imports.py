@@ -1,10 +1,11 @@
 """Import transformers' core without the optional packages it imports only for features verl never runs.
 
-transformers 5.17 (the H200 image's) imports, at module level, when the package is installed:
+Some transformers releases (5.17, for one) import, at module level, when the package is installed:
 - scikit-learn's `roc_curve` in `transformers.generation.candidate_generator`, to tune assisted
-  decoding; every model class and `AutoTokenizer` pull that module in: 1.3-1.5 s per process;
+  decoding; every model class and `AutoTokenizer` pull that module in;
 - scipy's `linear_sum_assignment` in the object-detection losses under `transformers.loss`, which
-  `modeling_utils` imports for its loss table: ~0.6 s in every worker.
+  `modeling_utils` imports for its loss table.
+Both cost every process seconds of start-up (figures: docs/performance.md, "Cold start").
 
 Inside `optional_imports_deferred()` transformers reports those packages as absent. On the way out
 its answer is restored in every module that copied it meanwhile, and each listed module that skipped

@@ -2,13 +2,13 @@
 
 `import transformers` and `import transformers.models` each build an "import structure" for the
 `models` package (which class lives in which module, behind which backends) by reading every
-module's source under it, about 1,500 files: 0.45 s per call on the CI machine, ~0.9 s per process
-on the H200 host, paid by the driver (its tokenizer) and by every worker (its model) on every run.
+module's source under it (about 1,500 files), paid by the driver (its tokenizer) and by every worker
+(its model) on every run.
 
 Inside `import_structure_cached()`, when transformers' import utilities load, their
 `define_import_structure` is wrapped: for the `models` folder the answer is read from a JSON file
 named by transformers' version, the folder, the prefix and the path, size and mtime of every `.py`
-file below it (a stat per file, ~25 ms), and written there when missing. Any edited, added or removed
+file below it (a stat per file), and written there when missing. Any edited, added or removed
 source gives another name, so a stale index is never read; every other folder goes to transformers.
 The file is plain JSON (no pickle): a cache folder that others can write to cannot run code here.
 """

@@ -265,8 +265,8 @@ def model_attention_mask(module: torch.nn.Module, attention_mask: torch.Tensor) 
     hidden), except that a query with no key at all attends to itself. Such a query (left padding) has
     no real key at or before it, so its row of the mask would be empty, and an empty row's log-sum-exp is
     -inf: cuDNN's SDPA backward on sm_90 then returns NaN query gradients at widths that are an odd
-    multiple of 64 (torch 2.11, pytorch/pytorch#196678), which made every optimizer step of the bf16
-    quick start on the H200 skip on a non-finite grad norm. Attending to itself changes no real
+    multiple of 64 (torch 2.11, pytorch/pytorch#196678), so every bf16 optimizer step would skip on a
+    non-finite grad norm. Attending to itself changes no real
     position's output (real queries never see padding keys) and no gradient (nothing reads a padding
     position's output). Other attention implementations get the 2D mask unchanged.
     """

@@ -1,20 +1,21 @@
 """Import transformers without the optional work some releases do while importing.
 
-Costs measured on the H200 image (transformers 5.17, Python 3.12), paid by every verl process that
-imports transformers (the driver for its tokenizer, every worker for its model):
+Costs paid by every verl process that imports transformers (the driver for its tokenizer, every worker
+for its model) on some releases (transformers 5.17 under Python 3.12, for one):
 
 - transformers' import utilities map import names to distributions with
   `importlib.metadata.packages_distributions()`. Python 3.12 infers a distribution's top-level names
   from its file list after checking that every listed file exists: tens of thousands of `stat` calls
-  for torch alone (1.2-1.5 s). Inside `transformers_import()` the same lists are read without those
+  for torch alone. Inside `transformers_import()` the same lists are read without those
   checks; a listed file that was since deleted can only add a name nobody imports.
 - scikit-learn (assisted decoding) and scipy (object-detection losses), imported for features verl never
   runs (`verl.utils.deferred_imports`).
 
-And one cost every release pays, ~0.9 s per process on the H200 host: the index of the `models`
-package, built by reading every model's source, is kept on disk (`verl.utils.import_structure_cache`).
+And one cost every release pays: the index of the `models` package, built by reading every model's
+source, is kept on disk (`verl.utils.import_structure_cache`).
 
-Releases that skip this work at import (transformers 5.24 builds the map lazily) lose nothing.
+Releases that skip this work at import (transformers 5.24 builds the map lazily) lose nothing. What each
+piece saves: docs/performance.md, "Cold start".
 """
 from __future__ import annotations
 

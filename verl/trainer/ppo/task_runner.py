@@ -185,7 +185,7 @@ def interruption_line(config, signum: int = signal.SIGINT) -> str:
 
 # Ray starts idle worker processes for a new job's first tasks. Every worker of ours is an actor with
 # environment variables of its own (RANK, MASTER_PORT, ...), which an idle worker cannot take on, so those
-# processes would only compete with start-up for the CPU (about 1.5 s of ray.init on the H200 host).
+# processes would only compete with start-up for the CPU.
 NO_PRESTART = {"prestart_worker_first_driver": False, "enable_worker_prestart": False}
 
 
@@ -200,7 +200,7 @@ def _init_ray(config) -> None:
     on this machine, the driver attaches to that running cluster instead of starting a local one, as
     upstream; the cluster's nodes then bring their own resources, so no CPU count or system config is
     passed (Ray refuses them when attaching). With none of those, `address="local"` says so to Ray, which
-    otherwise looks for a running cluster among every process on the host (0.5 s on the H200 host).
+    otherwise looks for a running cluster by scanning every process on the host.
     """
     import ray
 

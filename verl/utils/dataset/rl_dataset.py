@@ -246,7 +246,7 @@ def _dataset_class(data_config) -> type:
     custom = data_config.get("custom_cls") or {}
     if not custom.get("path"):
         return RLHFDataset
-    from verl.trainer.ppo.reward import load_object_from_file
+    from verl.utils.import_utils import load_object_from_file
 
     cls = load_object_from_file(custom["path"], custom.get("name"), "data.custom_cls")
     if not (isinstance(cls, type) and issubclass(cls, Dataset)):
@@ -259,7 +259,7 @@ def create_rl_sampler(data_config, dataset: Sequence) -> torch.utils.data.Sample
     when data.shuffle, else in file order."""
     custom = data_config.get("sampler") or {}
     if custom.get("class_path"):
-        from verl.trainer.ppo.reward import load_object_from_file
+        from verl.utils.import_utils import load_object_from_file
 
         cls = load_object_from_file(custom["class_path"], custom.get("class_name"), "data.sampler")
         if not (isinstance(cls, type) and issubclass(cls, torch.utils.data.Sampler)):

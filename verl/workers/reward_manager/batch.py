@@ -2,12 +2,11 @@
 for scorers that are cheaper batched (a remote judge, a vectorised verifier)."""
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any, Callable
 
 import torch
 
-from verl.workers.reward_manager._decode import decode_batch, show
+from verl.workers.reward_manager._common import decode_batch, place_rewards
 
 
 class BatchRewardManager:
@@ -39,23 +38,7 @@ class BatchRewardManager:
     def __call__(self, data, return_dict: bool = False):
         decoded = decode_batch(data, self.tokenizer, self.reward_fn_key)
         scores = self._score(decoded)
-        reward_tensor = torch.zeros_like(data.batch["responses"], dtype=torch.float32)
-        extra = defaultdict(list)
-        shown = defaultdict(int)
-        rewards = []
-        for i, result in enumerate(scores):
-            if isinstance(result, dict):
-                for key, value in result.items():
-                    extra[key].append(value)
-                result_score = result["score"]
-            else:
-                result_score = result
-            rewards.append(float(result_score))
-            reward_tensor[i, max(decoded.response_lengths[i] - 1, 0)] = result_score
-            source = decoded.data_sources[i]
-            if shown[source] < self.num_examine:
-                shown[source] += 1
-                show(decoded, i, result)
+        reward_tensor, extra, rewards = place_rewards(data, decoded, scores, self.compute_score, self.num_examine)
         data.batch["acc"] = torch.tensor(rewards, dtype=torch.float32)
         if return_dict:
             return {"reward_tensor": reward_tensor, "reward_extra_info": extra}

@@ -3,13 +3,10 @@
 max_resp_len - buffer.len loses (excess / buffer.len) * penalty_factor, at most penalty_factor."""
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any, Callable
 
-import torch
-
 from verl.utils.reward_score import default_compute_score
-from verl.workers.reward_manager._decode import decode_batch, show
+from verl.workers.reward_manager._common import decode_batch, place_rewards, score_each
 
 
 class DAPORewardManager:
@@ -40,32 +37,24 @@ class DAPORewardManager:
         excess = length - (self.max_resp_len - cfg["len"])
         return min(-excess / cfg["len"] * cfg["penalty_factor"], 0.0)
 
+    def _adjust(self, length: int, result, reward: float, extra: dict) -> float:
+        """A plain-number score is logged as `acc`; the overlong penalty (when enabled) is added and logged."""
+        if not isinstance(result, dict):
+            extra["acc"].append(result)
+        if not self._penalise():
+            return reward
+        penalty = self._overlong_penalty(length)
+        if self.overlong_buffer_cfg.get("log", False):
+            extra["overlong_reward"].append(penalty)
+            extra["overlong"].append(penalty < 0)
+        return reward + penalty
+
     def __call__(self, data, return_dict: bool = False):
         decoded = decode_batch(data, self.tokenizer, self.reward_fn_key, strip_eos=True)
-        reward_tensor = torch.zeros_like(data.batch["responses"], dtype=torch.float32)
-        extra = defaultdict(list)
-        shown = defaultdict(int)
-        for i, response in enumerate(decoded.responses):
-            result = self.compute_score(data_source=decoded.data_sources[i], solution_str=response,
-                                        ground_truth=decoded.ground_truths[i], extra_info=decoded.extra_infos[i])
-            if isinstance(result, dict):
-                reward = result["score"]
-                for key, value in result.items():
-                    extra[key].append(value)
-            else:
-                reward = result
-                extra["acc"].append(result)
-            if self._penalise():
-                penalty = self._overlong_penalty(decoded.response_lengths[i])
-                reward += penalty
-                if self.overlong_buffer_cfg.get("log", False):
-                    extra["overlong_reward"].append(penalty)
-                    extra["overlong"].append(penalty < 0)
-            reward_tensor[i, max(decoded.response_lengths[i] - 1, 0)] = reward
-            source = decoded.data_sources[i]
-            if shown[source] < self.num_examine:
-                shown[source] += 1
-                show(decoded, i, result)
+        results = score_each(decoded, self.compute_score)
+        reward_tensor, extra, _ = place_rewards(data, decoded, results, self.compute_score, self.num_examine,
+                                                adjust=lambda i, result, reward, extra: self._adjust(
+                                                    decoded.response_lengths[i], result, reward, extra))
         if return_dict:
             return {"reward_tensor": reward_tensor, "reward_extra_info": extra}
         return reward_tensor

@@ -1,0 +1,207 @@
+"""What the benchmarks share: the model, the stock command's settings, one timed run and its summary.
+
+The benchmarks train a Qwen2.5-0.5B-shaped model with random weights and the real tokenizer (no weights can be
+downloaded on the GPU machine). `ASSETS` (default .gpu-assets) holds tok/ and gsm8k/{train,test}.parquet.
+
+    python benchmarks/harness.py /tmp/qwen05b-random --tokenizer .gpu-assets/tok [--layers 2 --hidden 64]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+ARR = "actor_rollout_ref"
+MODEL = os.environ.get("MODEL", "/tmp/qwen05b-random")
+ASSETS = os.environ.get("ASSETS", ".gpu-assets")
+
+
+def env(**extra) -> dict:
+    """The environment of a child process: this checkout first on PYTHONPATH, unbuffered output."""
+    out = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", **extra)
+    out["PYTHONPATH"] = os.pathsep.join([str(ROOT), out.get("PYTHONPATH", "")])
+    return out
+
+
+# ----------------------------------------------------------------------------- the model
+
+def qwen_shape(name: str = "qwen2.5-0.5b") -> dict:
+    """A Qwen2.5 checkpoint's config.json fields (the built-in spec plus its two numerics fields)."""
+    from verl.compat.model_spec import BUILTIN_MODELS
+
+    spec = {k: v for k, v in BUILTIN_MODELS[name].items() if k != "model_type"}
+    return {**spec, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6}
+
+
+def build_model(out: str, tokenizer: str, layers: int | None = None, hidden: int | None = None,
+                shape_name: str = "qwen2.5-0.5b", init_device: str = "cpu", save_dtype: str = "float32") -> str:
+    """Write a random-weight Qwen2.5-shaped model (optionally fewer layers / narrower, for CPU) with the real
+    tokenizer. `init_device="cuda"` draws the weights on the GPU (a 7B in seconds); `save_dtype` halves the files."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(tokenizer) / name, folder / name)
+    tok = AutoTokenizer.from_pretrained(folder)
+    shape = qwen_shape(shape_name)
+    shape["num_hidden_layers"] = layers or shape["num_hidden_layers"]
+    if hidden is not None:   # heads, KV heads and MLP width shrink with the hidden size
+        heads = max(2, hidden // (shape["hidden_size"] // shape["num_attention_heads"]))
+        shape.update(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
+                     intermediate_size=4 * hidden)
+    torch.manual_seed(0)
+    with torch.device(init_device):
+        model = Qwen2ForCausalLM(Qwen2Config(**shape, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
+    model.to(getattr(torch, save_dtype)).save_pretrained(folder)
+    print(f"{folder}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params, vocab {shape['vocab_size']}")
+    return str(folder)
+
+
+def ensure_model(model: str = MODEL, assets: str = ASSETS, **size) -> str:
+    return model if (Path(model) / "config.json").exists() else build_model(model, f"{assets}/tok", **size)
+
+
+def tiny_model(folder: str) -> str:   # CPU smoke runs of the in-process tools
+    from verl.utils.tiny_model import build_tiny_model_dir
+
+    return build_tiny_model_dir(folder, hidden_size=64, num_layers=2, intermediate_size=128, num_heads=4,
+                                num_kv_heads=2)
+
+
+# ----------------------------------------------------------------------------- the stock command's settings
+
+def common(assets: str = ASSETS, model: str = MODEL) -> list[str]:
+    """The overrides every end-to-end row shares: data, model, learning rates, loggers, no checkpoints."""
+    return [f"data.train_files={assets}/gsm8k/train.parquet", f"data.val_files={assets}/gsm8k/test.parquet",
+            f"{ARR}.model.path={model}", f"critic.model.path={model}", f"{ARR}.actor.optim.lr=1e-6",
+            "critic.optim.lr=1e-5", "algorithm.kl_ctrl.kl_coef=0.001", f"{ARR}.rollout.name=vllm",
+            f"{ARR}.rollout.tensor_model_parallel_size=1", "trainer.logger=[console,file]",
+            "trainer.val_before_train=False", "trainer.n_gpus_per_node=1", "trainer.nnodes=1", "trainer.test_freq=-1",
+            "trainer.total_epochs=15", "trainer.save_freq=-1", "trainer.resume_mode=disable"]
+
+
+def _micro(mini: int, micro: int, log_prob: int, ref: int) -> list[str]:
+    return [f"{ARR}.actor.ppo_mini_batch_size={mini}", f"{ARR}.actor.ppo_micro_batch_size_per_gpu={micro}",
+            f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu={log_prob}",
+            f"{ARR}.ref.log_prob_micro_batch_size_per_gpu={ref}", f"critic.ppo_micro_batch_size_per_gpu={micro}"]
+
+
+# upstream's quick start (PPO + critic): batch 256, 512 + 512 tokens, micro-batch 4
+QUICKSTART = ["data.train_batch_size=256", "data.max_prompt_length=512", "data.max_response_length=512",
+              f"{ARR}.rollout.gpu_memory_utilization=0.4", *_micro(64, 4, 8, 4)]
+# the field report's settings under the simulated P40: batch 1, 256 + 256 tokens
+P40 = ["compat.device=p40", "data.train_batch_size=1", "data.max_prompt_length=256", "data.max_response_length=256",
+       "data.filter_overlong_prompts=True", f"{ARR}.rollout.gpu_memory_utilization=0.3", *_micro(1, 1, 1, 1)]
+# what the field report set by hand: float32, eager attention, every offload, fixed micro-batches
+P40_MANUAL = P40 + [f"{ARR}.actor.fsdp_config.dtype=float32", f"{ARR}.actor.fsdp_config.model_dtype=float32",
+                    f"{ARR}.ref.fsdp_config.dtype=float32", "critic.fsdp.dtype=float32", "critic.fsdp.model_dtype=float32",
+                    f"{ARR}.rollout.dtype=float32", f"{ARR}.model.attn_implementation=eager",
+                    "critic.model.attn_implementation=eager", f"{ARR}.actor.fsdp_config.param_offload=True",
+                    f"{ARR}.actor.fsdp_config.optimizer_offload=True", f"{ARR}.ref.fsdp_config.param_offload=True",
+                    "critic.fsdp.param_offload=True", "critic.fsdp.optimizer_offload=True",
+                    f"{ARR}.actor.use_dynamic_bsz=False"]
+# GRPO: 64 prompts x 4 samples, 512 + 512 tokens, KL loss
+GRPO_SHAPE = dict(prompts=64, n=4, prompt=512, response=512)
+GRPO_ALGO = ["algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=True", f"{ARR}.actor.kl_loss_coef=0.001",
+             f"{ARR}.actor.kl_loss_type=low_var_kl", f"{ARR}.actor.entropy_coeff=0", "algorithm.use_kl_in_reward=False"]
+GRPO = ["data.train_batch_size=64", "data.max_prompt_length=512", "data.max_response_length=512", f"{ARR}.rollout.n=4",
+        *_micro(16, 16, 16, 16)[:4], *GRPO_ALGO]
+
+
+# ----------------------------------------------------------------------------- one run and its summary
+
+def launch_main_ppo(overrides: list[str], jsonl: Path, log: Path, timeout: float, **env_extra) -> dict:
+    """Run `python -m verl.trainer.main_ppo` once: {exit, wall_s, cold_start_to_first_step_s, command}.
+
+    The cold start is the wall time from launch to the first step's record in the file logger's JSONL."""
+    jsonl.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
+
+    def first_step_logged() -> bool:
+        return jsonl.exists() and '"timing_s/step"' in jsonl.read_text()
+
+    start, cold = time.perf_counter(), None
+    with open(log, "w") as fp:
+        proc = subprocess.Popen(cmd, stdout=fp, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env=env(VERL_FILE_LOGGER_PATH=str(jsonl), **env_extra))
+        while proc.poll() is None:
+            if cold is None and first_step_logged():
+                cold = time.perf_counter() - start
+            if time.perf_counter() - start > timeout:
+                proc.kill()
+                break
+            time.sleep(0.1)
+        proc.wait()
+    wall = time.perf_counter() - start
+    if cold is None and first_step_logged():
+        cold = wall   # the step landed between the last poll and the exit
+    return {"exit": proc.returncode, "wall_s": round(wall, 1), "command": " ".join(cmd[1:]),
+            "cold_start_to_first_step_s": None if cold is None else round(cold, 2)}
+
+
+def steps_of(path) -> list[dict]:
+    """The step records (those with timing_s/step) of a file logger's JSONL."""
+    rows = [json.loads(line)["data"] for line in Path(path).read_text().splitlines() if line.strip()]
+    return [r for r in rows if "timing_s/step" in r]
+
+
+def startup_of(record: dict) -> dict:
+    """The trainer's start-up breakdown carried by the first step's record (verl/utils/startup.py)."""
+    return {k.removeprefix("timing_s/startup").lstrip("/") or "total": round(v, 3)
+            for k, v in record.items() if k.startswith("timing_s/startup")}
+
+
+TIMINGS = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "step")
+MEMORY = ("perf/predicted_peak_gb", "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb",
+          "perf/cpu_memory_used_gb")
+
+
+def summarize(path) -> dict:
+    """s/step (median after the first step, which carries warm-up), phases, memory, skipped updates."""
+    steps = steps_of(path)
+    if not steps:
+        raise SystemExit(f"{path}: no training steps logged")
+    timed = steps[1:] or steps
+
+    def median(key):
+        values = [s[key] for s in timed if isinstance(s.get(key), (int, float))]
+        return round(statistics.median(values), 4) if values else None
+
+    phase_keys = sorted({k for s in steps for k in s if k.startswith("perf/max_memory_allocated_gb/")})
+    return {
+        "steps": len(steps), "s_per_step": median("timing_s/step"), "first_step_s": round(steps[0]["timing_s/step"], 3),
+        "timing_s": {k: median(f"timing_s/{k}") for k in TIMINGS},
+        "mfu": {k: median(f"perf/mfu/{k}") for k in ("actor", "critic")},
+        "memory_gb": {k: max((s[k] for s in steps if isinstance(s.get(k), (int, float))), default=None) for k in MEMORY},
+        # the allocator's peak so far at each step (it never resets: a step after a validation carries its peak)
+        "max_allocated_gb_by_step": [s.get("perf/max_memory_allocated_gb") for s in steps],
+        # each worker call's own peak (perf/max_memory_allocated_gb/<phase>), largest over the run
+        "phase_peak_gb": {k.rsplit("/", 1)[-1]: max(s[k] for s in steps if isinstance(s.get(k), (int, float)))
+                          for k in phase_keys},
+        # a step whose optimizer step was skipped on a non-finite grad norm learned nothing; its timing has no step
+        # (the file logger writes a non-finite norm as the string "nan" / "inf")
+        "skipped_updates": {role: sum(1 for s in steps if str(s.get(f"{role}/grad_norm", 0)) in ("nan", "inf", "-inf"))
+                            for role in ("actor", "critic")},
+        "startup_s": startup_of(steps[0]),
+        "throughput_tokens_per_s": median("perf/throughput"),
+    }
+
+
+if __name__ == "__main__":   # build the model
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--tokenizer", required=True, help="folder with tokenizer.json + tokenizer_config.json")
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--hidden", type=int)
+    build_model(**vars(ap.parse_args()))
