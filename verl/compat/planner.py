@@ -17,6 +17,7 @@ from verl.compat.decider import Decider as _Decider
 from verl.compat.decider import PACKED_KERNELS, PlanError
 from verl.compat.decider import cc_name as _cc
 from verl.compat.fit import MAX_ROLLOUT_MICRO_BATCH, FitInputs, apply_batches, fit, micro_batches, settled
+from verl.compat.lora import decide_adapters
 from verl.compat.memory import Workload
 from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
@@ -422,7 +423,7 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     d = _Decider(profile, software, bool(_flag(_get(config, "compat.strict", False))))
     glob = _decide_globals(d, config)
     roles_cfg = _role_configs(config)
-    roles = _decide_roles(d, config, roles_cfg)
+    roles, ref_in_actor = decide_adapters(d, config, _decide_roles(d, config, roles_cfg))
     rollout, rollout_asked = _decide_rollout(d, config, roles["actor"].compute_dtype,
                                              roles["actor"].attn_implementation)
     rollout = _decide_compiled_decode(d, rollout, glob["torch_compile"])
@@ -430,7 +431,7 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     _warn_vllm_only_keys(d, config, rollout.name)
     inp = _fit_inputs(d, config, roles_cfg, roles, rollout, rollout_asked, model, glob["torch_compile"])
     plan_kwargs = dict(device=profile, software=software, actor=None, critic=None, ref=None, rollout=rollout,
-                       predicted_peak_gb=0.0, memory_limit_gb=profile.memory_gb, **glob)
+                       predicted_peak_gb=0.0, memory_limit_gb=profile.memory_gb, ref_in_actor=ref_in_actor, **glob)
     plan_kwargs["dataloader_num_workers"] = _dataloader_workers(d, config, int(_get(config, "trainer.n_gpus_per_node", 1)))
     if model is None:
         return _throughput(d, _plan_without_model(d, inp, plan_kwargs), inp.dynamic)
