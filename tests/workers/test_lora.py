@@ -169,3 +169,46 @@ def test_float16_frozen_base_on_a_float32_device_matches_float32(model_dir):
         torch.testing.assert_close(got, want, rtol=0, atol=2e-3)
     assert (half.compute_log_prob(data).batch["old_log_probs"] - half.compute_ref_log_prob(data).batch[
         "ref_log_prob"]).abs().max() > 1e-2   # the copied adapters are in force
+
+
+@pytest.fixture(scope="module")
+def bnb_model_dir(tmp_path_factory):
+    """bitsandbytes quantizes in blocks of 64 input features: a tiny Qwen2 whose layers are that wide."""
+    from verl.utils.tiny_model import build_tiny_model_dir
+
+    return build_tiny_model_dir(str(tmp_path_factory.mktemp("bnb_model")), hidden_size=64, num_layers=2,
+                                intermediate_size=128, num_heads=4, num_kv_heads=2, seed=0)
+
+
+def test_qlora_base_and_8bit_adamw(bnb_model_dir):
+    """The t4 plan with `load_in_4bit` and AdamW8bit (run on this host's CPU): the base's linear layers are
+    bitsandbytes NF4, the optimizer keeps 8-bit moments, only the adapters change, and the merged weights
+    (the base dequantized, then W + s·B@A: what vLLM is pushed) reproduce the QLoRA model's logits up to
+    its float16 matmuls (2e-2 on logits of magnitude ~1)."""
+    pytest.importorskip("bitsandbytes", reason="QLoRA and 8-bit AdamW need bitsandbytes (pip install 'verl[bnb]')")
+    import bitsandbytes as bnb
+    from transformers import AutoModelForCausalLM
+
+    rank = 64   # bitsandbytes keeps tensors under 4096 elements in 32 bits: 64 x 64 adapters are 8-bit
+    plan = cpu_plan(bnb_model_dir, device="t4", actor_rollout_ref__model__lora_rank=rank,
+                    actor_rollout_ref__model__load_in_4bit=True,
+                    actor_rollout_ref__actor__optim__optimizer_impl="bitsandbytes.optim",
+                    actor_rollout_ref__actor__optim__optimizer="AdamW8bit")
+    if plan.actor.base_quantization != "nf4" or not plan.actor.optimizer_8bit:
+        pytest.skip(f"the planner turned bitsandbytes down here: {plan.warnings}")
+    worker = ActorRolloutRefWorker(lora_config(bnb_model_dir, lora_rank=rank), role="actor_rollout_ref", plan=plan)
+    worker.init_model()
+    q_proj = worker.actor_module.model.layers[0].self_attn.q_proj
+    assert isinstance(q_proj.base_layer, bnb.nn.Linear4bit) and isinstance(worker.actor_optimizer, bnb.optim.AdamW8bit)
+
+    before = {n: p.detach().clone() for n, p in worker.actor_module.named_parameters()}
+    train_step(worker, ppo_batch(batch_size=4))
+    changed = {n for n, p in worker.actor_module.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(".lora_" in n for n in changed)
+    moments = [s["state1"] for p, s in worker.actor_optimizer.state.items() if p.numel() >= 4096]
+    assert moments and all(m.dtype == torch.uint8 for m in moments)
+
+    plain = AutoModelForCausalLM.from_pretrained(bnb_model_dir, dtype=torch.float32)
+    plain.load_state_dict({k: v.float() for k, v in lora.inference_weights(worker.actor_module)})
+    torch.testing.assert_close(logits(plain), logits(worker.actor_module).float(), rtol=0, atol=2e-2)
+    assert not torch.allclose(logits(plain), logits(AutoModelForCausalLM.from_pretrained(bnb_model_dir)), atol=2e-2)

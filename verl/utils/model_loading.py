@@ -99,6 +99,8 @@ def build_model(
             trust_remote_code=trust_remote_code,
             **_quantization(role_plan),
         )
+    if role_plan.base_quantization is not None:
+        _keep_4bit_layout(model)
     if value_head:
         # A fresh score head would come up in the checkpoint's storage dtype; keep it in param dtype.
         model.to(torch_dtype(role_plan.param_dtype))
@@ -136,3 +138,12 @@ def _quantization(role_plan: RolePlan) -> dict:
     return {"quantization_config": BitsAndBytesConfig(
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
         bnb_4bit_compute_dtype=torch_dtype(role_plan.compute_dtype))}
+
+
+def _keep_4bit_layout(model: torch.nn.Module) -> None:
+    """bitsandbytes repacks a 4-bit weight for its CPU inference kernel at the first no-grad forward in
+    eval mode (scoring, generation); a training forward over the repacked weight then fails (bitsandbytes
+    0.50). A LoRA base alternates both kinds of pass, so it keeps the layout it was quantized in."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False

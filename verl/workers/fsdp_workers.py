@@ -227,7 +227,7 @@ class _PlannedModel:
                     f"{self.name}: the plan runs this model unwrapped, as for one device, but {_ranks()} ranks are "
                     f"running; plan with trainer.n_gpus_per_node x trainer.nnodes = {_ranks()}")
             module = fsdp_utils.place_unwrapped(module, self.device_type)
-            frozen_weights.upcast_frozen(module, self.compute_dtype)
+            frozen_weights.upcast_frozen(module)
             return module
         if plan.base_quantization is not None:
             raise NotImplementedError(f"{self.name}: a 4-bit base (actor_rollout_ref.model.load_in_4bit) runs on one "
