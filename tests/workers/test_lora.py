@@ -18,7 +18,7 @@ from worker_setup import actor_rollout_ref_config, cpu_plan, ppo_batch, tiny_mod
 
 pytest.importorskip("peft", reason="LoRA needs peft (pip install 'verl[peft]')")
 
-from verl.utils import lora  # noqa: E402
+from verl.utils import fsdp_utils, lora  # noqa: E402
 from verl.workers.fsdp_workers import ActorRolloutRefWorker  # noqa: E402
 
 RANK = 8
@@ -141,15 +141,18 @@ def test_save_resume_merge_round_trip(model_dir, tmp_path):
     assert any(p.requires_grad for n, p in cont.actor_module.named_parameters() if ".lora_B." in n)
 
 
-def test_float16_frozen_base_on_a_float32_device_matches_float32(model_dir):
-    """The p40 plan (float32 compute) stores the frozen base in float16 and upcasts at each matmul: its
-    log-probs match the all-float32 LoRA actor's within float16's rounding of the weights (2e-3 on
+@pytest.mark.parametrize("wrapped", [False, True], ids=["unwrapped", "fsdp2"])
+def test_float16_frozen_base_on_a_float32_device_matches_float32(model_dir, wrapped):
+    """The p40 plan (float32 compute) stores the frozen base in float16 and upcasts it for compute: at
+    each matmul where the model runs unwrapped, on FSDP2's gather where it is wrapped (compat.always_fsdp).
+    Its log-probs match the all-float32 LoRA actor's within float16's rounding of the weights (2e-3 on
     log-probs of the tiny model, whose logits are O(1))."""
-    half = lora_worker(model_dir, device="p40")
+    half = lora_worker(model_dir, device="p40", compat__always_fsdp=wrapped)
     assert half.plan.actor.compute_dtype == "float32" and half.plan.actor.frozen_dtype == "float16"
+    assert half.plan.actor.fsdp == wrapped
     full = lora_worker(model_dir)
     assert full.plan.actor.frozen_dtype in (None, "float32")
-    stored = {p.dtype for n, p in half.actor_module.named_parameters() if not p.requires_grad}
+    stored = {p.dtype for p in half.actor_module.parameters() if not p.requires_grad}
     assert stored == {torch.float16}
     assert {p.dtype for p in half.actor_module.parameters() if p.requires_grad} == {torch.float32}
     data = ppo_batch(batch_size=4)
@@ -160,8 +163,8 @@ def test_float16_frozen_base_on_a_float32_device_matches_float32(model_dir):
     adapters = {n: p for n, p in full.actor_module.named_parameters() if p.requires_grad}
     with torch.no_grad():
         for name, param in half.actor_module.named_parameters():
-            if param.requires_grad:
-                param.copy_(adapters[name])
+            if param.requires_grad:   # one rank: a DTensor's local shard is the whole tensor
+                (param.to_local() if wrapped else param).copy_(adapters[name])
     for method, key in (("compute_log_prob", "old_log_probs"), ("compute_ref_log_prob", "ref_log_prob")):
         got = getattr(half, method)(data).batch[key]
         want = getattr(full, method)(data).batch[key]
@@ -169,6 +172,16 @@ def test_float16_frozen_base_on_a_float32_device_matches_float32(model_dir):
         torch.testing.assert_close(got, want, rtol=0, atol=2e-3)
     assert (half.compute_log_prob(data).batch["old_log_probs"] - half.compute_ref_log_prob(data).batch[
         "ref_log_prob"]).abs().max() > 1e-2   # the copied adapters are in force
+
+    # what vLLM is pushed: the float16 base plus the float32 update, in float32 (float16 would round it away)
+    from transformers import AutoModelForCausalLM
+
+    with fsdp_utils.full_params(half.actor_module):   # as generate_sequences holds it for the push
+        merged = {k: v.clone() for k, v in lora.inference_weights(half.actor_module)}   # gathered: freed on exit
+    assert merged["model.layers.0.self_attn.q_proj.weight"].dtype == torch.float32
+    plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    plain.load_state_dict({k: v.float() for k, v in merged.items()})
+    torch.testing.assert_close(logits(plain), logits(half.actor_module), rtol=1e-5, atol=1e-5)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ written as a peft adapter folder.
 A LoRA actor's shards name every tensor as peft does (`base_model.model.` + the model's name; the frozen
 weight under an adapter at `<layer>.base_layer.weight`, the adapters at `<layer>.lora_A.default.weight`
 and `lora_B`), beside `lora_train_meta.json` (rank, alpha, task type). The merged weight of a layer is
-`W + (alpha / r) · B @ A`, computed in float32 and stored in W's dtype; `lora_adapter/` holds
+`W + (alpha / r) · B @ A`, computed in float32 (see `Adapters.merge_into` for the dtype written); `lora_adapter/` holds
 `adapter_config.json` and `adapter_model.safetensors` under peft's saved names (the adapter name dropped),
 so `peft.PeftModel.from_pretrained(base, "<target>/lora_adapter")` or
 `actor_rollout_ref.model.lora_adapter_path` loads it.
@@ -38,14 +38,22 @@ class Adapters:
         self.layers, self.rank, self.alpha, self.task_type = layers, rank, alpha, task_type
 
     def merge_into(self, state: dict[str, torch.Tensor]) -> "Adapters":
-        """Add each layer's `(alpha / r) · B @ A` into `state[<layer>.weight]` (in place); returns self."""
+        """Add each layer's `(alpha / r) · B @ A` into `state[<layer>.weight]` (in place); returns self.
+
+        A base stored narrower than its adapters (float16 under float32 adapters) would round the
+        updates away, so then every floating tensor of `state` is written in the adapters' dtype."""
         scale = self.alpha / self.rank
+        widest = None
         for layer, (a, b) in self.layers.items():
             key = f"{layer}.weight"
             if key not in state:
                 raise KeyError(f"the adapter of {layer} has no base weight {key} in the checkpoint")
-            weight = state[key]
-            state[key] = (weight.float() + scale * (b.float() @ a.float())).to(weight.dtype)
+            dtype = torch.promote_types(state[key].dtype, b.dtype)
+            state[key] = (state[key].float() + scale * (b.float() @ a.float())).to(dtype)
+            widest = dtype if widest is None else torch.promote_types(widest, dtype)
+        for key, value in state.items():
+            if value.is_floating_point() and value.dtype != widest:
+                state[key] = value.to(widest)
         return self
 
     def save(self, folder: str) -> str:

@@ -148,8 +148,9 @@ def _is_4bit(module: nn.Module) -> bool:
 def inference_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) pairs under the base model's own names, for an engine that loads plain weights (vLLM).
 
-    A LoRA layer gives its merged weight `W + s·B@A` (computed in float32, stored in W's dtype, W
-    dequantized first when it is 4-bit); a 4-bit layer outside the adapters gives its dequantized weight.
+    A LoRA layer gives its merged weight `W + s·B@A` (computed in float32, W dequantized first when it is
+    4-bit), in the wider of W's and the adapters' dtypes: a float16 base with float32 adapters (the p40
+    plan) gives float32, since float16 would round away the small updates that training adds; a 4-bit layer outside the adapters gives its dequantized weight.
     A model without either gives exactly its state_dict. Parameters must be whole (unsharded) or DTensors."""
     lora = dict(_lora_layers(model)) if has_adapters(model) else {}
     quantized = {name: m for name, m in model.named_modules() if _is_4bit(m) and not any(
@@ -168,7 +169,8 @@ def inference_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         weight = dense_weight(base.weight)
         delta = module.get_delta_weight(ADAPTER) if module.merged is False and not module.disable_adapters \
             else torch.zeros((), device=weight.device)
-        yield f"{prefix}.weight", (weight.float() + _full(delta).float()).to(_dense_dtype(base.weight, weight))
+        dtype = torch.promote_types(_dense_dtype(base.weight, weight), module.lora_B[ADAPTER].weight.dtype)
+        yield f"{prefix}.weight", (weight.float() + _full(delta).float()).to(dtype)
         if getattr(base, "bias", None) is not None:
             yield f"{prefix}.bias", _full(base.bias).detach()
     for prefix, module in quantized.items():
