@@ -95,14 +95,16 @@ def vllm_need_gb(model: ModelSpec, workload: Workload, dtype: str) -> float:
 
 
 def ladder(asked_off: dict, roles: dict):
-    """Offload rungs in order; a role whose user set offload explicitly keeps that setting."""
+    """Offload rungs in order; a role whose user set offload explicitly keeps that setting. Parameters
+    stay on the device where bitsandbytes holds them (a 4-bit base runs unwrapped on one device) or
+    steps them (its 8-bit AdamW has no host implementation): param offload would move both to the host."""
     def offload(level: int) -> dict[str, tuple[bool, bool]]:
         out = {}
-        for name in roles:
+        for name, rp in roles.items():
             po, oo = asked_off[name]
             trainable = name != "ref"
             want_o = level >= 1 and trainable
-            want_p = level >= 2
+            want_p = level >= 2 and rp.base_quantization is None and not rp.optimizer_8bit
             out[name] = (po if po is not AUTO else want_p, (oo if oo is not AUTO else want_o) and trainable)
         return out
     return [("nothing offloaded", offload(0)), ("optimizer offload", offload(1)),
@@ -147,6 +149,7 @@ class FitInputs:
     growable: frozenset = frozenset()   # budget names ("actor", "actor_forward", ...) the user left `auto`
     ranks: int = 1                  # data-parallel processes (the workload's world is 1 on a CPU host)
     always_fsdp: bool = False       # compat.always_fsdp (verl.compat.wrapping)
+    ref_in_actor: bool = False      # the LoRA actor computes the reference log-probs (no reference model)
 
 
 def settled(d: Decider, inp: FitInputs, name: str, rp: RolePlan) -> RolePlan:
@@ -160,7 +163,7 @@ def settled(d: Decider, inp: FitInputs, name: str, rp: RolePlan) -> RolePlan:
 def _estimate(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan):
     return estimate_memory(inp.model, inp.workload, rs["actor"], ro, rs.get("critic"), rs.get("ref"),
                            device_memory_gb=d.profile.memory_gb, backend=d.profile.backend, fragmentation=inp.margin,
-                           compiled_layers=inp.compiled_layers)
+                           compiled_layers=inp.compiled_layers, ref_in_actor=inp.ref_in_actor)
 
 
 class _Search:
@@ -538,7 +541,7 @@ def raise_shortfall(d: Decider, inp: FitInputs, b: _Batch, bud: dict, limit: flo
             ro = replace(ro, gpu_memory_utilization=vllm_need_gb(model, wl, rollout.dtype) / limit)
         return estimate_memory(model, wl, rs["actor"], ro, rs.get("critic"), rs.get("ref"),
                                device_memory_gb=limit, backend=d.profile.backend, fragmentation=margin,
-                               compiled_layers=inp.compiled_layers)
+                               compiled_layers=inp.compiled_layers, ref_in_actor=inp.ref_in_actor)
 
     est = required(workload)
     need = est.required_gb

@@ -17,7 +17,7 @@ from verl.compat.decider import Decider as _Decider
 from verl.compat.decider import PACKED_KERNELS, PlanError
 from verl.compat.decider import cc_name as _cc
 from verl.compat.fit import MAX_ROLLOUT_MICRO_BATCH, FitInputs, apply_batches, fit, micro_batches, settled
-from verl.compat.lora import decide_adapters
+from verl.compat.lora import decide_adapters, keep_bitsandbytes_on_device
 from verl.compat.memory import Workload
 from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
@@ -429,7 +429,7 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     rollout = _decide_compiled_decode(d, rollout, glob["torch_compile"])
     _decide_cast_on_gather(d, roles, rollout.dtype)
     _warn_vllm_only_keys(d, config, rollout.name)
-    inp = _fit_inputs(d, config, roles_cfg, roles, rollout, rollout_asked, model, glob["torch_compile"])
+    inp = _fit_inputs(d, config, roles_cfg, roles, rollout, rollout_asked, model, glob["torch_compile"], ref_in_actor)
     plan_kwargs = dict(device=profile, software=software, actor=None, critic=None, ref=None, rollout=rollout,
                        predicted_peak_gb=0.0, memory_limit_gb=profile.memory_gb, ref_in_actor=ref_in_actor, **glob)
     plan_kwargs["dataloader_num_workers"] = _dataloader_workers(d, config, int(_get(config, "trainer.n_gpus_per_node", 1)))
@@ -469,7 +469,8 @@ def _decide_roles(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig]) -
 
 
 def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], roles: dict, rollout: RolloutPlan,
-                rollout_asked: dict, model: ModelSpec | None, compiled: bool = False) -> FitInputs:
+                rollout_asked: dict, model: ModelSpec | None, compiled: bool = False,
+                ref_in_actor: bool = False) -> FitInputs:
     """The workload and the user's memory-related settings (AUTO where the fit may decide)."""
     arr = "actor_rollout_ref"
     ranks = max(int(_get(config, "trainer.n_gpus_per_node", 1)) * int(_get(config, "trainer.nnodes", 1)), 1)
@@ -496,6 +497,7 @@ def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], rol
     asked_off = {name: (_flag(_first(config, f"{rc.fsdp_prefix}.param_offload")),
                         _flag(_first(config, f"{rc.fsdp_prefix}.optimizer_offload")))
                  for name, rc in roles_cfg.items()}
+    keep_bitsandbytes_on_device(d, roles, asked_off, {name: rc.fsdp_prefix for name, rc in roles_cfg.items()})
     if d.profile.backend == "cpu":
         _offload_on_host(d, {name: roles_cfg[name] for name in roles}, asked_off)
     dynamic = decide_dynamic_bsz(d.note, d.profile, config)
@@ -509,7 +511,7 @@ def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], rol
                      asked_ckpt=asked_ckpt, asked_off=asked_off, asked_reshard=asked_reshard,
                      margin=float(_get(config, "compat.memory_margin", 0.1)), compiled_layers=compiled,
                      growable=growable, ranks=ranks,
-                     always_fsdp=bool(_flag(_get(config, "compat.always_fsdp", False))))
+                     always_fsdp=bool(_flag(_get(config, "compat.always_fsdp", False))), ref_in_actor=ref_in_actor)
 
 
 def _asked_reshard(config: Any, rc: _RoleConfig) -> tuple[str, Any]:
