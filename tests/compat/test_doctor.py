@@ -167,7 +167,7 @@ def test_text_report_shows_the_memory_breakdown_json_carries_it(capsys):
     assert set(memory) >= {"phases", "peak_phase", "required_gb", "predicted_peak_gb"}
     assert main(["--device", "t4", "--model-spec", "qwen2.5-0.5b", *QUICKSTART]) == 0
     text = capsys.readouterr().out
-    block = text[text.index("  memory    GiB per device"):].splitlines()
+    block = text[text.index("  memory    GiB per device"):text.index("  modes ")].splitlines()
     rows = {line.split()[0]: line for line in block[1:] if line.startswith("    ") and not line.startswith("      ")}
     assert set(rows) == set(memory["phases"]) | {"required"}
     for phase, terms in memory["phases"].items():

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from verl.compat.decider import Decider, PlanError
+from verl.compat.decider import Decider, MemoryShortfall
 from verl.compat.memory import (BYTES, FORWARD_PHASES, GiB, Workload, estimate_memory,
                                 generation_bytes_per_sequence)
 from verl.compat.model_spec import ModelSpec
@@ -528,10 +528,9 @@ def raise_shortfall(d: Decider, inp: FitInputs, b: _Batch, bud: dict, limit: flo
     """Nothing fits: say by how much, and the largest batch / length that would."""
     model, workload, roles, rollout = inp.model, inp.workload, inp.roles, inp.rollout
     dynamic, margin = inp.dynamic, inp.margin
-    offload = ladder(inp.asked_off, roles)[-1][1]
     ck = {n: True for n in roles}
 
-    def required(wl: Workload) -> float:
+    def at_rung(wl: Workload, offload: dict):
         rs = apply_batches(roles, b, dynamic, bud)
         for name in rs:
             rs[name] = settled(d, inp, name, replace(rs[name], gradient_checkpointing=ck[name],
@@ -542,6 +541,11 @@ def raise_shortfall(d: Decider, inp: FitInputs, b: _Batch, bud: dict, limit: flo
         return estimate_memory(model, wl, rs["actor"], ro, rs.get("critic"), rs.get("ref"),
                                device_memory_gb=limit, backend=d.profile.backend, fragmentation=margin,
                                compiled_layers=inp.compiled_layers, ref_in_actor=inp.ref_in_actor)
+
+    def required(wl: Workload):
+        """The smallest rung's estimate (param offload is not always smaller: an offloaded model is gathered
+        whole for generation, which a LoRA model stored in half precision or 4 bits reads in place)."""
+        return min((at_rung(wl, offload) for _, offload in ladder(inp.asked_off, roles)), key=lambda e: e.required_gb)
 
     est = required(workload)
     need = est.required_gb
@@ -563,7 +567,7 @@ def raise_shortfall(d: Decider, inp: FitInputs, b: _Batch, bud: dict, limit: flo
                 break
     if not hint:
         hint = f" Use a device with at least {math.ceil(need)} GiB, or a smaller model."
-    raise PlanError(
-        f"The run does not fit on {d.profile.name} ({limit:.1f} GiB): even with params and optimizer offloaded, "
-        f"gradient checkpointing and micro-batch 1 it needs {need:.2f} GiB (peak in {est.peak_phase}), "
+    raise MemoryShortfall(
+        f"The run does not fit on {d.profile.name} ({limit:.1f} GiB): even at the smallest plan (the offload "
+        f"the settings allow, gradient checkpointing, micro-batch 1) it needs {need:.2f} GiB (peak in {est.peak_phase}), "
         f"{need - limit:.2f} GiB more than the device has.{hint}")

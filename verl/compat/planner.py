@@ -14,11 +14,12 @@ from typing import Any
 
 from verl.compat import engines, settings
 from verl.compat.decider import Decider as _Decider
-from verl.compat.decider import PACKED_KERNELS, PlanError
+from verl.compat.decider import PACKED_KERNELS, MemoryShortfall, PlanError
 from verl.compat.decider import cc_name as _cc
 from verl.compat.fit import MAX_ROLLOUT_MICRO_BATCH, FitInputs, apply_batches, fit, micro_batches, settled
 from verl.compat.lora import decide_adapters, keep_bitsandbytes_on_device
 from verl.compat.memory import Workload
+from verl.compat.modes import lever_hint
 from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.profile import DeviceProfile, SoftwareInfo
@@ -418,8 +419,10 @@ def _decide_globals(d: _Decider, config: Any) -> dict:
     return out
 
 
-def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model: ModelSpec | None = None) -> Plan:
-    """Decide dtypes, attention, rollout engine, compile, backend and the memory plan for one run."""
+def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model: ModelSpec | None = None, *,
+              levers: bool = True) -> Plan:
+    """Decide dtypes, attention, rollout engine, compile, backend and the memory plan for one run.
+    A memory refusal names the LoRA / QLoRA setting that would fit (`levers`; `verl.compat.modes`)."""
     d = _Decider(profile, software, bool(_flag(_get(config, "compat.strict", False))))
     glob = _decide_globals(d, config)
     roles_cfg = _role_configs(config)
@@ -435,7 +438,13 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     plan_kwargs["dataloader_num_workers"] = _dataloader_workers(d, config, int(_get(config, "trainer.n_gpus_per_node", 1)))
     if model is None:
         return _throughput(d, _plan_without_model(d, inp, plan_kwargs), inp.dynamic)
-    return _throughput(d, fit(d, inp, plan_kwargs), inp.dynamic)
+    try:
+        fitted = fit(d, inp, plan_kwargs)
+    except MemoryShortfall as err:
+        if not levers:
+            raise
+        raise MemoryShortfall(str(err) + lever_hint(profile, config, software, model)) from None
+    return _throughput(d, fitted, inp.dynamic)
 
 
 def _throughput(d: _Decider, plan: Plan, dynamic: bool) -> Plan:
