@@ -183,6 +183,6 @@ def test_text_report_shows_the_memory_breakdown_json_carries_it(capsys):
 def test_text_report_without_a_memory_plan_has_no_memory_block():
     from verl.compat.__main__ import _text_report, plan_for
 
-    _, _, plan = plan_for(QUICKSTART, device="t4", model_spec="qwen2.5-0.5b")
+    config, model, plan = plan_for(QUICKSTART, device="t4", model_spec="qwen2.5-0.5b")
     plan.memory = {}
-    assert "memory    GiB" not in _text_report(plan)
+    assert "memory    GiB" not in _text_report(config, model, plan)
