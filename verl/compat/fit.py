@@ -156,7 +156,7 @@ def settled(d: Decider, inp: FitInputs, name: str, rp: RolePlan) -> RolePlan:
     """`rp` with what follows from the offload the fit chose, which the memory counts: its FSDP2 wrapping
     and its optimizer's kernel (the planner notes both reasons once the plan is final)."""
     fused = name != "ref" and decide_fused_optimizer(lambda _key, value, _why: value, d.profile, name,
-                                                     rp.param_offload)
+                                                     rp.param_offload, d.software.torch_version, rp.optimizer_8bit)
     return replace(rp, fsdp=wraps_in_fsdp(rp, inp.ranks, inp.always_fsdp)[0], fused_optimizer=fused)
 
 

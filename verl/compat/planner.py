@@ -452,7 +452,8 @@ def _throughput(d: _Decider, plan: Plan, dynamic: bool) -> Plan:
     for name in ("actor", "critic", "ref"):
         role = getattr(plan, name)
         if role is not None:
-            fused = name != "ref" and decide_fused_optimizer(d.note, d.profile, name, role.param_offload)
+            fused = name != "ref" and decide_fused_optimizer(d.note, d.profile, name, role.param_offload,
+                                                             d.software.torch_version, role.optimizer_8bit)
             setattr(plan, name, replace(role, use_dynamic_bsz=dynamic, fused_optimizer=fused))
     return plan
 
