@@ -15,6 +15,10 @@ class PlanError(RuntimeError):
     """The run cannot be planned on this device (strict-mode refusal or memory shortfall)."""
 
 
+class MemoryShortfall(PlanError):
+    """No rung of the memory ladder fits: the message gives the shortfall and what would fit."""
+
+
 class Decider:
     """Collects reasons and warnings while deciding; `adapt` handles settings the device lacks."""
 

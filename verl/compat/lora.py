@@ -101,7 +101,11 @@ def _decide_4bit(d: Decider, config: Any, actor: RolePlan) -> str | None:
         raise PlanError(f"{LOAD_IN_4BIT}=true quantizes the frozen base of a LoRA model, and "
                         f"{LORA_KEYS['actor']}=0 trains every weight: set {LORA_KEYS['actor']} (e.g. 32) or "
                         f"{LOAD_IN_4BIT}=false.")
-    if (why := d.bnb_missing("nf4")) is not None:
+    ranks = int(settings.get(config, "trainer.n_gpus_per_node", 1)) * int(settings.get(config, "trainer.nnodes", 1))
+    why = d.bnb_missing("nf4")
+    if why is None and ranks > 1:
+        why = f"a 4-bit base runs on one device, unwrapped, and this run has {ranks} ranks (FSDP2 shards no 4-bit weights)"
+    if why is not None:
         d.adapt("actor.base_quantization", LOAD_IN_4BIT, True, False, why)
         return None
     return d.note("actor.base_quantization", "nf4", f"set by the user ({LOAD_IN_4BIT}=true): the frozen base's "
@@ -125,3 +129,15 @@ def _decide_8bit(d: Decider, config: Any, name: str) -> bool:
         return False
     return d.note(f"{name}.optimizer_8bit", True, f"set by the user ({optim}: bitsandbytes.optim.AdamW8bit): "
                   "AdamW's two moments are kept in 8 bits (block-wise quantized), a quarter of float32's memory")
+
+
+def keep_bitsandbytes_on_device(d: Decider, roles: dict[str, RolePlan], asked_off: dict, fsdp_prefix: dict) -> None:
+    """A user's `param_offload=true` on a role whose weights or optimizer bitsandbytes holds is adapted
+    to false: a 4-bit base runs unwrapped on the device and 8-bit AdamW has no host step."""
+    for name, rp in roles.items():
+        po, oo = asked_off[name]
+        if po is True and (rp.base_quantization or rp.optimizer_8bit):
+            what = "the 4-bit base runs unwrapped on the device" if rp.base_quantization else \
+                "bitsandbytes' 8-bit AdamW steps on the device only (no host implementation)"
+            asked_off[name] = (d.adapt(f"{name}.param_offload", f"{fsdp_prefix[name]}.param_offload", True, False,
+                                       what), oo)
