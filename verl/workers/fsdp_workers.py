@@ -630,6 +630,9 @@ class CriticWorker(Worker):
             raise ValueError("CriticWorker needs the compat plan: pass plan=verl.compat.build_plan(config)")
         if plan.critic is None:
             raise ValueError("the compat plan has no critic role (plan.critic is None) but a CriticWorker was built")
+        if plan.critic.lora_rank > 0:
+            raise NotImplementedError("LoRA on the critic (critic.model.lora_rank > 0) is not built: its value head "
+                                      "would have to train beside the adapters; set critic.model.lora_rank=0")
         from verl.compat.apply import apply_in_process
 
         self.device = apply_in_process(plan, self.device_index)
