@@ -193,7 +193,7 @@ def bnb_model_dir(tmp_path_factory):
                                 intermediate_size=128, num_heads=4, num_kv_heads=2, seed=0)
 
 
-def test_qlora_base_and_8bit_adamw(bnb_model_dir):
+def test_qlora_base_and_8bit_adamw(bnb_model_dir, tmp_path):
     """The t4 plan with `load_in_4bit` and AdamW8bit (run on this host's CPU): the base's linear layers are
     bitsandbytes NF4, the optimizer keeps 8-bit moments, only the adapters change, and the merged weights
     (the base dequantized, then W + s·B@A: what vLLM is pushed) reproduce the QLoRA model's logits up to
@@ -225,3 +225,20 @@ def test_qlora_base_and_8bit_adamw(bnb_model_dir):
     plain.load_state_dict({k: v.float() for k, v in lora.inference_weights(worker.actor_module)})
     torch.testing.assert_close(logits(plain), logits(worker.actor_module).float(), rtol=0, atol=2e-2)
     assert not torch.allclose(logits(plain), logits(AutoModelForCausalLM.from_pretrained(bnb_model_dir)), atol=2e-2)
+
+    # save -> resume (4-bit base, 8-bit moments) continues exactly; the merger dequantizes and merges
+    from verl.model_merger.__main__ import main as merger_main
+
+    folder = tmp_path / "global_step_1" / "actor"
+    worker.save_checkpoint(str(folder), global_step=1)
+    resumed = ActorRolloutRefWorker(lora_config(bnb_model_dir, lora_rank=rank), role="actor_rollout_ref", plan=plan)
+    resumed.init_model()
+    resumed.load_checkpoint(str(folder))
+    assert merger_main(["merge", "--backend", "fsdp", "--local_dir", str(folder), "--target_dir",
+                        str(tmp_path / "merged")]) == 0
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"))
+    torch.testing.assert_close(logits(merged), logits(worker.actor_module).float(), rtol=0, atol=2e-2)
+    data = ppo_batch(batch_size=4, seed=3)
+    a, b = train_step(worker, data.slice(0, 4)), train_step(resumed, data.slice(0, 4))
+    assert a["actor/pg_loss"] == b["actor/pg_loss"] and a["actor/grad_norm"] == b["actor/grad_norm"]
+    torch.testing.assert_close(logits(resumed.actor_module), logits(worker.actor_module), rtol=0, atol=0)

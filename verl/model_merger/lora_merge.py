@@ -7,7 +7,7 @@ and `lora_B`), beside `lora_train_meta.json` (rank, alpha, task type). The merge
 `W + (alpha / r) · B @ A`, computed in float32 (see `Adapters.merge_into` for the dtype written); `lora_adapter/` holds
 `adapter_config.json` and `adapter_model.safetensors` under peft's saved names (the adapter name dropped),
 so `peft.PeftModel.from_pretrained(base, "<target>/lora_adapter")` or
-`actor_rollout_ref.model.lora_adapter_path` loads it.
+`actor_rollout_ref.model.lora_adapter_path` loads it. A QLoRA base is dequantized first (bitsandbytes).
 """
 from __future__ import annotations
 
@@ -80,10 +80,31 @@ def _base_name(key: str) -> str:
     return key.removeprefix(STATE_PREFIX).replace(".base_layer.", ".")
 
 
+_QUANT_STATE = ".weight.quant_state.bitsandbytes__"
+
+
+def dequantize_4bit(shard: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A QLoRA shard with every bitsandbytes 4-bit weight (packed bytes plus its `weight.<quant item>`
+    entries) turned back into a dense matrix in the dtype it was quantized from. A 4-bit base runs on one
+    device, so its checkpoint has one shard."""
+    packed = {k.split(_QUANT_STATE)[0] for k in shard if _QUANT_STATE in k}
+    if not packed:
+        return shard
+    import bitsandbytes.functional as bnb_functional
+
+    out = {k: v for k, v in shard.items() if not any(k.startswith(f"{p}.weight.") for p in packed)}
+    for layer in packed:
+        items = {k[len(f"{layer}.weight."):]: v for k, v in shard.items() if k.startswith(f"{layer}.weight.")}
+        state = bnb_functional.QuantState.from_dict(items, device=torch.device("cpu"))
+        out[f"{layer}.weight"] = bnb_functional.dequantize_4bit(shard[f"{layer}.weight"], state)
+    return out
+
+
 def split_adapters(shards: list[dict[str, torch.Tensor]], local_dir: str) -> tuple[list[dict], Adapters]:
     """The shards under the base model's names without the adapters, and the adapters (whole tensors:
     FSDP2 splits every parameter along dim 0, so each is its ranks' parts joined in rank order)."""
     meta = read_meta(local_dir)
+    shards = [dequantize_4bit(s) for s in shards]
     layers: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for key in shards[0]:
         if key.endswith(_A):
@@ -104,4 +125,4 @@ def split_adapters(shards: list[dict[str, torch.Tensor]], local_dir: str) -> tup
     return rest, Adapters(layers, rank, alpha, str(meta.get("task_type", "CAUSAL_LM")))
 
 
-__all__ = ["ADAPTER_FOLDER", "Adapters", "read_meta", "split_adapters"]
+__all__ = ["ADAPTER_FOLDER", "Adapters", "dequantize_4bit", "read_meta", "split_adapters"]
