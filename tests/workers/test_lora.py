@@ -88,6 +88,8 @@ def test_only_adapters_train_and_the_reference_is_the_base(model_dir):
     from transformers import AutoModelForCausalLM
 
     plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    untouched = plain.state_dict()   # a model without adapters pushes exactly its state_dict
+    assert {k: v.data_ptr() for k, v in lora.inference_weights(plain)} == {k: v.data_ptr() for k, v in untouched.items()}
     merged = dict(lora.inference_weights(worker.actor_module))
     assert set(merged) == set(plain.state_dict())
     plain.load_state_dict(merged)

@@ -424,6 +424,9 @@ class ActorRolloutRefWorker(Worker):
         )
         if planned.role_plan.lora_rank > 0:
             module = lora.add_adapters(module, model_cfg, planned.role_plan.lora_rank, planned.param_dtype)
+        elif model_cfg.get("lora_adapter_path") and planned.name == "actor":
+            raise ValueError("actor_rollout_ref.model.lora_adapter_path is set but lora_rank is 0: set "
+                             "actor_rollout_ref.model.lora_rank to the adapter's rank to continue training it")
         laps(f"{planned.name}_load")
         module = planned.shard(module, compile_layers)
         laps(f"{planned.name}_shard")
