@@ -32,6 +32,9 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--model-spec", metavar="NAME|FILE",
                         help=f"model shape when the model is not on disk: a config.json path or one "
                              f"of {', '.join(BUILTIN_MODELS)}")
+    parser.add_argument("--largest", action="store_true",
+                        help="print, for every catalog GPU, the largest built-in model each training mode fits "
+                             "(full, full + offload, LoRA, QLoRA) for this config, as a markdown table")
     return parser.parse_known_args(argv)
 
 
@@ -159,6 +162,18 @@ def _device_report(device: str | None) -> str | None:
         return None
 
 
+def _largest(overrides: list[str]) -> int:
+    """`--largest`: the table, planned with the installed software (peft and bitsandbytes assumed where
+    missing, as the modes are)."""
+    from verl import compat
+    from verl.compat.modes import largest_table
+    from verl.trainer.config_check import load_config
+
+    config = load_config(overrides)
+    print(largest_table(config, compat.detect_software(compat.detect_profile("cpu"), probe_xformers=False)))
+    return 0
+
+
 def _print_modes_after(err: Exception, config, model, overrides: list[str], args) -> None:
     """After a refusal, what each training mode would need; after a config error, the same for the
     config as composed (the planner fills what the checks asked for with its defaults)."""
@@ -183,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     from verl import compat
 
     args, overrides = _parse(sys.argv[1:] if argv is None else argv)
+    if args.largest:
+        return _largest(overrides)
     config = model = None
     try:
         with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():

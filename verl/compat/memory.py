@@ -1,45 +1,9 @@
 """Memory model: predicted peak device memory of one PPO step, per phase, for a plan and a model.
 
-Pure arithmetic on `ModelSpec` and the role plans; no torch. All roles are colocated on every
-device (verl's hybrid engine), FSDP shards persistent state over `world_size` devices, and a
-role marked `param_offload` / `optimizer_offload` keeps that state on the host whenever it is
-not the active role (optimizer offload also keeps the optimizer off the device until the
-optimizer step, after activations are freed).
-
-`predicted_peak_gb` is the peak of tensor allocations, what `torch.cuda.max_memory_allocated`
-reports. `required_gb` adds what the allocator does not count as allocated: the CUDA context
-and a fragmentation margin. The planner fits `required_gb` into the device.
-
-Per-layer activation formula (bytes per token, one decoder layer, saved for backward), with
-`r` the residual-stream width in bytes (the dtype the weights are gathered in: 4 for float32
-weights under autocast, 2 when FSDP gathers them in bf16/fp16; calibrated on the H200) and `c`
-the compute width:
-    norms   2 x (2H*r + H*c)           input and normalised copy kept in float32, cast input of the next matmul
-    attn    (2q + 2kv + 2q)*c + 4*heads   q, k, v, output and its contiguous copy, log-sum-exp
-    mlp     4I*c                        gate, act(gate), up, act(gate)*up
-Eager attention adds heads*T*(4 + c) per token (float32 softmax and its cast, saved for the
-value matmul); sdpa/flash keep O(T). With gradient checkpointing only the layer input (H*r per
-token per layer) is kept, plus one layer recomputed during backward. Logits: the micro-batch's
-response positions only (response tokens x vocab; the actor passes `logits_to_keep`) in compute
-dtype, plus two float32 chunks of the chunked log-prob pass and, in backward, the logits' gradient.
-
-A micro-batch holds its configured size, or as many full-length sequences as its token budget
-(`use_dynamic_bsz`) holds, but never more than its role is handed at once: an update one
-mini-batch (`ppo_mini_batch_size` x `rollout.n` / world size sequences), a forward (log-probs,
-values) the device's whole rollout batch. An update peaks at the largest of: the end of forward
-(gathered units, activations, logits), a layer's backward (its unsharded gradients and the flat
-copy FSDP2 reduces from), the end of backward (the root unit, still gathered, and the
-vocabulary-sized gradients), and the optimizer step. A role planned with
-`reshard_after_forward=False` keeps every layer gathered from its forward to its backward: the
-end of forward and the first layer's backward then hold the whole model in the gather dtype.
-
-The built-in rollout engine generates `rollout.micro_batch_size` sequences at a time. Its memory
-is linear in that count (`generation_bytes_per_sequence`), so a generation phase is predicted for
-one such chunk, however large the batch handed to it. Two phases generate: the training rollout
-(the step's batch) and validation (`data.val_batch_size` prompts x `val_kwargs.n`, or the whole
-validation set when that is null, whose size the planner cannot know: then one full chunk).
-The actor worker unshards its FSDP2 model once before generating, so the whole model is gathered
-next to its shards for the phase, on one device too (FSDP2 copies even at world size 1).
+Pure arithmetic on `ModelSpec` and the role plans; no torch. `predicted_peak_gb` is the peak of tensor
+allocations (what `torch.cuda.max_memory_allocated` reports); `required_gb` adds the CUDA context and a
+fragmentation margin, and is what the planner fits into the device. Every term, its formula and where it
+was measured: docs/compat.md, "The memory model".
 """
 from __future__ import annotations
 

@@ -148,3 +148,15 @@ def largest_models(profile: DeviceProfile, config: Any, software: SoftwareInfo) 
         fitting = [name for name, spec in specs if plan_mode(profile, config, software, spec, mode).fits]
         out[mode] = fitting[-1] if fitting else None
     return out
+
+
+def largest_table(config: Any, software: SoftwareInfo, devices: list[str] | None = None) -> str:
+    """Markdown: for each catalog GPU, the largest catalog model each mode fits (the docs' table)."""
+    from verl.compat.catalog import CATALOG
+
+    names = devices or [name for name, p in CATALOG.items() if p.backend != "cpu"]
+    lines = [f"| device | {' | '.join(MODES)} |", "|---|" + "---|" * len(MODES)]
+    for name in names:
+        best = largest_models(CATALOG[name], config, software)
+        lines.append(f"| {name} | " + " | ".join(best[m] or "none" for m in MODES) + " |")
+    return "\n".join(lines)
