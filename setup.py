@@ -56,7 +56,13 @@ EXTRAS_REQUIRE = {
     "wandb": ["wandb"],
     # The geo3k reward grades with mathruler (as upstream), which imports pylatexenc without declaring it.
     "reward": ["mathruler>=0.1", "pylatexenc>=2.10"],
-    "test": ["pytest>=7", "pytest-timeout>=2", "mathruler>=0.1", "pylatexenc>=2.10"],
+    # LoRA (actor_rollout_ref.model.lora_rank > 0). 0.14 is the first peft with LoraConfig(exclude_modules),
+    # which upstream's key maps to; peft asks for torch >= 1.13 and accelerate (torch >= 2.6): below the floor.
+    "peft": ["peft>=0.14"],
+    # QLoRA's 4-bit base (actor_rollout_ref.model.load_in_4bit) and AdamW8bit; the compat plan uses them only
+    # where bitsandbytes' own support table covers the device (verl.compat.decider.bitsandbytes_missing).
+    "bnb": ["bitsandbytes>=0.45"],
+    "test": ["pytest>=7", "pytest-timeout>=2", "mathruler>=0.1", "pylatexenc>=2.10", "peft>=0.14"],
 }
 
 setup(

@@ -167,7 +167,7 @@ def test_text_report_shows_the_memory_breakdown_json_carries_it(capsys):
     assert set(memory) >= {"phases", "peak_phase", "required_gb", "predicted_peak_gb"}
     assert main(["--device", "t4", "--model-spec", "qwen2.5-0.5b", *QUICKSTART]) == 0
     text = capsys.readouterr().out
-    block = text[text.index("  memory    GiB per device"):].splitlines()
+    block = text[text.index("  memory    GiB per device"):text.index("  modes ")].splitlines()
     rows = {line.split()[0]: line for line in block[1:] if line.startswith("    ") and not line.startswith("      ")}
     assert set(rows) == set(memory["phases"]) | {"required"}
     for phase, terms in memory["phases"].items():
@@ -183,6 +183,6 @@ def test_text_report_shows_the_memory_breakdown_json_carries_it(capsys):
 def test_text_report_without_a_memory_plan_has_no_memory_block():
     from verl.compat.__main__ import _text_report, plan_for
 
-    _, _, plan = plan_for(QUICKSTART, device="t4", model_spec="qwen2.5-0.5b")
+    config, model, plan = plan_for(QUICKSTART, device="t4", model_spec="qwen2.5-0.5b")
     plan.memory = {}
-    assert "memory    GiB" not in _text_report(plan)
+    assert "memory    GiB" not in _text_report(config, model, plan)

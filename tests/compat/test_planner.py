@@ -51,8 +51,9 @@ def config(batch, prompt, response, mini, micro, log_prob_micro, **extra):
 
 QUICKSTART = config(256, 512, 512, 64, 4, 8)
 FIELD = config(1, 256, 256, 1, 1, 1)
-# devices too small for a 0.5B actor + critic under our offload semantics (optimizer back on device for its step)
-TOO_SMALL = {"quickstart": {"rtx2080ti"}, "field": {"rtx2080ti"}}
+# devices too small for a 0.5B actor + critic (none: under param offload weights, gradients and the AdamW
+# step stay in host memory, so the 11 GiB RTX 2080 Ti holds the gathered units and activations)
+TOO_SMALL = {"quickstart": set(), "field": set()}
 EXPECTED_DTYPE = {"cpu": "float32", "p40": "float32", "p100": "float32", "v100-16gb": "float16",
                   "v100-32gb": "float16", "t4": "float16", "rtx2080ti": "float16"}
 
@@ -304,7 +305,7 @@ def test_offload_ladder_order_as_memory_shrinks():
     base = get_profile("a100-80gb")
     cfg = config(64, 512, 2048, 64, 8, 8, actor_rollout_ref__model__enable_gradient_checkpointing=True)
     seen = []
-    for quarter in range(80 * 4, 4 * 4, -1):
+    for quarter in range(80 * 4, 4, -1):
         gb = quarter / 4
         try:
             plan = make_plan(dataclasses.replace(base, memory_gb=gb), cfg, PLAIN, QWEN05)
@@ -329,11 +330,11 @@ def test_offload_ladder_order_as_memory_shrinks():
 
 
 def test_plan_error_states_shortfall_and_what_would_fit():
-    tiny_gpu = dataclasses.replace(get_profile("t4"), memory_gb=9.0)
+    tiny_gpu = dataclasses.replace(get_profile("t4"), memory_gb=2.0)
     with pytest.raises(PlanError) as err:
         make_plan(tiny_gpu, QUICKSTART, PLAIN, QWEN05)
     msg = str(err.value)
-    assert "t4 (9.0 GiB)" in msg and "GiB more than the device has" in msg
+    assert "t4 (2.0 GiB)" in msg and "GiB more than the device has" in msg
     assert "largest setting that fits" in msg.lower() or "at least" in msg
 
 

@@ -42,11 +42,26 @@ def test_cpu_and_explicit_false_keep_fixed_micro_batches():
 
 
 @pytest.mark.parametrize("offload", [True, False])
-def test_fused_optimizer_only_where_the_parameters_stay_on_the_device(offload):
+def test_fused_optimizer_on_the_device_and_for_the_offloaded_host_step(offload):
     _, _, plan = plan_for(QUICKSTART + [f"actor_rollout_ref.actor.fsdp_config.param_offload={offload}"],
                           device="h200", model_spec="qwen2.5-0.5b")
     assert plan.actor.param_offload is offload
-    assert plan.actor.fused_optimizer is (not offload)
+    assert plan.actor.fused_optimizer is True     # this venv's torch (>= 2.4) has the fused CPU kernel
+    assert ("fused CPU AdamW" in plan.reasons["actor.fused_optimizer"]) is offload
+
+
+@pytest.mark.parametrize("version,fused", [("2.3.1+cu121", False), ("2.4.0", True), ("2.11.0+cu128", True),
+                                           ("", False)])
+def test_offloaded_step_is_fused_from_torch_2_4_else_foreach(version, fused):
+    from verl.compat.catalog import CATALOG
+    from verl.compat.throughput import decide_fused_optimizer
+
+    reasons = {}
+    note = lambda key, value, why: reasons.setdefault(key, why) and value  # noqa: E731
+    assert decide_fused_optimizer(note, CATALOG["p40"], "actor", True, version) is fused
+    assert ("foreach" in reasons["actor.fused_optimizer"]) is (not fused)
+    assert decide_fused_optimizer(note, CATALOG["p40"], "critic", True, "2.11.0", eight_bit=True) is False
+    assert "AdamW8bit" in reasons["critic.fused_optimizer"]
 
 
 # the field report's shape on its P40: batch 1, 256 + 256 tokens, every micro-batch 1

@@ -247,7 +247,7 @@ def test_sampling_validation_needs_temperature(ppo):
 
 
 def test_unimplemented_feature_switch_is_an_error(ppo):
-    assert "LoRA" in errors_of(changed(ppo, "actor_rollout_ref.model.lora_rank=8"))
+    assert "Megatron's LoRA" in errors_of(changed(ppo, "actor_rollout_ref.model.lora.rank=8"))
     assert "does not implement" in errors_of(changed(ppo, "distillation.enabled=true"))
 
 

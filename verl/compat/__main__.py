@@ -32,6 +32,9 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--model-spec", metavar="NAME|FILE",
                         help=f"model shape when the model is not on disk: a config.json path or one "
                              f"of {', '.join(BUILTIN_MODELS)}")
+    parser.add_argument("--largest", action="store_true",
+                        help="print, for every catalog GPU, the largest built-in model each training mode fits "
+                             "(full, full + offload, LoRA, QLoRA) for this config, as a markdown table")
     return parser.parse_known_args(argv)
 
 
@@ -49,19 +52,42 @@ def _model_spec(name: str | None):
     return ModelSpec.from_hf_config(BUILTIN_MODELS[key])
 
 
-def plan_for(overrides: list[str], device: str | None = None, model_spec: str | None = None):
-    """(config, model, plan) for main_ppo-style overrides: the doctor's work without the printing."""
+def config_and_model(overrides: list[str], device: str | None = None, model_spec: str | None = None,
+                     check: bool = True):
+    """(config, model) for main_ppo-style overrides, the device to plan for set in `compat.device`.
+    `--device` names one device of a kind: unless the overrides set `trainer.n_gpus_per_node` /
+    `trainer.nnodes`, the plan is for one of them (upstream's default is 8 per node)."""
     from omegaconf import open_dict
 
     from verl import compat
     from verl.trainer.config_check import load_config
 
-    config = load_config(overrides)
+    if device and not any(o.lstrip("+").startswith(("trainer.n_gpus_per_node", "trainer.nnodes")) for o in overrides):
+        overrides = ["trainer.n_gpus_per_node=1", "trainer.nnodes=1", *overrides]
+    config = load_config(overrides, check=check)
     if device:
         with open_dict(config):
             config.compat.device = device
-    model = _model_spec(model_spec) or compat.model_spec_for(config)
+    return config, _model_spec(model_spec) or compat.model_spec_for(config)
+
+
+def plan_for(overrides: list[str], device: str | None = None, model_spec: str | None = None):
+    """(config, model, plan) for main_ppo-style overrides: the doctor's work without the printing."""
+    from verl import compat
+
+    config, model = config_and_model(overrides, device, model_spec)
     return config, model, compat.build_plan(config, model=model, to_run=False)
+
+
+def mode_report(config, model) -> tuple:
+    """(profile, rows): what full, full + offload, LoRA and QLoRA training would need on the planned
+    device (`verl.compat.modes`)."""
+    from verl import compat
+    from verl.compat.modes import mode_rows
+    from verl.compat.settings import get
+
+    profile = compat.detect_profile(compat.simulate_name(get(config, "compat.device", None)))
+    return profile, mode_rows(profile, config, compat.detect_software(profile, probe_xformers=False), model)
 
 
 # How to switch on a role the config leaves off, to show what it would be planned as.
@@ -77,6 +103,7 @@ def doctor_json(config, model, plan) -> dict:
     from verl import compat
 
     out = plan.to_dict()
+    out["modes"] = [asdict(row) for row in mode_report(config, model)[1]]
     for name, role in (("actor", plan.actor), ("critic", plan.critic), ("ref", plan.ref)):
         if role is not None:
             out[name]["enabled"] = True
@@ -110,11 +137,18 @@ def format_memory(memory: dict, limit_gb: float) -> str:
     return "\n".join(lines)
 
 
-def _text_report(plan) -> str:
+def _text_report(config, model, plan) -> str:
     from verl import compat
 
     memory = format_memory(plan.memory, plan.memory_limit_gb)
-    return compat.format_plan(plan) + (f"\n\n{memory}" if memory else "")
+    return compat.format_plan(plan) + (f"\n\n{memory}" if memory else "") + "\n\n" + _modes_text(config, model)
+
+
+def _modes_text(config, model) -> str:
+    from verl.compat.modes import format_modes
+
+    profile, rows = mode_report(config, model)
+    return format_modes(rows, profile)
 
 
 def _device_report(device: str | None) -> str | None:
@@ -128,12 +162,50 @@ def _device_report(device: str | None) -> str | None:
         return None
 
 
+def _largest(overrides: list[str]) -> int:
+    """`--largest`: the table, planned with the installed software (peft and bitsandbytes assumed where
+    missing, as the modes are)."""
+    from verl import compat
+    from verl.compat.modes import largest_table
+    from verl.trainer.config_check import load_config
+
+    config = load_config(overrides)
+    print(largest_table(config, compat.detect_software(compat.detect_profile("cpu"), probe_xformers=False)))
+    return 0
+
+
+def _print_modes_after(err: Exception, config, model, overrides: list[str], args) -> None:
+    """After a refusal, what each training mode would need; after a config error, the same for the
+    config as composed (the planner fills what the checks asked for with its defaults)."""
+    from verl.compat.decider import PlanError
+    from verl.trainer.config_check import ConfigError
+
+    if isinstance(err, ConfigError):
+        try:
+            config, model = config_and_model(overrides, args.device, args.model_spec, check=False)
+        except (FileNotFoundError, ValueError, RuntimeError):
+            return
+        print("\n(the config as composed, its errors above left to the planner's defaults)")
+    elif not isinstance(err, PlanError) or model is None:
+        return
+    try:
+        print("\n" + _modes_text(config, model))
+    except (FileNotFoundError, ValueError, RuntimeError):
+        return
+
+
 def main(argv: list[str] | None = None) -> int:
+    from verl import compat
+
     args, overrides = _parse(sys.argv[1:] if argv is None else argv)
+    if args.largest:
+        return _largest(overrides)
+    config = model = None
     try:
         with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-            config, model, plan = plan_for(overrides, args.device, args.model_spec)
-            report = doctor_json(config, model, plan) if args.json else _text_report(plan)
+            config, model = config_and_model(overrides, args.device, args.model_spec)
+            plan = compat.build_plan(config, model=model, to_run=False)
+            report = doctor_json(config, model, plan) if args.json else _text_report(config, model, plan)
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         # Without a plan the device and software verdicts still answer "what can this machine do?".
         device = None if args.json else _device_report(args.device)
@@ -142,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         hint = " Or give the doctor the model's shape: --model-spec NAME|FILE." \
             if isinstance(err, FileNotFoundError) else ""
         print(f"error: no plan for this config:\n{err}{hint}", file=sys.stderr)
+        if not args.json:
+            _print_modes_after(err, config, model, overrides, args)
         return 2
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else report)
     return 0

@@ -15,6 +15,10 @@ class PlanError(RuntimeError):
     """The run cannot be planned on this device (strict-mode refusal or memory shortfall)."""
 
 
+class MemoryShortfall(PlanError):
+    """No rung of the memory ladder fits: the message gives the shortfall and what would fit."""
+
+
 class Decider:
     """Collects reasons and warnings while deciding; `adapt` handles settings the device lacks."""
 
@@ -36,6 +40,10 @@ class Decider:
         return replacement
 
     # -- capabilities
+    def bnb_missing(self, feature: str) -> str | None:
+        """Why bitsandbytes' `feature` ("nf4" | "adamw8bit") is not usable here (None when it is)."""
+        return bitsandbytes_missing(self.profile, self.software.bitsandbytes_version, feature)
+
     @property
     def cc(self) -> tuple[int, int]:
         return self.profile.compute_capability or (0, 0)
@@ -84,6 +92,41 @@ class Decider:
         if attn not in ATTENTION_KERNELS:
             return f"unknown attention implementation (use one of {', '.join(ATTENTION_KERNELS)})"
         return None
+
+
+# bitsandbytes' own support table (its README and installation guide): on NVIDIA GPUs its 4-bit (NF4)
+# weights and 8-bit optimizers need compute capability 6.0+ from release 0.48 (5.0+ before: Maxwell
+# wheels were dropped then); its CPU backend has 4-bit weights but no 8-bit optimizers; ROCm is listed
+# as experimental, so compat does not plan it.
+BNB_FEATURES = {"nf4": "4-bit (NF4) base weights", "adamw8bit": "8-bit AdamW states"}
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def bitsandbytes_missing(profile: DeviceProfile, version: str | None, feature: str) -> str | None:
+    """Why bitsandbytes cannot give `feature` ("nf4" | "adamw8bit") on `profile` (None when it can)."""
+    what = BNB_FEATURES[feature]
+    if version is None:
+        return f"{what} need bitsandbytes, which is not installed (pip install bitsandbytes)"
+    if profile.backend == "rocm":
+        return f"bitsandbytes lists its ROCm backend as experimental: compat does not plan its {what} there"
+    if profile.backend == "cpu":
+        if feature == "adamw8bit":
+            return "bitsandbytes has no 8-bit optimizers on CPU (its support table)"
+        return None
+    floor = (5, 0) if version != "unknown" and _version_tuple(version) < (0, 48) else (6, 0)
+    if (profile.compute_capability or (0, 0)) < floor:
+        return (f"bitsandbytes {version} supports {what} from compute capability {floor[0]}.{floor[1]} "
+                f"(this device has {cc_name(profile)})")
+    return None
 
 
 def cc_name(p: DeviceProfile) -> str:

@@ -24,6 +24,7 @@ import torch
 
 from verl.compat.catalog import CATALOG, get_profile
 from verl.compat.engines import engine_names
+from verl.compat.decider import bitsandbytes_missing
 from verl.compat.profile import DeviceProfile, SoftwareInfo
 
 logger = logging.getLogger(__name__)
@@ -417,13 +418,30 @@ def detect_software(profile: DeviceProfile, probe_xformers: bool = True) -> Soft
     vllm_ok, notes["vllm"] = _vllm_verdict(profile, vllm_version)
     compile_ok, notes["triton"] = _compile_verdict(profile)
     varlen_ok, notes["torch_varlen"] = _torch_varlen_verdict(profile)
+    peft_version, bnb_version = _version("peft"), _version("bitsandbytes")
+    notes["peft"] = _installed("peft", peft_version) + (": LoRA adapters available" if peft_version
+                                                        else ": needed for model.lora_rank > 0")
+    notes["bitsandbytes"] = bitsandbytes_note(profile, bnb_version)
     return SoftwareInfo(
         torch_version=torch.__version__, torch_arch_list=arch,
         transformers_version=_version("transformers"),
         flash_attn_version=fa_version, flash_attn_usable=fa_ok,
         xformers_version=xf_version, xformers_usable=xf_ok, torch_varlen_usable=varlen_ok,
         vllm_version=vllm_version, vllm_usable=vllm_ok,
-        triton_usable=compile_ok, rollout_engines=engine_names(), notes=notes)
+        triton_usable=compile_ok, peft_version=peft_version, bitsandbytes_version=bnb_version,
+        rollout_engines=engine_names(), notes=notes)
+
+
+def bitsandbytes_note(profile: DeviceProfile, version: str | None) -> str:
+    """The doctor's line on bitsandbytes: which of its features the planner may use on `profile`."""
+    what = _installed("bitsandbytes", version)
+    if version is None:
+        return f"{what}: needed for model.load_in_4bit (QLoRA) and 8-bit AdamW"
+    verdicts = {feature: bitsandbytes_missing(profile, version, feature) for feature in ("nf4", "adamw8bit")}
+    usable = [f for f, why in verdicts.items() if why is None]
+    if len(usable) == len(verdicts):
+        return f"{what}: 4-bit base and 8-bit AdamW supported on {_sm(profile.compute_capability)}"
+    return f"{what}: " + "; ".join(f"{f}: {why or 'supported'}" for f, why in verdicts.items())
 
 
 # ----------------------------------------------------------------------------- torch build check

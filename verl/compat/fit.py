@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from verl.compat.decider import Decider, PlanError
+from verl.compat.decider import Decider, MemoryShortfall
 from verl.compat.memory import (BYTES, FORWARD_PHASES, GiB, Workload, estimate_memory,
                                 generation_bytes_per_sequence)
 from verl.compat.model_spec import ModelSpec
@@ -95,14 +95,16 @@ def vllm_need_gb(model: ModelSpec, workload: Workload, dtype: str) -> float:
 
 
 def ladder(asked_off: dict, roles: dict):
-    """Offload rungs in order; a role whose user set offload explicitly keeps that setting."""
+    """Offload rungs in order; a role whose user set offload explicitly keeps that setting. Parameters
+    stay on the device where bitsandbytes holds them (a 4-bit base runs unwrapped on one device) or
+    steps them (its 8-bit AdamW has no host implementation): param offload would move both to the host."""
     def offload(level: int) -> dict[str, tuple[bool, bool]]:
         out = {}
-        for name in roles:
+        for name, rp in roles.items():
             po, oo = asked_off[name]
             trainable = name != "ref"
             want_o = level >= 1 and trainable
-            want_p = level >= 2
+            want_p = level >= 2 and rp.base_quantization is None and not rp.optimizer_8bit
             out[name] = (po if po is not AUTO else want_p, (oo if oo is not AUTO else want_o) and trainable)
         return out
     return [("nothing offloaded", offload(0)), ("optimizer offload", offload(1)),
@@ -147,20 +149,21 @@ class FitInputs:
     growable: frozenset = frozenset()   # budget names ("actor", "actor_forward", ...) the user left `auto`
     ranks: int = 1                  # data-parallel processes (the workload's world is 1 on a CPU host)
     always_fsdp: bool = False       # compat.always_fsdp (verl.compat.wrapping)
+    ref_in_actor: bool = False      # the LoRA actor computes the reference log-probs (no reference model)
 
 
 def settled(d: Decider, inp: FitInputs, name: str, rp: RolePlan) -> RolePlan:
     """`rp` with what follows from the offload the fit chose, which the memory counts: its FSDP2 wrapping
     and its optimizer's kernel (the planner notes both reasons once the plan is final)."""
     fused = name != "ref" and decide_fused_optimizer(lambda _key, value, _why: value, d.profile, name,
-                                                     rp.param_offload)
+                                                     rp.param_offload, d.software.torch_version, rp.optimizer_8bit)
     return replace(rp, fsdp=wraps_in_fsdp(rp, inp.ranks, inp.always_fsdp)[0], fused_optimizer=fused)
 
 
 def _estimate(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan):
     return estimate_memory(inp.model, inp.workload, rs["actor"], ro, rs.get("critic"), rs.get("ref"),
                            device_memory_gb=d.profile.memory_gb, backend=d.profile.backend, fragmentation=inp.margin,
-                           compiled_layers=inp.compiled_layers)
+                           compiled_layers=inp.compiled_layers, ref_in_actor=inp.ref_in_actor)
 
 
 class _Search:
@@ -525,10 +528,9 @@ def raise_shortfall(d: Decider, inp: FitInputs, b: _Batch, bud: dict, limit: flo
     """Nothing fits: say by how much, and the largest batch / length that would."""
     model, workload, roles, rollout = inp.model, inp.workload, inp.roles, inp.rollout
     dynamic, margin = inp.dynamic, inp.margin
-    offload = ladder(inp.asked_off, roles)[-1][1]
     ck = {n: True for n in roles}
 
-    def required(wl: Workload) -> float:
+    def at_rung(wl: Workload, offload: dict):
         rs = apply_batches(roles, b, dynamic, bud)
         for name in rs:
             rs[name] = settled(d, inp, name, replace(rs[name], gradient_checkpointing=ck[name],
@@ -538,7 +540,12 @@ def raise_shortfall(d: Decider, inp: FitInputs, b: _Batch, bud: dict, limit: flo
             ro = replace(ro, gpu_memory_utilization=vllm_need_gb(model, wl, rollout.dtype) / limit)
         return estimate_memory(model, wl, rs["actor"], ro, rs.get("critic"), rs.get("ref"),
                                device_memory_gb=limit, backend=d.profile.backend, fragmentation=margin,
-                               compiled_layers=inp.compiled_layers)
+                               compiled_layers=inp.compiled_layers, ref_in_actor=inp.ref_in_actor)
+
+    def required(wl: Workload):
+        """The smallest rung's estimate (param offload is not always smaller: an offloaded model is gathered
+        whole for generation, which a LoRA model stored in half precision or 4 bits reads in place)."""
+        return min((at_rung(wl, offload) for _, offload in ladder(inp.asked_off, roles)), key=lambda e: e.required_gb)
 
     est = required(workload)
     need = est.required_gb
@@ -560,7 +567,7 @@ def raise_shortfall(d: Decider, inp: FitInputs, b: _Batch, bud: dict, limit: flo
                 break
     if not hint:
         hint = f" Use a device with at least {math.ceil(need)} GiB, or a smaller model."
-    raise PlanError(
-        f"The run does not fit on {d.profile.name} ({limit:.1f} GiB): even with params and optimizer offloaded, "
-        f"gradient checkpointing and micro-batch 1 it needs {need:.2f} GiB (peak in {est.peak_phase}), "
+    raise MemoryShortfall(
+        f"The run does not fit on {d.profile.name} ({limit:.1f} GiB): even at the smallest plan (the offload "
+        f"the settings allow, gradient checkpointing, micro-batch 1) it needs {need:.2f} GiB (peak in {est.peak_phase}), "
         f"{need - limit:.2f} GiB more than the device has.{hint}")

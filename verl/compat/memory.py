@@ -1,45 +1,9 @@
 """Memory model: predicted peak device memory of one PPO step, per phase, for a plan and a model.
 
-Pure arithmetic on `ModelSpec` and the role plans; no torch. All roles are colocated on every
-device (verl's hybrid engine), FSDP shards persistent state over `world_size` devices, and a
-role marked `param_offload` / `optimizer_offload` keeps that state on the host whenever it is
-not the active role (optimizer offload also keeps the optimizer off the device until the
-optimizer step, after activations are freed).
-
-`predicted_peak_gb` is the peak of tensor allocations, what `torch.cuda.max_memory_allocated`
-reports. `required_gb` adds what the allocator does not count as allocated: the CUDA context
-and a fragmentation margin. The planner fits `required_gb` into the device.
-
-Per-layer activation formula (bytes per token, one decoder layer, saved for backward), with
-`r` the residual-stream width in bytes (the dtype the weights are gathered in: 4 for float32
-weights under autocast, 2 when FSDP gathers them in bf16/fp16; calibrated on the H200) and `c`
-the compute width:
-    norms   2 x (2H*r + H*c)           input and normalised copy kept in float32, cast input of the next matmul
-    attn    (2q + 2kv + 2q)*c + 4*heads   q, k, v, output and its contiguous copy, log-sum-exp
-    mlp     4I*c                        gate, act(gate), up, act(gate)*up
-Eager attention adds heads*T*(4 + c) per token (float32 softmax and its cast, saved for the
-value matmul); sdpa/flash keep O(T). With gradient checkpointing only the layer input (H*r per
-token per layer) is kept, plus one layer recomputed during backward. Logits: the micro-batch's
-response positions only (response tokens x vocab; the actor passes `logits_to_keep`) in compute
-dtype, plus two float32 chunks of the chunked log-prob pass and, in backward, the logits' gradient.
-
-A micro-batch holds its configured size, or as many full-length sequences as its token budget
-(`use_dynamic_bsz`) holds, but never more than its role is handed at once: an update one
-mini-batch (`ppo_mini_batch_size` x `rollout.n` / world size sequences), a forward (log-probs,
-values) the device's whole rollout batch. An update peaks at the largest of: the end of forward
-(gathered units, activations, logits), a layer's backward (its unsharded gradients and the flat
-copy FSDP2 reduces from), the end of backward (the root unit, still gathered, and the
-vocabulary-sized gradients), and the optimizer step. A role planned with
-`reshard_after_forward=False` keeps every layer gathered from its forward to its backward: the
-end of forward and the first layer's backward then hold the whole model in the gather dtype.
-
-The built-in rollout engine generates `rollout.micro_batch_size` sequences at a time. Its memory
-is linear in that count (`generation_bytes_per_sequence`), so a generation phase is predicted for
-one such chunk, however large the batch handed to it. Two phases generate: the training rollout
-(the step's batch) and validation (`data.val_batch_size` prompts x `val_kwargs.n`, or the whole
-validation set when that is null, whose size the planner cannot know: then one full chunk).
-The actor worker unshards its FSDP2 model once before generating, so the whole model is gathered
-next to its shards for the phase, on one device too (FSDP2 copies even at world size 1).
+Pure arithmetic on `ModelSpec` and the role plans; no torch. `predicted_peak_gb` is the peak of tensor
+allocations (what `torch.cuda.max_memory_allocated` reports); `required_gb` adds the CUDA context and a
+fragmentation margin, and is what the planner fits into the device. Every term, its formula and where it
+was measured: docs/compat.md, "The memory model".
 """
 from __future__ import annotations
 
@@ -58,6 +22,8 @@ CUDA_CONTEXT_GB = 0.75           # CUDA context and kernel images, outside the a
 # the t4/v100 cells' offloaded state too); only FSDP2-wrapped roles with offloaded state still peaked with
 # the scratch (the H200 matrix of 2026-12-01, benchmarks/results/memory_h200_2026-12-01.json).
 ADAM_STEP_SCRATCH = 1.0
+NF4_BYTES = 0.5 + 4 / 64   # 4-bit codes plus one float32 absmax per 64-weight block (no double quantization)
+ADAMW8BIT_BYTES = 2        # AdamW8bit's two moments, one byte each (block-wise constants are negligible)
 ENGINE_TERMS = ("rollout.kv_cache", "rollout.prefill", "rollout.sampling", "rollout.engine share")
 
 
@@ -185,6 +151,8 @@ def _vocab_grad_bytes(m: ModelSpec, role: _Role, accumulates: bool) -> float:
     it (`fsdp_utils.rows_into_grad`): nothing more at the end of backward, except that a tied output
     projection's gradient, once `accumulates` (a later micro-batch of the mini-batch), exists next to
     the .grad it is added to (measured on CPU: 1x either way, counted here)."""
+    if role.lora:   # the embeddings and the output projection are frozen: no vocabulary-sized gradient
+        return 0.0
     vh = m.vocab_size * m.hidden_size
     master, compute = BYTES[role.plan.param_dtype], BYTES[role.plan.compute_dtype]
     untied = vh * (master + (compute if compute != master else 0))
@@ -213,11 +181,11 @@ def _generation_terms(m: ModelSpec, actor: RolePlan, rollout: RolloutPlan, promp
     the weights the engine computes with, the gathered ones (`gather_dtype`), so a plan that casts
     on gather generates in the rollout dtype without autocast (r = c)."""
     c = BYTES[rollout.dtype]
-    weights = gather_dtype(actor)
+    weights = read_dtype(actor)
     r = max(c, BYTES[weights])
     h, inter = m.hidden_size, m.intermediate_size
     kv_per_token = 2 * m.num_layers * m.num_kv_heads * m.head_dim * c
-    autocast = rollout.dtype != weights
+    autocast = rollout.dtype != weights and not actor.lora_rank   # a LoRA base is upcast per matmul, not autocast
     per_token = 4 * h * r + 3 * inter * c + (4 * inter if autocast else 0)
     if rollout.attn_implementation == "eager":
         per_token += m.num_heads * prompt_length * (4 + c)
@@ -255,10 +223,18 @@ def _generation_weights(m: ModelSpec, actor: _Role, rollout: RolloutPlan) -> dic
     autocast without its weight cache (a recorded CUDA graph must recast on every replay), so each
     matmul casts its weight for that op only, and the output projection (vocab x hidden) is the
     largest (measured on CPU, bfloat16 over float32 weights: one such copy, not the whole model)."""
-    gather = gather_dtype(actor.plan)
-    cast = m.vocab_size * m.hidden_size * BYTES[rollout.dtype] if gather != rollout.dtype else 0.0
-    gathered = actor.params * BYTES[gather] if actor.plan.fsdp else 0.0   # unwrapped: read in place
-    return {"rollout.gathered weights": gathered, "rollout.weights": cast}
+    stored = read_dtype(actor.plan)
+    gather = rollout.dtype if actor.lora else gather_dtype(actor.plan)   # a LoRA model gathers in compute dtype
+    cast = m.vocab_size * m.hidden_size * BYTES[rollout.dtype] if stored != rollout.dtype else 0.0
+    gathered = (actor.params + actor.adapters) * BYTES[gather] if actor.plan.fsdp else 0.0   # unwrapped: in place
+    return {"rollout.gathered weights": gathered, "rollout.weights": cast + _dequantized(m, actor, rollout.dtype)}
+
+
+def _dequantized(m: ModelSpec, role: _Role, dtype: str) -> float:
+    """A 4-bit base is dequantized one linear layer at a time for its matmul: the largest such weight."""
+    if not role.quantized:
+        return 0.0
+    return max(i * o for i, o in m.linear_shapes()) * BYTES[dtype]
 
 
 # ----------------------------------------------------------------------------- roles
@@ -267,25 +243,60 @@ def _generation_weights(m: ModelSpec, actor: _Role, rollout: RolloutPlan) -> dic
 class _Role:
     name: str
     plan: RolePlan
-    params: int
+    params: int        # every parameter of the model (a LoRA role's base)
     trainable: bool
+    adapters: int = 0  # LoRA adapter parameters (with a critic's value head): what trains when lora_rank > 0
+    quantized: int = 0  # base parameters stored in 4 bits (the decoder's linear weights under nf4)
+
+    @property
+    def lora(self) -> bool:
+        return self.plan.lora_rank > 0
+
+    @property
+    def trained(self) -> int:
+        """Parameters with gradients and optimizer states: the adapters of a LoRA role, else all or none."""
+        if not self.trainable:
+            return 0
+        return self.adapters if self.lora else self.params
 
     def weights(self, ws: int) -> float:
-        return self.params * BYTES[self.plan.param_dtype] / ws
+        """Stored weights: a full trained role in its master dtype; a frozen model or a LoRA base in
+        `frozen_dtype` (4-bit linear weights under nf4), a LoRA role's adapters in the master dtype."""
+        p = self.plan
+        if self.trainable and not self.lora:
+            return self.params * BYTES[p.param_dtype] / ws
+        frozen = BYTES[p.frozen_dtype or p.param_dtype]
+        base = (self.params - self.quantized) * frozen + self.quantized * NF4_BYTES
+        return (base + self.adapters * BYTES[p.param_dtype]) / ws
 
     def optimizer(self, ws: int) -> float:
         if not self.trainable:
             return 0.0
+        moments = ADAMW8BIT_BYTES if self.plan.optimizer_8bit else 8
         master = 4 if BYTES[self.plan.param_dtype] < 4 else 0
-        return self.params * (8 + master) / ws
+        return self.trained * (moments + master) / ws
 
     def grads(self, ws: int) -> float:
-        return self.weights(ws) if self.trainable else 0.0
+        return self.trained * BYTES[self.plan.param_dtype] / ws
+
+    def on_host(self) -> tuple[bool, bool]:
+        """(weights, optimizer) kept in host memory. Under param offload FSDP2's CPUOffloadPolicy keeps
+        shards and their gradients on the host and AdamW steps them there: the states never come over."""
+        return self.plan.param_offload, self.plan.optimizer_offload or self.plan.param_offload
 
     def resident(self, ws: int) -> dict[str, float]:
         """What stays on the device while another role is active."""
-        return {f"{self.name}.weights": 0.0 if self.plan.param_offload else self.weights(ws),
-                f"{self.name}.optimizer": 0.0 if self.plan.optimizer_offload else self.optimizer(ws)}
+        weights_home, optimizer_home = self.on_host()
+        return {f"{self.name}.weights": 0.0 if weights_home else self.weights(ws),
+                f"{self.name}.optimizer": 0.0 if optimizer_home else self.optimizer(ws)}
+
+
+def read_dtype(plan: RolePlan, trainable: bool = True) -> str:
+    """The dtype a role's weights are read in where they are stored: a LoRA base's or a frozen model's
+    `frozen_dtype`, else the gather dtype (`gather_dtype`)."""
+    if plan.lora_rank or not trainable:
+        return plan.frozen_dtype or plan.param_dtype
+    return gather_dtype(plan)
 
 
 def gather_dtype(plan: RolePlan) -> str:
@@ -314,6 +325,8 @@ def _compute_copy(m: ModelSpec, role: _Role, dtype: str, train: bool = False, co
     casts its own weights), cast op by op, the output projection the largest at once (measured on the
     H200, t4 profile, compiled: the old-log-prob pass peaked at the cast output projection and the
     float16 logits, nothing else)."""
+    if role.lora or (not role.trainable and read_dtype(role.plan, False) != role.plan.param_dtype):
+        return _frozen_compute_copy(m, role, dtype, train)
     gather = gather_dtype(role.plan)
     root = _root_unit(m, role)
     per_layer = (role.params - root) / m.num_layers
@@ -326,6 +339,24 @@ def _compute_copy(m: ModelSpec, role: _Role, dtype: str, train: bool = False, co
     embedding = m.vocab_size * m.hidden_size
     casted = role.params - (embedding if (role.name == "critic" or not m.tie_word_embeddings) else 0)
     return units + casted * BYTES[dtype]
+
+
+def _frozen_compute_copy(m: ModelSpec, role: _Role, dtype: str, train: bool) -> float:
+    """Weights materialised for compute by a LoRA role or a reference stored in another dtype than its
+    parameter dtype (`frozen_dtype`). Wrapped, FSDP2 gathers its units (root plus two prefetched layers;
+    every unit where the plan keeps them) in the compute dtype. Unwrapped, the weights are read where they
+    are stored: a weight stored in another dtype is cast at its own matmul and only for it
+    (`frozen_weights.upcast_frozen`; the output projection is the largest at once), a 4-bit one
+    dequantized per linear layer, and autocast caches its casts of the trainable adapters."""
+    plan, c = role.plan, BYTES[dtype]
+    if plan.fsdp:
+        root = _root_unit(m, role)
+        per_layer = (role.params + role.adapters - root) / m.num_layers
+        kept = (not plan.reshard_after_forward) if train else plan.gather_for_forward
+        return (role.params + role.adapters if kept else root + 2 * per_layer) * c
+    upcast = m.vocab_size * m.hidden_size * c if read_dtype(plan, role.trainable) != dtype else 0.0
+    adapters = role.adapters * c if train and plan.param_dtype != dtype else 0.0
+    return upcast + _dequantized(m, role, dtype) + adapters
 
 
 def _tokens(plan: RolePlan, wl: Workload, role: str, forward: bool) -> tuple[int, int, int]:
@@ -358,6 +389,8 @@ def _activations(m: ModelSpec, plan: RolePlan, tokens: int, seq_len: int, train:
                  compiled: bool = False) -> dict[str, float]:
     residual = gather_dtype(plan) if train else plan.compute_dtype   # the weights compute in the gather dtype
     per_layer = layer_activation_bytes(m, plan.compute_dtype, residual, plan.attn_implementation, seq_len)
+    if plan.lora_rank and train:   # each adapted linear layer saves its rank-r intermediate for lora_B
+        per_layer += len(m.linear_shapes()) * plan.lora_rank * BYTES[plan.compute_dtype]
     if compiled and train:
         per_layer *= COMPILED_ACTIVATION_SHARE[BYTES[plan.compute_dtype]]
     layer = tokens * per_layer
@@ -394,10 +427,10 @@ class _Step:
                 out.update(role.resident(self.wl.world_size))
         return out
 
-    def on_device(self, role: _Role, optimizer: bool) -> dict[str, float]:
-        ws = self.wl.world_size
-        return {f"{role.name}.weights": role.weights(ws),
-                f"{role.name}.optimizer": role.optimizer(ws) if optimizer else 0.0}
+    def on_device(self, role: _Role) -> dict[str, float]:
+        """The active role's own state on the device: its weights and optimizer states unless they live
+        in host memory (an offloaded optimizer comes over for its step only, counted in the update)."""
+        return role.resident(self.wl.world_size)
 
 
 FORWARD_PHASES = {"actor": "log_prob", "ref": "ref", "critic": "values"}
@@ -408,9 +441,8 @@ def _generation_phase(s: _Step, batch: int | None) -> dict[str, float]:
     built-in engine generates with the actor's weights gathered whole (cast under autocast)."""
     actor, ws = s.roles["actor"], s.wl.world_size
     terms = s.idle("actor")
-    terms["actor.optimizer"] = 0.0 if actor.plan.optimizer_offload else actor.optimizer(ws)
     # offloaded shards stay on the host (the built-in engine uses the gathered copy it counts)
-    terms["actor.weights"] = 0.0 if actor.plan.param_offload else actor.weights(ws)
+    terms.update(actor.resident(ws))
     if s.rollout.name == "vllm":
         terms["rollout.engine share"] = s.rollout.gpu_memory_utilization * s.device_memory_gb * GiB
     else:
@@ -422,7 +454,7 @@ def _forward_phase(s: _Step, name: str) -> dict[str, float]:
     """A no-grad forward over the rollout batch: old log-probs (actor), reference log-probs, values."""
     role, spec = s.roles[name], s.spec(name)
     terms = s.idle(name)
-    terms.update(s.on_device(role, optimizer=not role.plan.optimizer_offload and role.trainable))
+    terms.update(s.on_device(role))
     terms[f"{name}.compute_copy"] = _compute_copy(spec, role, role.plan.compute_dtype, compiled=s.compiled_layers)
     tokens, resp, _ = _tokens(role.plan, s.wl, name, forward=True)
     terms.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=False))
@@ -441,27 +473,30 @@ def _update_phase(s: _Step, name: str) -> dict[str, float]:
     reaches the end of its forward without them, the later ones (at most the rows left) with them."""
     role, spec, ws = s.roles[name], s.spec(name), s.wl.world_size
     terms = s.idle(name)
-    terms.update(s.on_device(role, optimizer=not role.plan.optimizer_offload))
+    terms.update(s.on_device(role))
     tokens, resp, rows = _tokens(role.plan, s.wl, name, forward=False)
-    grads = role.grads(ws)
+    grads = 0.0 if role.plan.param_offload else role.grads(ws)   # under param offload reduced onto the host
     later = min(rows, s.wl.sequences_seen(name, forward=False) - rows)
     forwards = [_forward_end(s, name, rows, 0.0)] + ([_forward_end(s, name, later, grads)] if later > 0 else [])
     # mid-backward: a layer unit's gradients, unsharded and in the flat copy FSDP2 reduces from, next
     # to the gathered units (all of them when the plan keeps them gathered for backward; what bounds a
     # model of few wide layers and a small vocabulary)
     # (an unwrapped model's gradients accumulate in place: the grads term holds them)
-    per_layer = (role.params - _root_unit(spec, role)) / spec.num_layers
+    per_layer = (role.trained if role.lora else role.params - _root_unit(spec, role)) / spec.num_layers
     wrapped = role.plan.fsdp
     layer_bwd = {f"{name}.grads": grads, f"{name}.compute_copy": forwards[0][f"{name}.compute_copy"],
                  "layer grads (backward)": 2 * per_layer * BYTES[role.plan.param_dtype] if wrapped else 0.0}
     # the root unit stays gathered until its gradients are reduced, at the very end of backward
+    root_dtype = role.plan.compute_dtype if role.lora else gather_dtype(role.plan)
     bwd_end = {f"{name}.grads": grads,
-               f"{name}.compute_copy": _root_unit(spec, role) * BYTES[gather_dtype(role.plan)] if wrapped else 0.0,
+               f"{name}.compute_copy": _root_unit(spec, role) * BYTES[root_dtype] if wrapped else 0.0,
                "vocab grads (end of backward)": _vocab_grad_bytes(spec, role, accumulates=later > 0)}
-    in_place = role.plan.fused_optimizer and not (role.plan.fsdp and role.plan.optimizer_offload)
-    scratch = 0.0 if in_place else ADAM_STEP_SCRATCH * role.params * 4 / ws
+    # bitsandbytes' 8-bit step updates in place; under param offload the step runs on the host
+    in_place = role.plan.optimizer_8bit or (role.plan.fused_optimizer and not (role.plan.fsdp and
+                                                                               role.plan.optimizer_offload))
+    scratch = 0.0 if in_place or role.plan.param_offload else ADAM_STEP_SCRATCH * role.trained * 4 / ws
     step = {f"{name}.grads": grads, "optimizer step": scratch}
-    if role.plan.optimizer_offload:
+    if role.plan.optimizer_offload and not role.plan.param_offload:
         step[f"{name}.optimizer"] = role.optimizer(ws)
     terms.update(max((*forwards, layer_bwd, bwd_end, step), key=lambda t: sum(t.values())))
     return terms
@@ -482,28 +517,40 @@ def _forward_end(s: _Step, name: str, rows: int, grads: float) -> dict[str, floa
     return terms
 
 
+def _role(name: str, plan: RolePlan, spec: ModelSpec, params: int, trainable: bool) -> _Role:
+    adapters = spec.lora_params(plan.lora_rank) if plan.lora_rank else 0
+    if adapters and name == "critic":
+        adapters += spec.hidden_size + 1          # the value head trains whole
+    quantized = spec.decoder_linear_params if plan.base_quantization == "nf4" else 0
+    return _Role(name, plan, params, trainable, adapters, quantized)
+
+
 def _roles(model: ModelSpec, critic_model: ModelSpec, actor: RolePlan, critic: RolePlan | None,
            ref: RolePlan | None) -> dict[str, _Role]:
-    roles = {"actor": _Role("actor", actor, model.num_params, True)}
+    roles = {"actor": _role("actor", actor, model, model.num_params, True)}
     if critic is not None:
-        roles["critic"] = _Role("critic", critic, critic_model.critic_params, True)
+        roles["critic"] = _role("critic", critic, critic_model, critic_model.critic_params, True)
     if ref is not None:
-        roles["ref"] = _Role("ref", ref, model.num_params, False)
+        roles["ref"] = _role("ref", ref, model, model.num_params, False)
     return roles
 
 
 def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollout: RolloutPlan,
                     critic: RolePlan | None = None, ref: RolePlan | None = None, *,
                     device_memory_gb: float, backend: str = "cuda", fragmentation: float = 0.05,
-                    critic_model: ModelSpec | None = None, compiled_layers: bool = False) -> MemoryEstimate:
+                    critic_model: ModelSpec | None = None, compiled_layers: bool = False,
+                    ref_in_actor: bool = False) -> MemoryEstimate:
     """Peak allocated memory of each phase of one PPO step on one device (GiB); `compiled_layers`:
-    the plan's torch_compile compiles the decoder layers (they keep less for backward)."""
+    the plan's torch_compile compiles the decoder layers (they keep less for backward); `ref_in_actor`:
+    the reference log-probs are a forward of the LoRA actor with its adapters disabled."""
     cmodel = critic_model or model
     s = _Step(model, cmodel, workload, _roles(model, cmodel, actor, critic, ref), rollout, device_memory_gb,
               compiled_layers)
     phases = {"rollout": _generation_phase(s, workload.rollout_batch_per_gpu),
               "validation": _generation_phase(s, workload.val_batch_per_gpu)}
     phases.update({label: _forward_phase(s, name) for name, label in FORWARD_PHASES.items() if name in s.roles})
+    if ref_in_actor:
+        phases["ref"] = _forward_phase(s, "actor")
     phases.update({f"{name}_update": _update_phase(s, name) for name in ("actor", "critic") if name in s.roles})
     in_gib = {label: PhaseMemory(label, {k: v / GiB for k, v in terms.items()}) for label, terms in phases.items()}
     context = 0.0 if backend == "cpu" else CUDA_CONTEXT_GB

@@ -61,6 +61,23 @@ class ModelSpec:
         """A value model: same trunk, the vocab head replaced by a scalar head (weight + bias)."""
         return self.num_params - self.lm_head_params + self.hidden_size + 1
 
+    def linear_shapes(self) -> list[tuple[int, int]]:
+        """(in, out) of one decoder layer's linear layers: q, k, v, o, gate, up, down."""
+        h, q, kv, inter = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, \
+            self.intermediate_size
+        return [(h, q), (h, kv), (h, kv), (q, h), (h, inter), (h, inter), (inter, h)]
+
+    @property
+    def decoder_linear_params(self) -> int:
+        """Weights of every decoder layer's linear layers: what a 4-bit base stores in 4 bits (the
+        embeddings, the output projection and the norms stay in half precision)."""
+        return self.num_layers * sum(i * o for i, o in self.linear_shapes())
+
+    def lora_params(self, rank: int) -> int:
+        """Adapter parameters of rank `rank` on every decoder linear layer (peft's `all-linear` target,
+        upstream's default and the largest usual choice): r x (in + out) per layer."""
+        return self.num_layers * rank * sum(i + o for i, o in self.linear_shapes())
+
     @classmethod
     def from_hf_config(cls, cfg: Any) -> ModelSpec:
         """From a transformers `PretrainedConfig` or a config.json dict."""

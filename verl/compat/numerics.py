@@ -193,7 +193,10 @@ def check_half_precision(model: torch.nn.Module, batch: Mapping, compute_dtype: 
     prove nothing."""
     dtype = torch_dtype(compute_dtype)
     name = dtype_name(dtype)
-    params = [p for p in model.parameters() if p.is_floating_point()]
+    # frozen half-precision weights that compute in float32 outside autocast (verl.utils.frozen_weights)
+    # give a real float32 pass too
+    upcast = getattr(model, "_verl_frozen_compute_dtype", None) == torch.float32
+    params = [p for p in model.parameters() if p.is_floating_point() and not (upcast and not p.requires_grad)]
     if any(p.dtype != torch.float32 for p in params):
         raise ValueError("check_half_precision needs the model's float32 master weights; got "
                          f"{sorted({str(p.dtype) for p in params})}.")

@@ -14,10 +14,12 @@ from typing import Any
 
 from verl.compat import engines, settings
 from verl.compat.decider import Decider as _Decider
-from verl.compat.decider import PACKED_KERNELS, PlanError
+from verl.compat.decider import PACKED_KERNELS, MemoryShortfall, PlanError
 from verl.compat.decider import cc_name as _cc
 from verl.compat.fit import MAX_ROLLOUT_MICRO_BATCH, FitInputs, apply_batches, fit, micro_batches, settled
+from verl.compat.lora import decide_adapters, keep_bitsandbytes_on_device
 from verl.compat.memory import Workload
+from verl.compat.modes import lever_hint
 from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.profile import DeviceProfile, SoftwareInfo
@@ -417,24 +419,32 @@ def _decide_globals(d: _Decider, config: Any) -> dict:
     return out
 
 
-def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model: ModelSpec | None = None) -> Plan:
-    """Decide dtypes, attention, rollout engine, compile, backend and the memory plan for one run."""
+def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model: ModelSpec | None = None, *,
+              levers: bool = True) -> Plan:
+    """Decide dtypes, attention, rollout engine, compile, backend and the memory plan for one run.
+    A memory refusal names the LoRA / QLoRA setting that would fit (`levers`; `verl.compat.modes`)."""
     d = _Decider(profile, software, bool(_flag(_get(config, "compat.strict", False))))
     glob = _decide_globals(d, config)
     roles_cfg = _role_configs(config)
-    roles = _decide_roles(d, config, roles_cfg)
+    roles, ref_in_actor = decide_adapters(d, config, _decide_roles(d, config, roles_cfg))
     rollout, rollout_asked = _decide_rollout(d, config, roles["actor"].compute_dtype,
                                              roles["actor"].attn_implementation)
     rollout = _decide_compiled_decode(d, rollout, glob["torch_compile"])
     _decide_cast_on_gather(d, roles, rollout.dtype)
     _warn_vllm_only_keys(d, config, rollout.name)
-    inp = _fit_inputs(d, config, roles_cfg, roles, rollout, rollout_asked, model, glob["torch_compile"])
+    inp = _fit_inputs(d, config, roles_cfg, roles, rollout, rollout_asked, model, glob["torch_compile"], ref_in_actor)
     plan_kwargs = dict(device=profile, software=software, actor=None, critic=None, ref=None, rollout=rollout,
-                       predicted_peak_gb=0.0, memory_limit_gb=profile.memory_gb, **glob)
+                       predicted_peak_gb=0.0, memory_limit_gb=profile.memory_gb, ref_in_actor=ref_in_actor, **glob)
     plan_kwargs["dataloader_num_workers"] = _dataloader_workers(d, config, int(_get(config, "trainer.n_gpus_per_node", 1)))
     if model is None:
         return _throughput(d, _plan_without_model(d, inp, plan_kwargs), inp.dynamic)
-    return _throughput(d, fit(d, inp, plan_kwargs), inp.dynamic)
+    try:
+        fitted = fit(d, inp, plan_kwargs)
+    except MemoryShortfall as err:
+        if not levers:
+            raise
+        raise MemoryShortfall(str(err) + lever_hint(profile, config, software, model)) from None
+    return _throughput(d, fitted, inp.dynamic)
 
 
 def _throughput(d: _Decider, plan: Plan, dynamic: bool) -> Plan:
@@ -442,7 +452,8 @@ def _throughput(d: _Decider, plan: Plan, dynamic: bool) -> Plan:
     for name in ("actor", "critic", "ref"):
         role = getattr(plan, name)
         if role is not None:
-            fused = name != "ref" and decide_fused_optimizer(d.note, d.profile, name, role.param_offload)
+            fused = name != "ref" and decide_fused_optimizer(d.note, d.profile, name, role.param_offload,
+                                                             d.software.torch_version, role.optimizer_8bit)
             setattr(plan, name, replace(role, use_dynamic_bsz=dynamic, fused_optimizer=fused))
     return plan
 
@@ -468,7 +479,8 @@ def _decide_roles(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig]) -
 
 
 def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], roles: dict, rollout: RolloutPlan,
-                rollout_asked: dict, model: ModelSpec | None, compiled: bool = False) -> FitInputs:
+                rollout_asked: dict, model: ModelSpec | None, compiled: bool = False,
+                ref_in_actor: bool = False) -> FitInputs:
     """The workload and the user's memory-related settings (AUTO where the fit may decide)."""
     arr = "actor_rollout_ref"
     ranks = max(int(_get(config, "trainer.n_gpus_per_node", 1)) * int(_get(config, "trainer.nnodes", 1)), 1)
@@ -495,6 +507,7 @@ def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], rol
     asked_off = {name: (_flag(_first(config, f"{rc.fsdp_prefix}.param_offload")),
                         _flag(_first(config, f"{rc.fsdp_prefix}.optimizer_offload")))
                  for name, rc in roles_cfg.items()}
+    keep_bitsandbytes_on_device(d, roles, asked_off, {name: rc.fsdp_prefix for name, rc in roles_cfg.items()})
     if d.profile.backend == "cpu":
         _offload_on_host(d, {name: roles_cfg[name] for name in roles}, asked_off)
     dynamic = decide_dynamic_bsz(d.note, d.profile, config)
@@ -508,7 +521,7 @@ def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], rol
                      asked_ckpt=asked_ckpt, asked_off=asked_off, asked_reshard=asked_reshard,
                      margin=float(_get(config, "compat.memory_margin", 0.1)), compiled_layers=compiled,
                      growable=growable, ranks=ranks,
-                     always_fsdp=bool(_flag(_get(config, "compat.always_fsdp", False))))
+                     always_fsdp=bool(_flag(_get(config, "compat.always_fsdp", False))), ref_in_actor=ref_in_actor)
 
 
 def _asked_reshard(config: Any, rc: _RoleConfig) -> tuple[str, Any]:

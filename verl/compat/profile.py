@@ -56,6 +56,8 @@ class SoftwareInfo:
     vllm_version: str | None = None
     vllm_usable: bool = False
     triton_usable: bool = False
+    peft_version: str | None = None          # LoRA adapters (`model.lora_rank` > 0) are built with peft
+    bitsandbytes_version: str | None = None  # 4-bit base (QLoRA) and 8-bit AdamW; support per device: decider
     # The rollout engines this verl builds (verl.compat.engines); vLLM may be usable on the device
     # and still not be planned while its engine is not listed there.
     rollout_engines: tuple[str, ...] = field(default_factory=engine_names)

@@ -6,6 +6,7 @@ the caller gives).
 """
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 AUTO = object()
@@ -65,3 +66,26 @@ def flag(value: Any) -> Any:
     if value is AUTO or isinstance(value, bool):
         return value
     return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def with_values(config: Any, values: dict[str, Any]) -> Any:
+    """A copy of `config` with each dotted path in `values` set (missing sections are created); the
+    original is untouched. Works on a plain dict and on an OmegaConf DictConfig alike."""
+    out = copy.deepcopy(config)
+    if not isinstance(out, dict):   # an OmegaConf DictConfig (maybe in struct mode): its own setter
+        from omegaconf import OmegaConf
+
+        for path, value in values.items():
+            OmegaConf.update(out, path, value, force_add=True)
+        return out
+    for path, value in values.items():
+        *parents, leaf = path.split(".")
+        node = out
+        for key in parents:
+            child = node.get(key) if hasattr(node, "get") else None
+            if child is None:
+                node[key] = {}
+                child = node[key]
+            node = child
+        node[leaf] = value
+    return out

@@ -44,15 +44,36 @@ def dynamic_auto(config: Any) -> bool:
     return isinstance(asked, str) and asked.strip().lower() == "auto"
 
 
-def decide_fused_optimizer(note, profile: DeviceProfile, name: str, param_offload: bool) -> bool:
-    """AdamW as one fused kernel per step on an accelerator holding the parameters, else torch's default."""
+# torch's AdamW has a fused CPU kernel from this release on (before, `fused=True` was CUDA-only)
+FUSED_CPU_ADAMW_TORCH = (2, 4)
+
+
+def decide_fused_optimizer(note, profile: DeviceProfile, name: str, param_offload: bool, torch_version: str = "",
+                           eight_bit: bool = False) -> bool:
+    """AdamW as one fused kernel per step: on an accelerator holding the parameters, and for the host-side
+    step of an offloaded model where the installed torch has the fused CPU kernel (else its foreach form,
+    a few vectorised passes over all tensors instead of one loop per tensor)."""
+    key = f"{name}.fused_optimizer"
+    if eight_bit:
+        return note(key, False, "bitsandbytes' AdamW8bit has its own kernels (torch's fused flag does not apply)")
     if profile.backend == "cpu":
-        return note(f"{name}.fused_optimizer", False, "CPU: torch's default AdamW implementation")
+        return note(key, False, "CPU: torch's default AdamW implementation")
     if param_offload:
-        return note(f"{name}.fused_optimizer", False, "parameters live in host memory (param offload): torch's "
-                                                      "default AdamW implementation")
-    return note(f"{name}.fused_optimizer", True, "fused AdamW: one kernel launch per step for all parameters "
-                                                 "instead of several per tensor")
+        if _release(torch_version) >= FUSED_CPU_ADAMW_TORCH:
+            return note(key, True, f"parameters live in host memory (param offload): torch {torch_version}'s fused "
+                                   "CPU AdamW steps them, one vectorised kernel over every tensor, on all host cores")
+        return note(key, False, f"parameters live in host memory (param offload) and torch {torch_version or '?'} "
+                                "has no fused CPU AdamW (torch >= 2.4): the foreach implementation steps them")
+    return note(key, True, "fused AdamW: one kernel launch per step for all parameters instead of several per tensor")
+
+
+def _release(version: str) -> tuple[int, int]:
+    """(major, minor) of a torch version string ("2.11.0+cu128" -> (2, 11)); (0, 0) when unreadable."""
+    try:
+        major, minor = version.split("+")[0].split(".")[:2]
+        return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+    except ValueError:
+        return 0, 0
 
 
 def peak_flops(profile: DeviceProfile, compute_dtype: str) -> float:

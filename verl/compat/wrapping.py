@@ -6,7 +6,8 @@ shards nothing, and its all-gather is a full copy of the weights: a second model
 plus a copy of each unit's gradients to reduce from. It earns that copy on one device only where it
 does something else with it: casting the weights to the compute dtype as it gathers them (the copy
 compute needs anyway), or keeping them in host memory between uses (param offload). Elsewhere the
-model runs unwrapped, and every pass reads the stored weights in place.
+model runs unwrapped, and every pass reads the stored weights in place. A LoRA model on one device
+runs unwrapped too: its frozen base is stored as compute reads it, and only the small adapters train.
 """
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ def wraps_in_fsdp(plan: RolePlan, ranks: int, always: bool = False) -> tuple[boo
         return True, "compat.always_fsdp=true: wrapped on one device too (its gather copies the weights)"
     if plan.param_offload:
         return True, "FSDP2's offload policy keeps the weights in host memory and gathers them onto the device"
+    if plan.lora_rank:
+        return False, ("LoRA on one device: the frozen base is read where it is stored (in "
+                       f"{plan.frozen_dtype or plan.param_dtype}{', 4-bit' if plan.base_quantization else ''}) and "
+                       "the adapters are small, so FSDP2 would only copy the base for every pass")
     if plan.cast_on_gather and plan.compute_dtype != plan.param_dtype:
         return True, (f"FSDP2 casts the {plan.param_dtype} weights to {plan.compute_dtype} as it gathers them "
                       f"(a copy compute needs anyway)")

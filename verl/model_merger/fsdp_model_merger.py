@@ -5,7 +5,8 @@ FSDP2 splits a parameter along dim 0 in rank order, so the full tensor is the ra
 dim 0; a tensor every rank holds whole (an unsharded buffer) is taken from rank 0. Which case applies is
 read off the full shapes of the model that `huggingface/config.json` describes, built on the meta
 device (no memory, no random init). Weights keep the dtype they were trained in, so the merged model
-gives the checkpoint's logits exactly.
+gives the checkpoint's logits exactly. A LoRA checkpoint is merged (`lora_merge`): the folder holds the
+base weights with the adapters added in, and `lora_adapter/` the adapters alone, as peft loads them.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import shutil
 
 import torch
 
+from verl.model_merger import lora_merge
 from verl.model_merger.base_model_merger import ModelMergerConfig
 
 _SHARD = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
@@ -75,6 +77,7 @@ class FSDPModelMerger:
 
     def __init__(self, config: ModelMergerConfig):
         self.config = config
+        self.adapter = None   # a LoRA checkpoint's adapters (lora_merge.Adapters), once merged_model ran
 
     def _auto_class(self, value_model: bool):
         from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
@@ -86,16 +89,22 @@ class FSDPModelMerger:
         from transformers import AutoConfig
 
         shards = load_shards(self.config.local_dir)
+        adapters = None
+        if any(".lora_A." in key for key in shards[0]):
+            shards, adapters = lora_merge.split_adapters(shards, self.config.local_dir)
         hf_config = AutoConfig.from_pretrained(self.config.hf_model_config_path,
                                                trust_remote_code=self.config.trust_remote_code)
         value_model = _is_value_model(shards[0], self.config.is_value_model)
         if value_model:
             hf_config.num_labels = 1
+        if adapters is not None and hasattr(hf_config, "quantization_config"):
+            del hf_config.quantization_config   # a QLoRA base: the merged weights are dense
         auto_cls = self._auto_class(value_model)
         dtype = next(iter(shards[0].values())).dtype
         with torch.device("meta"):
             model = auto_cls.from_config(hf_config, trust_remote_code=self.config.trust_remote_code, dtype=dtype)
         state = merge_state_dicts(shards, {k: v.shape for k, v in model.state_dict().items()})
+        self.adapter = None if adapters is None else adapters.merge_into(state)
         model.load_state_dict(state, strict=False, assign=True)
         still_meta = [n for n, p in model.named_parameters() if p.is_meta]
         if still_meta:
@@ -117,6 +126,9 @@ class FSDPModelMerger:
                 shutil.copy2(os.path.join(source, name), os.path.join(target, name))
         model.save_pretrained(target, state_dict=state)
         print(f"verl.model_merger: wrote {type(model).__name__} ({len(state)} tensors) to {target}")
+        if self.adapter is not None:
+            folder = self.adapter.save(os.path.join(target, lora_merge.ADAPTER_FOLDER))
+            print(f"verl.model_merger: wrote the LoRA adapter (merged into the weights above) to {folder}")
         if self.config.hf_upload:
             self._upload(target)
 

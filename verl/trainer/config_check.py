@@ -462,6 +462,7 @@ def _check_choices(cfg, errors: list[str], warnings: list[str]) -> None:
     margin = _get(cfg, "compat.memory_margin")
     if not (isinstance(margin, (int, float)) and not isinstance(margin, bool) and 0 <= margin < 0.9):
         errors.append(f"compat.memory_margin={margin!r} must be a fraction in [0, 0.9), e.g. 0.1.")
+    _check_lora(cfg, errors)
     for path in ("compat.strict", "compat.numerics_guard", "compat.always_fsdp"):
         if not isinstance(_get(cfg, path), bool):
             errors.append(f"{path}={_get(cfg, path)!r} must be true or false.")
@@ -492,6 +493,20 @@ def _check_choices(cfg, errors: list[str], warnings: list[str]) -> None:
         warnings.append("data.val_batch_size is deprecated upstream and ignored: validation runs as one batch.")
 
 
+def _check_lora(cfg, errors: list[str]) -> None:
+    """LoRA ranks are whole numbers; the 4-bit base (QLoRA) needs LoRA adapters to train."""
+    for model in ("actor_rollout_ref.model", "critic.model"):
+        rank = _get(cfg, f"{model}.lora_rank")
+        if rank is not None and not (isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0):
+            errors.append(f"{model}.lora_rank={rank!r} must be a whole number >= 0 (e.g. 32; 0 trains every weight).")
+    four_bit = _get(cfg, "actor_rollout_ref.model.load_in_4bit")
+    if not isinstance(four_bit, bool):
+        errors.append(f"actor_rollout_ref.model.load_in_4bit={four_bit!r} must be true or false.")
+    elif four_bit and _get(cfg, "actor_rollout_ref.model.lora_rank") in (0, None):
+        errors.append("actor_rollout_ref.model.load_in_4bit=true stores the frozen base of a LoRA model in 4 bits: "
+                      "set actor_rollout_ref.model.lora_rank too (e.g. 32), or load_in_4bit=false.")
+
+
 def _bool_or_auto(cfg, path: str, errors: list[str]) -> None:
     value = _get(cfg, path)
     if not (isinstance(value, bool) or _is_auto(value)):
@@ -500,9 +515,8 @@ def _bool_or_auto(cfg, path: str, errors: list[str]) -> None:
 
 # Switches for upstream features this fork does not implement: (path, is-on test, what it is).
 _UNSUPPORTED = (
-    ("actor_rollout_ref.model.lora_rank", lambda v: isinstance(v, int) and v > 0, "LoRA"),
-    ("actor_rollout_ref.model.lora.rank", lambda v: isinstance(v, int) and v > 0, "LoRA"),
-    ("critic.model.lora_rank", lambda v: isinstance(v, int) and v > 0, "LoRA"),
+    ("actor_rollout_ref.model.lora.rank", lambda v: isinstance(v, int) and v > 0,
+     "Megatron's LoRA block (FSDP LoRA: actor_rollout_ref.model.lora_rank)"),
     ("actor_rollout_ref.model.use_liger", bool, "Liger kernels"),
     ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", lambda v: v not in (1, None),
      "Ulysses sequence parallelism"),

@@ -74,7 +74,11 @@ def shard_model(
     if mesh is not None:
         kwargs["mesh"] = mesh
     gather_dtype = compute_dtype if cast_params_for_compute else param_dtype
-    if gather_dtype != param_dtype or reduce_dtype != gather_dtype:
+    if len({p.dtype for p in model.parameters()}) > 1:
+        # frozen weights kept in another dtype than the trained ones (verl.utils.frozen_weights): a unit's
+        # parameters are gathered together, so every one is cast to the gather dtype, one layer at a time
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=gather_dtype, reduce_dtype=reduce_dtype)
+    elif gather_dtype != param_dtype or reduce_dtype != gather_dtype:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=gather_dtype if gather_dtype != param_dtype else None,
                                                    reduce_dtype=reduce_dtype)
     if param_offload:
@@ -270,6 +274,40 @@ def offload_optimizer_state(optimizer: torch.optim.Optimizer, device) -> None:
 
     optimizer.register_step_pre_hook(to_device)
     optimizer.register_step_post_hook(to_host)
+
+
+def host_cores() -> int:
+    """The host cores this process may run on (its CPU affinity where the OS reports one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:   # no affinity call on this OS
+        return os.cpu_count() or 1
+
+
+def step_on_all_host_cores(optimizer: torch.optim.Optimizer) -> None:
+    """Run each step of `optimizer` with every host core where its parameters live in host memory.
+
+    An offloaded role steps its shards on the host (FSDP2's CPUOffloadPolicy): AdamW over a 1.5B model's
+    float32 state is several GB of memory traffic, bounded by how many cores share it. Ray starts workers
+    with one intra-op thread (OMP_NUM_THREADS=1) unless told otherwise, which leaves the step on one core;
+    the thread count is raised for the step and restored after it, so the rest of the worker (and other
+    processes on the host) keep what they were given."""
+    host_params = any(_shard_device(p).type == "cpu" for g in optimizer.param_groups for p in g["params"])
+    cores = host_cores()
+    if not host_params or cores <= torch.get_num_threads():
+        return
+    before: list[int] = []
+
+    def widen(opt, args, kwargs) -> None:
+        before.append(torch.get_num_threads())
+        torch.set_num_threads(cores)
+
+    def restore(opt, args, kwargs) -> None:
+        if before:
+            torch.set_num_threads(before.pop())
+
+    optimizer.register_step_pre_hook(widen)
+    optimizer.register_step_post_hook(restore)
 
 
 class _PinnedHostState:

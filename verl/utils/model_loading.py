@@ -62,6 +62,9 @@ def build_model(
 
     Weights are loaded in the plan's `param_dtype` with its `attn_implementation`; gradient
     checkpointing (non-reentrant, which composes with FSDP) is switched on where the plan asks.
+    Weights that will never train (`train` False, or the base of a LoRA role) are stored in the plan's
+    `frozen_dtype` where it sets one, and a LoRA base with `base_quantization` "nf4" is loaded 4-bit by
+    bitsandbytes (QLoRA), computing in the role's compute dtype.
     """
     with transformers_import():
         import transformers.modeling_utils  # noqa: F401 - every model's base, with the loss table
@@ -91,10 +94,13 @@ def build_model(
         model = auto_cls.from_pretrained(
             path,
             config=config,
-            dtype=torch_dtype(role_plan.param_dtype),
+            dtype=torch_dtype(storage_dtype(role_plan, train)),
             attn_implementation=role_plan.attn_implementation,
             trust_remote_code=trust_remote_code,
+            **_quantization(role_plan),
         )
+    if role_plan.base_quantization is not None:
+        _keep_4bit_layout(model)
     if value_head:
         # A fresh score head would come up in the checkpoint's storage dtype; keep it in param dtype.
         model.to(torch_dtype(role_plan.param_dtype))
@@ -105,3 +111,39 @@ def build_model(
     if not train:
         model.requires_grad_(False)
     return model
+
+
+def storage_dtype(role_plan: RolePlan, train: bool) -> str:
+    """The dtype the loaded weights are stored in: `frozen_dtype` for weights that never train (a
+    model loaded without training, or a LoRA base), else `param_dtype`."""
+    frozen = not train or role_plan.lora_rank > 0
+    return role_plan.frozen_dtype if frozen and role_plan.frozen_dtype else role_plan.param_dtype
+
+
+def _quantization(role_plan: RolePlan) -> dict:
+    """from_pretrained's keywords for the plan's `base_quantization` (none, or bitsandbytes' nf4)."""
+    if role_plan.base_quantization is None:
+        return {}
+    if role_plan.base_quantization != "nf4":
+        raise NotImplementedError(f"base quantization {role_plan.base_quantization!r}: only nf4 (QLoRA) is built")
+    if role_plan.lora_rank <= 0:
+        raise ValueError("a 4-bit base (actor_rollout_ref.model.load_in_4bit) trains only through LoRA adapters; "
+                         "set actor_rollout_ref.model.lora_rank > 0")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as err:
+        raise ImportError("actor_rollout_ref.model.load_in_4bit needs bitsandbytes: pip install 'verl[bnb]'") from err
+    from transformers import BitsAndBytesConfig
+
+    return {"quantization_config": BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch_dtype(role_plan.compute_dtype))}
+
+
+def _keep_4bit_layout(model: torch.nn.Module) -> None:
+    """bitsandbytes repacks a 4-bit weight for its CPU inference kernel at the first no-grad forward in
+    eval mode (scoring, generation); a training forward over the repacked weight then fails (bitsandbytes
+    0.50). A LoRA base alternates both kinds of pass, so it keeps the layout it was quantized in."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False

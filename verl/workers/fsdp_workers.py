@@ -23,7 +23,7 @@ from verl.compat.throughput import peak_flops
 from verl.protocol import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.base.worker import Worker
-from verl.utils import fsdp_utils, layer_compile
+from verl.utils import frozen_weights, fsdp_utils, layer_compile, lora
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.flops import training_flops
 from verl.utils.model_loading import build_model, import_model_code, load_tokenizer
@@ -137,14 +137,28 @@ def _normalize_mini_batch(cfg, rollout_n: int, dp_size: int, where: str) -> None
             )
 
 
-def _build_optimizer(module: torch.nn.Module, optim_cfg, fused: bool = False):
-    """AdamW (the plan's fused kernel or torch's default) plus upstream's warm-up / constant|cosine
-    schedule (stepped once per update call)."""
+def _build_optimizer(module: torch.nn.Module, optim_cfg, fused: bool = False, eight_bit: bool = False):
+    """AdamW over the trainable parameters (all of them, or a LoRA model's adapters) plus upstream's
+    warm-up / constant|cosine schedule (stepped once per update call).
+
+    The plan picks the kernel: bitsandbytes' AdamW8bit (`optimizer_8bit`: moments in 8 bits), torch's
+    fused AdamW (`fused_optimizer`; torch builds it for accelerators and, from 2.4, for the host, where an
+    offloaded role's shards step), or torch's default."""
     betas = tuple(optim_cfg.get("betas", (0.9, 0.999)))
-    optimizer = torch.optim.AdamW(
-        module.parameters(), lr=float(optim_cfg.lr), betas=betas, weight_decay=float(optim_cfg.get("weight_decay", 0.01)),
-        fused=True if fused else None,
-    )
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters; check actor_rollout_ref.model.target_modules / "
+                         "exclude_modules (LoRA) match some of its layers")
+    kwargs = dict(lr=float(optim_cfg.lr), betas=betas, weight_decay=float(optim_cfg.get("weight_decay", 0.01)))
+    if eight_bit:
+        try:
+            import bitsandbytes
+        except ImportError as err:
+            raise ImportError("optim.optimizer_impl=bitsandbytes.optim needs bitsandbytes: pip install 'verl[bnb]'") \
+                from err
+        optimizer = bitsandbytes.optim.AdamW8bit(params, **kwargs)
+    else:
+        optimizer = torch.optim.AdamW(params, fused=True if fused else None, **kwargs)
     total_steps = int(optim_cfg.get("total_training_steps", -1) or -1)
     warmup = optim_cfg.get("lr_warmup_steps", -1)
     if warmup is None or int(warmup) <= 0:
@@ -212,7 +226,13 @@ class _PlannedModel:
                 raise RuntimeError(
                     f"{self.name}: the plan runs this model unwrapped, as for one device, but {_ranks()} ranks are "
                     f"running; plan with trainer.n_gpus_per_node x trainer.nnodes = {_ranks()}")
-            return fsdp_utils.place_unwrapped(module, self.device_type)
+            module = fsdp_utils.place_unwrapped(module, self.device_type)
+            frozen_weights.upcast_frozen(module)
+            return module
+        if plan.base_quantization is not None:
+            raise NotImplementedError(f"{self.name}: a 4-bit base (actor_rollout_ref.model.load_in_4bit) runs on one "
+                                      "device, unwrapped; this plan wraps the model in FSDP2 (more than one device "
+                                      "or offload). Use one GPU without offload, or load_in_4bit=false.")
         return fsdp_utils.shard_model(
             module,
             param_dtype=self.param_dtype,
@@ -225,9 +245,12 @@ class _PlannedModel:
         )
 
     def place_optimizer(self, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-        """With the plan's optimizer offload, the state is on `device` only during each optimizer step."""
+        """With the plan's optimizer offload, the state is on `device` only during each optimizer step;
+        with its param offload the step runs on the host shards, with every host core."""
         if self.optimizer_offload:
             fsdp_utils.offload_optimizer_state(optimizer, device)
+        if self.role_plan.param_offload and self.device_type != "cpu":
+            fsdp_utils.step_on_all_host_cores(optimizer)
 
     def check_numerics(self, module: torch.nn.Module, batch: dict) -> str | None:
         """On the first real batch, compare the compute dtype with float32 on a few of its rows (that
@@ -390,6 +413,7 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ building
 
     def _load(self, planned: _PlannedModel, train: bool, laps: Laps, compile_layers: bool) -> torch.nn.Module:
+        """The role's model per its plan; with a LoRA plan, the adapters are added before sharding."""
         model_cfg = self.config.model
         module = build_model(
             model_cfg.path,
@@ -398,6 +422,11 @@ class ActorRolloutRefWorker(Worker):
             override_config=model_cfg.get("override_config") or {},
             train=train,
         )
+        if planned.role_plan.lora_rank > 0:
+            module = lora.add_adapters(module, model_cfg, planned.role_plan.lora_rank, planned.param_dtype)
+        elif model_cfg.get("lora_adapter_path") and planned.name == "actor":
+            raise ValueError("actor_rollout_ref.model.lora_adapter_path is set but lora_rank is 0: set "
+                             "actor_rollout_ref.model.lora_rank to the adapter's rank to continue training it")
         laps(f"{planned.name}_load")
         module = planned.shard(module, compile_layers)
         laps(f"{planned.name}_shard")
@@ -427,7 +456,8 @@ class ActorRolloutRefWorker(Worker):
                                            compile_layers=self.plan.torch_compile and self._is_actor)
             if self._is_actor:
                 self.actor_optimizer, self.actor_lr_scheduler = _build_optimizer(
-                    self.actor_module, self.config.actor.optim, self.plan.actor.fused_optimizer)
+                    self.actor_module, self.config.actor.optim, self.plan.actor.fused_optimizer,
+                    self.plan.actor.optimizer_8bit)
                 self._actor_model.place_optimizer(self.actor_optimizer, self.device)
                 laps("actor_optimizer")
             actor_cfg = self.config.actor if self._is_actor else self.config.rollout
@@ -447,7 +477,12 @@ class ActorRolloutRefWorker(Worker):
                 # an engine with its own sampling stream: checkpoint it, so a resumed run samples alike
                 self.checkpoint_manager.sampling_streams["rollout"] = self.rollout
             laps("rollout_engine")
-        if self._is_ref:
+        if self._is_ref and self.plan.ref_in_actor:
+            if self.actor is None:
+                raise RuntimeError("the plan serves the reference from the LoRA actor (plan.ref_in_actor) but role "
+                                   f"{self.role!r} holds no actor; use actor_rollout_ref")
+            self.ref_module, self.ref_policy = self.actor_module, self.actor   # adapters off: see compute_ref_log_prob
+        elif self._is_ref:
             self._ref_model = _PlannedModel("ref", self.plan.ref or self.plan.actor, self.plan.device_type)
             self.ref_module = self._load(self._ref_model, train=False, laps=laps,
                                          compile_layers=self.plan.torch_compile)
@@ -513,37 +548,40 @@ class ActorRolloutRefWorker(Worker):
         """old_log_probs and entropys of the responses under the current actor."""
         if self.actor is None:
             raise RuntimeError(f"role {self.role!r} holds no actor weights; compute_log_prob needs actor or rollout")
-        data = data.to(self.device)
-        rollout_cfg = self.config.rollout
-        data.meta_info["micro_batch_size"] = rollout_cfg.log_prob_micro_batch_size_per_gpu
-        data.meta_info["max_token_len"] = rollout_cfg.log_prob_max_token_len_per_gpu
-        data.meta_info["use_dynamic_bsz"] = bool(rollout_cfg.get("log_prob_use_dynamic_bsz", False))
-        data.meta_info["temperature"] = float(rollout_cfg.get("temperature", 1.0))
-        self._guard(self._actor_model, self.actor_module, data)
-        with fsdp_utils.phase_peak(self.plan.device_type, "old_log_prob") as peaks, \
-                _gathered_for_forward(self.actor_module, self.plan.actor):
-            log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
-        meta = {"temperature": data.meta_info["temperature"], "metrics": {**peaks, **self._perf_metrics()}}
-        return _output(_with_plan_updates(meta, self._plan_updates),
-                       old_log_probs=log_probs.cpu(), entropys=entropys.cpu())
+        log_probs, entropys, meta = self._score(data, self.config.rollout, self._actor_model, self.actor_module,
+                                                self.actor, self.plan.actor, "old_log_prob", entropy=True)
+        meta["temperature"] = float(self.config.rollout.get("temperature", 1.0))
+        return _output(meta, old_log_probs=log_probs.cpu(), entropys=entropys.cpu())
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
-        """ref_log_prob of the responses under the frozen reference policy."""
+        """ref_log_prob of the responses under the frozen reference policy: the reference model, or, where
+        the plan serves it from the LoRA actor (`ref_in_actor`), the actor with its adapters disabled."""
         if self.ref_policy is None:
             raise RuntimeError(f"role {self.role!r} has no reference policy; use ref or actor_rollout_ref")
-        data = data.to(self.device)
-        ref_cfg = self.config.ref
-        data.meta_info["micro_batch_size"] = ref_cfg.log_prob_micro_batch_size_per_gpu
-        data.meta_info["max_token_len"] = ref_cfg.log_prob_max_token_len_per_gpu
-        data.meta_info["use_dynamic_bsz"] = bool(ref_cfg.get("log_prob_use_dynamic_bsz", False))
-        data.meta_info["temperature"] = float(self.config.rollout.get("temperature", 1.0))
-        self._guard(self._ref_model, self.ref_module, data)
-        with fsdp_utils.phase_peak(self.plan.device_type, "ref") as peaks, \
-                _gathered_for_forward(self.ref_module, self.plan.ref):
-            log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
-        meta = _with_plan_updates({"metrics": {**peaks, **self._perf_metrics()}}, self._plan_updates)
+        if self.plan.ref_in_actor:
+            with lora.adapters_disabled(self.actor_module):
+                log_probs, _, meta = self._score(data, self.config.ref, self._actor_model, self.actor_module,
+                                                 self.actor, self.plan.actor, "ref", entropy=False)
+        else:
+            log_probs, _, meta = self._score(data, self.config.ref, self._ref_model, self.ref_module,
+                                             self.ref_policy, self.plan.ref, "ref", entropy=False)
         return _output(meta, ref_log_prob=log_probs.cpu())
+
+    def _score(self, data: DataProto, cfg, planned: _PlannedModel, module, policy, role_plan, phase: str,
+               entropy: bool):
+        """One forward-only pass of `policy` over `data` with `cfg`'s log-prob micro-batching (the rollout's
+        section for the actor, `ref` for the reference): (log_probs, entropys or None, meta_info)."""
+        data = data.to(self.device)
+        data.meta_info["micro_batch_size"] = cfg.log_prob_micro_batch_size_per_gpu
+        data.meta_info["max_token_len"] = cfg.log_prob_max_token_len_per_gpu
+        data.meta_info["use_dynamic_bsz"] = bool(cfg.get("log_prob_use_dynamic_bsz", False))
+        data.meta_info["temperature"] = float(self.config.rollout.get("temperature", 1.0))
+        self._guard(planned, module, data)
+        with fsdp_utils.phase_peak(self.plan.device_type, phase) as peaks, _gathered_for_forward(module, role_plan):
+            log_probs, entropys = policy.compute_log_prob(data, calculate_entropy=entropy)
+        meta = _with_plan_updates({"metrics": {**peaks, **self._perf_metrics()}}, self._plan_updates)
+        return log_probs, entropys, meta
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
@@ -595,6 +633,9 @@ class CriticWorker(Worker):
             raise ValueError("CriticWorker needs the compat plan: pass plan=verl.compat.build_plan(config)")
         if plan.critic is None:
             raise ValueError("the compat plan has no critic role (plan.critic is None) but a CriticWorker was built")
+        if plan.critic.lora_rank > 0:
+            raise NotImplementedError("LoRA on the critic (critic.model.lora_rank > 0) is not built: its value head "
+                                      "would have to train beside the adapters; set critic.model.lora_rank=0")
         from verl.compat.apply import apply_in_process
 
         self.device = apply_in_process(plan, self.device_index)
@@ -633,7 +674,7 @@ class CriticWorker(Worker):
         self.critic_module = self._critic_model.shard(module, compile_layers=self.plan.torch_compile)
         laps("critic_shard")
         self.critic_optimizer, self.critic_lr_scheduler = _build_optimizer(
-            self.critic_module, self.config.optim, self.plan.critic.fused_optimizer)
+            self.critic_module, self.config.optim, self.plan.critic.fused_optimizer, self.plan.critic.optimizer_8bit)
         self._critic_model.place_optimizer(self.critic_optimizer, self.device)
         laps("critic_optimizer")
         self.critic = DataParallelPPOCritic(self.config, self.critic_module, self.critic_optimizer,

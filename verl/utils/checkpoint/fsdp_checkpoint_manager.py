@@ -5,6 +5,11 @@
     extra_state_world_size_<W>_rank_<R>.pt  LR scheduler, grad scaler, RNG states (rollout sampling too)
     huggingface/                             config + tokenizer (and the full weights with `hf_model`)
     fsdp_config.json                         {"FSDP_version": 2, "world_size": W}, read by verl.model_merger
+    lora_train_meta.json                     a LoRA model's rank, alpha and task type (verl.utils.lora)
+
+A LoRA model's shards hold every tensor under peft's names, as upstream's do (`base_model.model.` + the
+model's name; `.base_layer.` for a frozen weight under an adapter, `.lora_A.default.` / `.lora_B.default.`
+for the adapters); its `huggingface/` weights (with `hf_model`) are the merged ones.
 
 Shards are stored as plain local tensors, not DTensors, so a file depends on nothing but the world
 size; loading copies each shard into the live (already sharded) parameter, which works the same
@@ -22,6 +27,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from verl.utils.checkpoint.checkpoint_manager import partial_path, prune, publish, step_of
+from verl.utils import lora
 from verl.utils.checkpoint.plain_state import load_plain, rng_state, set_rng_state
 
 CONTENTS = ("model", "optimizer", "extra", "hf_model")
@@ -104,7 +110,7 @@ class FSDPCheckpointManager:
             os.makedirs(tmp)
         _barrier()
         if "model" in self.save_contents:
-            torch.save(_local(self.model.state_dict()), self._file(tmp, "model"))
+            torch.save(_local(self._named(self.model.state_dict())), self._file(tmp, "model"))
         if "optimizer" in self.save_contents and self.optimizer is not None:
             torch.save(_local(self.optimizer.state_dict()), self._file(tmp, "optim"))
         if "extra" in self.save_contents:
@@ -120,6 +126,8 @@ class FSDPCheckpointManager:
         if rank == 0:
             with open(os.path.join(tmp, "fsdp_config.json"), "w") as f:
                 json.dump({"FSDP_version": 2, "world_size": world}, f, indent=4)
+            if lora.has_adapters(self.model):
+                lora.write_train_meta(self.model, tmp)
         _barrier()
         if rank == 0:
             publish(local_path)
@@ -132,7 +140,12 @@ class FSDPCheckpointManager:
     def _save_huggingface(self, folder: str, rank: int) -> None:
         """Config and tokenizer always (rank 0); the full weights, gathered from all ranks, with `hf_model`."""
         full_state = None
-        if "hf_model" in self.save_contents:
+        if "hf_model" in self.save_contents and lora.has_adapters(self.model):
+            from verl.utils.fsdp_utils import full_params
+
+            with full_params(self.model):   # every rank gathers; the merged weights are computed whole
+                full_state = {name: t.detach().cpu().clone() for name, t in lora.inference_weights(self.model)}
+        elif "hf_model" in self.save_contents:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             full_state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True,
@@ -183,9 +196,15 @@ class FSDPCheckpointManager:
             )
         return path
 
+    def _named(self, state: dict) -> dict:
+        """The model's state under the names its shards use (peft's, for a LoRA model)."""
+        if not lora.has_adapters(self.model):
+            return state
+        return {lora.STATE_PREFIX + name: value for name, value in state.items()}
+
     @torch.no_grad()
     def _load_model(self, saved: dict) -> None:
-        live = self.model.state_dict()
+        live = self._named(self.model.state_dict())
         missing = sorted(set(live) - set(saved))
         if missing:
             raise KeyError(f"the checkpoint lacks {missing[:5]}: it was saved from a different model")

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from verl.protocol import DataProto
+from verl.utils.frozen_weights import compute_dtype_of
 
 from .base import BaseRollout, inner_module, output_tensors, special_tokens
 from .static_decoder import StaticDecoder, static_decoding_unsupported
@@ -315,7 +316,7 @@ class HFRollout(BaseRollout):
         return self._generator
 
     def _autocast(self):
-        dtype = rollout_autocast_dtype(self.dtype, next(self.module.parameters()).dtype)
+        dtype = rollout_autocast_dtype(self.dtype, compute_dtype_of(self.module))
         if dtype is None:
             return contextlib.nullcontext()
         # no weight-cast cache: a recorded CUDA graph must recompute its casts on every replay
@@ -351,7 +352,7 @@ class HFRollout(BaseRollout):
         key = (batch, prompt_length + response_length, positions)
         if holder[0] != key:
             holder[:] = [None, None]  # free the previous cache before allocating the next
-            weights = next(self.module.parameters()).dtype
+            weights = compute_dtype_of(self.module)
             dtype = rollout_autocast_dtype(self.dtype, weights) or weights
             device = ids.device
             graphs = self.cuda_graphs and device.type == "cuda"

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from verl.protocol import DataProto
+from verl.utils.lora import inference_weights
 
 from .base import BaseRollout, inner_module, output_tensors, special_tokens
 
@@ -59,13 +60,6 @@ def vllm_sampling_kwargs(config, meta_info: dict, response_length: int) -> dict:
         "detokenize": False,
     }
 
-
-
-def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """A plain tensor of the whole parameter (FSDP2 keeps DTensor shards until unsharded)."""
-    from torch.distributed.tensor import DTensor
-
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 class VLLMRollout(BaseRollout):
@@ -154,15 +148,23 @@ class VLLMRollout(BaseRollout):
     # ------------------------------------------------------------------ weights
 
     def push_weights(self) -> int:
-        """Copy the actor's current weights into vLLM's model, in memory; returns the tensor count."""
-        state = self.module.state_dict()
+        """Copy the actor's current weights into vLLM's model, in memory; returns the tensor count.
+
+        A LoRA actor pushes its merged weights under the base model's names (`W + s·B@A`, a 4-bit base
+        dequantized first: `verl.utils.lora.inference_weights`), so vLLM serves the current policy
+        without an adapter of its own."""
+        count = [0]
+
+        def weights():   # one merged tensor at a time: a LoRA model's merged copies never all exist at once
+            for item in inference_weights(self.module):
+                count[0] += 1
+                yield item
+
         # reload_weights (not model.load_weights): backends that repack weights after loading (the CPU
         # build does) need the checkpoint-format names restored, loaded, and repacked again.
-        self.llm.collective_rpc("reload_weights", kwargs={
-            "weights_iterator": ((name, _full_tensor(t).detach()) for name, t in state.items()),
-            "is_checkpoint_format": True})
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights(), "is_checkpoint_format": True})
         self.weight_pushes += 1
-        return len(state)
+        return count[0]
 
     # ------------------------------------------------------------------ public API
 
