@@ -82,6 +82,7 @@ def run_ppo(config) -> None:
         finally:
             if started_ray:
                 ray.shutdown()
+                _let_reaper_go()
 
 
 @contextmanager
@@ -249,6 +250,28 @@ def _init_ray(config) -> None:
         ray.init(**init_kwargs)
     if attach_to is not None:
         print(f"Attached to the Ray cluster at {attach_to}: {describe_nodes()}", flush=True)
+    else:
+        _start_reaper()
+
+
+_REAPER = []  # the write end of the running reaper's pipe, while this driver's local Ray instance runs
+
+
+def _start_reaper() -> None:
+    """Have the local Ray instance's leftovers ended once this driver is gone (see `ray_reaper`)."""
+    import ray
+
+    from verl.trainer.ppo import ray_reaper
+
+    node = ray._private.worker._global_node
+    if node is not None:
+        _REAPER.append(ray_reaper.start(node.get_session_dir_path()))
+
+
+def _let_reaper_go() -> None:
+    """After ray.shutdown: the reaper ends whatever of the instance is still running, then exits."""
+    while _REAPER:
+        _REAPER.pop().close()
 
 
 def _recorded_cluster(temp_dir: str | None) -> str | None:
