@@ -47,11 +47,15 @@ class RunLock:
         self.folder = os.path.abspath(folder)
         self.path = os.path.join(self.folder, LOCK_FILE)
         self._fd: int | None = None
-        self._made_folder = False
+        self._made: list[str] = []  # folders the lock created, innermost first
 
     def acquire(self) -> RunLock:
-        self._made_folder = not os.path.isdir(self.folder)
+        missing, folder = [], self.folder
+        while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+            missing.append(folder)
+            folder = os.path.dirname(folder)
         os.makedirs(self.folder, exist_ok=True)
+        self._made = missing
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
@@ -93,11 +97,12 @@ class RunLock:
             pass
         os.close(self._fd)
         self._fd = None
-        if self._made_folder:
+        for folder in self._made:  # only those the run left empty
             try:
-                os.rmdir(self.folder)  # only if the run left nothing there
+                os.rmdir(folder)
             except OSError:
-                pass
+                break
+        self._made = []
 
     def __enter__(self) -> RunLock:
         return self.acquire()
