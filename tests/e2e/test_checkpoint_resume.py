@@ -10,7 +10,6 @@ LR schedule and every RNG stream are restored bit for bit, so steps 5-6 repeat e
 write the same metrics file: the resumed run appends, and each step keeps exactly one record.
 """
 import json
-import shutil
 
 import pytest
 from conftest import run_main_ppo
@@ -48,10 +47,12 @@ def test_resumed_run_repeats_the_uninterrupted_steps(copy_task, tmp_path):
     assert sorted(full) == [1, 2, 3, 4, 5, 6]
     assert (checkpoints / "latest_checkpointed_iteration.txt").read_text() == "6"
 
-    shutil.rmtree(checkpoints / "global_step_6")                     # as if the run died during step 5
-    (checkpoints / "latest_checkpointed_iteration.txt").write_text("4")
+    shard = checkpoints / "global_step_6" / "actor" / "model_world_size_1_rank_0.pt"
+    with open(shard, "r+b") as f:                                    # the newest checkpoint is damaged
+        f.truncate(shard.stat().st_size // 2)
     proc, resumed = run_main_ppo(command(copy_task, checkpoints), log_path=log)
     assert proc.returncode == 0
+    assert f"{checkpoints / 'global_step_6'} is damaged ({shard}" in proc.stdout
     assert "Resuming from" in proc.stdout and "global_step_4" in proc.stdout
     assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
     assert resumed[5]["training/epoch"] == 1

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import torch
 
-from verl.utils.checkpoint.disk_space import CheckpointSpaceError, free_bytes, is_disk_full, require_space
+from verl.utils.checkpoint.disk_space import CheckpointSpaceError, free_bytes, needs_explaining, require_space
 from verl.utils.checkpoint.manifest import DamagedCheckpointError, verify, write_manifest
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
@@ -102,7 +102,7 @@ def saving_step(root_path: str, step: int):
         written = bytes_under(folder) if created else 0
         if created:
             shutil.rmtree(folder, ignore_errors=True)
-        if is_disk_full(err) and not isinstance(err, CheckpointSpaceError):
+        if needs_explaining(err):
             raise CheckpointSpaceError(folder, written, free_bytes(root_path), during=True) from err
         raise
 

@@ -14,6 +14,7 @@ import shutil
 SLACK_FRACTION = 0.05
 SLACK_BYTES = 64 << 20
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+_ADVICE = "point trainer.default_local_dir at a larger disk"
 
 
 class CheckpointSpaceError(OSError):
@@ -29,9 +30,8 @@ class CheckpointSpaceError(OSError):
                     f"{_size(free)} are free on that disk")
         super().__init__(
             errno.ENOSPC,
-            f"{what}. Free space there, point trainer.default_local_dir at a "
-            "larger disk, or keep fewer checkpoints (trainer.max_actor_ckpt_to_keep / max_critic_ckpt_to_keep). "
-            "What this save had written was removed; the previous checkpoint is intact.",
+            f"{what}. Free space there, {_ADVICE}, or keep fewer checkpoints (trainer.max_actor_ckpt_to_keep / "
+            "max_critic_ckpt_to_keep). What this save had written was removed; the previous checkpoint is intact.",
         )
 
     def __reduce__(self):  # travels from a Ray worker to the driver intact
@@ -65,5 +65,12 @@ def require_space(folder: str, needed: int) -> None:
 
 
 def is_disk_full(err: BaseException) -> bool:
+    """A full disk as the OS or torch reports it (torch's writer says only `iostream error`)."""
     return isinstance(err, OSError) and err.errno in _FULL or (
         isinstance(err, RuntimeError) and any(s in str(err) for s in ("No space left", "iostream error")))
+
+
+def needs_explaining(err: BaseException) -> bool:
+    """A full disk not yet explained by a `CheckpointSpaceError` (one raised in a worker reaches the driver
+    as the text of a worker error, which is left as it is)."""
+    return is_disk_full(err) and not isinstance(err, CheckpointSpaceError) and _ADVICE not in str(err)
