@@ -47,14 +47,19 @@ def run_ppo(config) -> None:
         own = copy.deepcopy(config)
         planning = _Background(_plan_for, own)
         inputs = _Background(build_inputs, own, after=planning)
-        if problems:
-            try:
-                planning.result()
-            except Exception:  # noqa: BLE001 - e.g. no model config to plan with: the problems say why
+        try:
+            plan = planning.result()
+        except Exception:  # noqa: BLE001 - e.g. no model config to plan with: the problems say why
+            if problems:
                 raise InputError(problems) from None
+            raise
+        clock.mark("plan")
+        _apply_plan(config, plan)
         ready = inputs.result()  # every input check has passed (else InputError): only now does Ray start
         clock.mark("inputs")
-        layout = _Background(lambda: worker_layout(own, planning.result()))
+        for stage, seconds in ready["seconds"].items():
+            clock.record(stage, seconds)
+        layout = _Background(lambda: worker_layout(own, plan))
         started_ray = False
         try:
             if not ray.is_initialized():
@@ -62,9 +67,6 @@ def run_ppo(config) -> None:
                 started_ray = True
                 stop_on_sigterm()  # ray.init installs a SIGTERM handler of its own in the driver
                 clock.mark("ray_init")
-            plan = planning.result()
-            clock.record("planning", planning.seconds)
-            _apply_plan(config, plan)
             roles, pools = layout.result()
             clock.mark("wait_for_imports")
             clock.record("imports", layout.seconds)
@@ -72,8 +74,6 @@ def run_ppo(config) -> None:
 
             groups = spawn_worker_groups(config, roles, pools, plan)
             clock.mark("spawn_workers")
-            for stage, seconds in ready["seconds"].items():
-                clock.record(stage, seconds)
             trainer = build_trainer(config, plan, inputs=ready, layout=(roles, pools), worker_groups=groups)
             clock.mark("dataloaders")
             trainer.init_workers()

@@ -73,10 +73,6 @@ def write_manifest(folder: str) -> str:
     return path
 
 
-def has_manifest(folder: str) -> bool:
-    return os.path.isfile(os.path.join(folder, MANIFEST_FILE))
-
-
 def verify(folder: str) -> None:
     """Raise `DamagedCheckpointError` naming the first file of `folder` that differs from its manifest.
 
