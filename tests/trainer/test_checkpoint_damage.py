@@ -68,15 +68,32 @@ def test_a_damaged_checkpoint_named_by_resume_from_path_stops_naming_the_file(tm
                              "trainer.resume_from_path": str(root / "global_step_4")})
 
 
-def test_the_manifest_lists_every_file_of_the_step_and_a_pruned_component_is_not_damage(tmp_path):
+class AdapterWritingGroup(ShardWritingGroup):
+    """Also writes an adapter folder inside the component, as a LoRA save would."""
+
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
+        os.makedirs(os.path.join(local_path, "lora_adapter"), exist_ok=True)
+        with open(os.path.join(local_path, "lora_adapter", "adapter_config.json"), "w") as f:
+            f.write('{"r": 8}')
+
+
+def test_the_manifest_covers_every_file_of_the_step_and_a_pruned_component_is_not_damage(tmp_path, capsys):
+    import json
+
     from verl.utils.checkpoint.manifest import MANIFEST_FILE, verify
 
-    root = _train(tmp_path)
-    import json
+    root = _train(tmp_path, group=AdapterWritingGroup([]))
     files = json.load(open(root / "global_step_4" / MANIFEST_FILE))["files"]
-    assert sorted(files) == ["actor/model_world_size_1_rank_0.pt", "critic/model_world_size_1_rank_0.pt", "data.pt"]
-    (root / "global_step_4" / "actor" / "adapter").mkdir()                       # a later addition is covered too
-    shutil.rmtree(root / "global_step_2" / "actor")                              # retention's doing
+    assert sorted(files) == [f"{c}/{f}" for c in ("actor", "critic")
+                             for f in ("lora_adapter/adapter_config.json", "model_world_size_1_rank_0.pt")] + ["data.pt"]
+    adapter = root / "global_step_4" / "actor" / "lora_adapter" / "adapter_config.json"
+    adapter.write_text('{"r": 9}')                                         # same size, other bytes
+    group = _resume(tmp_path)
+    assert group.loaded[0] == str(root / "global_step_2" / "actor")
+    assert f"{adapter}: its CRC-32 is" in capsys.readouterr().out
+    verify(str(root / "global_step_4"))                                    # saved again by the resumed run
+    shutil.rmtree(root / "global_step_2" / "critic")                       # retention's doing: not damage
     verify(str(root / "global_step_2"))
 
 

@@ -188,7 +188,8 @@ def interruption_line(config, signum: int = signal.SIGINT) -> str:
     folder = None
     if trainer.get("default_local_dir"):
         try:
-            folder = find_latest_ckpt_path(os.path.abspath(trainer.default_local_dir))
+            # sizes only: a stop should not wait for a read of the whole checkpoint
+            folder = find_latest_ckpt_path(os.path.abspath(trainer.default_local_dir), checksums=False)
         except CheckpointTrackerError:
             folder = None
     if folder is None:

@@ -42,18 +42,18 @@ def step_of(folder: str) -> int:
     return int(match.group(1))
 
 
-def find_latest_ckpt_path(root_path: str | None, components=("actor",)) -> str | None:
+def find_latest_ckpt_path(root_path: str | None, components=("actor",), checksums: bool = True) -> str | None:
     """The folder the tracker names if it is there and sound; else the newest complete, sound one (with a
     warning naming what was passed over); None when there is no tracker or nothing usable. A complete
-    folder holds every one of `components` and `data.pt`; a sound one matches its manifest. An empty or
-    garbled tracker raises `CheckpointTrackerError`."""
+    folder holds every one of `components` and `data.pt`; a sound one matches its manifest (file sizes,
+    and with `checksums` the CRC-32s too). An empty or garbled tracker raises `CheckpointTrackerError`."""
     step = None if root_path is None else tracked_step(root_path)
     if step is None:
         return None
     folder = step_folder(root_path, step)
     tracker = get_checkpoint_tracker_filename(root_path)
     if os.path.isdir(folder):
-        problem = damage(folder)
+        problem = damage(folder, checksums)
         if problem is None:
             return folder
         why = f"{folder} is damaged ({problem})"
@@ -63,7 +63,7 @@ def find_latest_ckpt_path(root_path: str | None, components=("actor",)) -> str |
         if other == step:
             continue
         fallback = step_folder(root_path, other)
-        problem = damage(fallback)
+        problem = damage(fallback, checksums)
         if problem is None:
             print(f"WARNING: {tracker} names step {step}, but {why}; resuming from the newest complete "
                   f"checkpoint instead, {fallback}", flush=True)
@@ -74,10 +74,10 @@ def find_latest_ckpt_path(root_path: str | None, components=("actor",)) -> str |
     return None
 
 
-def damage(folder: str) -> str | None:
+def damage(folder: str, checksums: bool = True) -> str | None:
     """What is wrong with the files of a step folder (naming the file), or None when it matches its manifest."""
     try:
-        verify(folder)
+        verify(folder, checksums)
     except DamagedCheckpointError as err:
         return f"{err.path}: {err.reason}"
     return None
