@@ -92,18 +92,20 @@ def saving_step(root_path: str, step: int):
     folder = step_folder(root_path, step)
     created = not os.path.exists(folder)
     previous = tracked_step(root_path)
-    if previous is not None and previous != step and os.path.isdir(step_folder(root_path, previous)):
-        require_space(folder, bytes_under(step_folder(root_path, previous)))
+    expected = 0  # a step the size of the last one saved
+    if previous is not None and previous != step:
+        expected = bytes_under(step_folder(root_path, previous))
+        require_space(folder, expected)
     try:
         yield folder
         write_manifest(folder)
         write_tracker(root_path, step)
     except BaseException as err:
-        written = bytes_under(folder) if created else 0
+        needed = max(expected, bytes_under(folder))
         if created:
             shutil.rmtree(folder, ignore_errors=True)
         if needs_explaining(err):
-            raise CheckpointSpaceError(folder, written, free_bytes(root_path), during=True) from err
+            raise CheckpointSpaceError(folder, needed, free_bytes(root_path), during=True) from err
         raise
 
 

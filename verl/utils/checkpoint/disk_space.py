@@ -23,8 +23,8 @@ class CheckpointSpaceError(OSError):
     def __init__(self, folder: str, needed: int, free: int, during: bool = False):
         self.folder, self.needed, self.free = folder, needed, free
         if during:
-            what = (f"ran out of disk space while saving the checkpoint {folder}: it needed more than the "
-                    f"{_size(needed)} written when the disk filled, and {_size(free)} are free on that disk now")
+            what = (f"ran out of disk space while saving the checkpoint {folder}: it needs about {_size(needed)}, and "
+                    f"{_size(free)} are free on that disk now")
         else:
             what = (f"not enough disk space to save the checkpoint {folder}: it needs about {_size(needed)}, and "
                     f"{_size(free)} are free on that disk")
