@@ -1,13 +1,14 @@
 """Ends what is left of a local Ray instance once the driver that started it is gone, however it went.
 
 Ray ties its head daemons (GCS, raylet, dashboard, log monitor) to the driver with PDEATHSIG, but the
-raylet's own children, the dashboard agent and the runtime-env agent, outlive a driver killed with -9
-by a minute or more (they try to report the raylet's death to a GCS that is gone). `start(session_dir)`
-launches this file as a small detached process that holds the read end of a pipe whose write end only
-the driver has: the pipe closes when the driver exits or dies, and the reaper then stops every Ray
-process of this user (other than the driver) that has a file open under the session folder or names it
-on its command line, SIGTERM first and SIGKILL after a grace period. Other Ray instances on the host are never touched. Standard
-library only, run by path, so it starts in milliseconds.
+raylet's own children, the dashboard agent and the runtime-env agent, are handed to init when the
+raylet dies and keep running well after a driver killed with -9 (they poll for the raylet, then try to
+report its death to a GCS that is gone). `start(session_dir)` launches this file as a small detached
+process that holds the read end of a pipe whose write end only the driver has: the pipe closes when the
+driver exits or dies, and the reaper then stops every Ray process of this user (other than the driver)
+that has a file open under the session folder or names it on its command line, SIGTERM first and
+SIGKILL after a grace period. Other Ray instances on the host are never touched. Standard library only,
+run by path, so it starts in milliseconds.
 """
 from __future__ import annotations
 
