@@ -325,9 +325,9 @@ SIM_RUN = ["data.train_batch_size=256", "actor_rollout_ref.actor.ppo_mini_batch_
            "critic.ppo_micro_batch_size_per_gpu=auto", "trainer.n_gpus_per_node=1"]
 
 
-def test_training_a_simulated_gpu_on_a_gpu_less_host_fails_in_the_plan_and_stops_ray(monkeypatch):
-    """compat.device=p40 without a real GPU: a clear error from build_plan, before any worker or model;
-    the Ray that started beside the plan is shut down before the error goes out."""
+def test_training_a_simulated_gpu_on_a_gpu_less_host_fails_in_the_plan_before_ray(monkeypatch, tmp_path):
+    """compat.device=p40 without a real GPU: a clear error from build_plan, before any worker or model,
+    and before Ray starts (the plan is made before the inputs are checked, and both before ray.init)."""
     import ray
 
     from verl.compat import SimulationNeedsGPUError
@@ -342,10 +342,10 @@ def test_training_a_simulated_gpu_on_a_gpu_less_host_fails_in_the_plan_and_stops
     monkeypatch.setattr(task_runner, "_init_ray", lambda config: events.append("ray up"))
     monkeypatch.setattr(ray, "shutdown", lambda: events.append("ray down"))
     monkeypatch.setattr(task_runner, "worker_layout", lambda *a: pytest.fail("workers started"))
-    config = load_config(SIM_RUN + ["compat.device=p40"])
+    config = load_config(SIM_RUN + ["compat.device=p40", f"trainer.default_local_dir={tmp_path / 'ckpt'}"])
     with pytest.raises(SimulationNeedsGPUError) as err:
         task_runner.run_ppo(config)
-    assert events == ["ray up", "ray down"]
+    assert events == []
     message = str(err.value)
     assert "compat.device=p40" in message and "this host has no GPU" in message
     assert "python -m verl.compat --device p40" in message and "drop compat.device" in message

@@ -1,8 +1,9 @@
 """Interrupt and resume `python -m verl.trainer.main_ppo` (CPU, one worker): a run resumed from the
 step-4 checkpoint trains steps 5-6 exactly as the uninterrupted run did.
 
-The first run trains 6 steps and saves at steps 2, 4 and 6 (save_freq=2, and the last step). Removing
-step 6 and pointing the tracker back at 4 is what a crash during step 5 leaves behind. 24 shuffled
+The first run trains 6 steps and saves at steps 2, 4 and 6 (save_freq=2, and the last step). Then step 6's
+model shard is cut in half, as a full disk or a failed copy leaves it: its manifest no longer matches, so
+the rerun passes over it (naming the file) and resumes from step 4. 24 shuffled
 prompts (data.seed) make 3 batches per epoch, so step 4 is inside the second epoch: the resumed run must
 restore that epoch's order (the sampler's RNG state in data.pt) and skip its first batch. Responses are
 sampled (temperature 1), so the rollout's sampling generator must be restored too. Weights, Adam moments,
@@ -10,7 +11,6 @@ LR schedule and every RNG stream are restored bit for bit, so steps 5-6 repeat e
 write the same metrics file: the resumed run appends, and each step keeps exactly one record.
 """
 import json
-import shutil
 
 import pytest
 from conftest import run_main_ppo
@@ -47,11 +47,16 @@ def test_resumed_run_repeats_the_uninterrupted_steps(copy_task, tmp_path):
     assert proc.returncode == 0
     assert sorted(full) == [1, 2, 3, 4, 5, 6]
     assert (checkpoints / "latest_checkpointed_iteration.txt").read_text() == "6"
+    assert (checkpoints / "global_step_6" / "checkpoint_manifest.json").is_file()
+    assert not (checkpoints / "run.lock").exists()                   # released at the end of the run
+    assert full[1]["timing_s/startup/plan"] > 0 and full[1]["timing_s/startup/inputs"] > 0
 
-    shutil.rmtree(checkpoints / "global_step_6")                     # as if the run died during step 5
-    (checkpoints / "latest_checkpointed_iteration.txt").write_text("4")
+    shard = checkpoints / "global_step_6" / "actor" / "model_world_size_1_rank_0.pt"
+    with open(shard, "r+b") as f:                                    # the newest checkpoint is damaged
+        f.truncate(shard.stat().st_size // 2)
     proc, resumed = run_main_ppo(command(copy_task, checkpoints), log_path=log)
     assert proc.returncode == 0
+    assert f"{checkpoints / 'global_step_6'} is damaged ({shard}" in proc.stdout
     assert "Resuming from" in proc.stdout and "global_step_4" in proc.stdout
     assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
     assert resumed[5]["training/epoch"] == 1

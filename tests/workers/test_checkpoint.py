@@ -187,3 +187,40 @@ def test_the_rollout_sampling_stream_is_restored(model_dir, tmp_path):
     assert not torch.equal(expected, again)                # sampling: the stream really differs per call
     worker.load_checkpoint(path)
     assert torch.equal(worker.generate_sequences(prompts).batch["responses"], expected)
+
+
+def test_a_save_without_room_stops_before_writing_and_names_folder_and_sizes(model_dir, tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    worker = _actor(model_dir)
+    shards = sum(t.numel() * t.element_size() for t in worker.actor_module.state_dict().values())
+    usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 40, 1 << 40, 1 << 20))
+    target = tmp_path / "global_step_1" / "actor"
+    with pytest.raises(OSError, match=rf"not enough disk space to save the checkpoint {target}: it needs about "
+                                      r"[\d.]+ MiB, and 1\.00 MiB are free") as caught:
+        worker.save_checkpoint(str(target), global_step=1)
+    assert caught.value.needed > 2 * shards          # weights plus two Adam moments
+    assert not (tmp_path / "global_step_1").exists()
+
+
+def test_a_disk_that_fills_during_a_worker_save_leaves_nothing_behind(model_dir, tmp_path, monkeypatch):
+    import errno
+
+    worker = _actor(model_dir)
+    real_save = torch.save
+
+    def full_disk(obj, path, *args, **kwargs):
+        if "optim_world_size" in str(path):
+            open(path, "wb").write(b"x" * 1000)
+            raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 64 vs 0: basic_ios::clear: "
+                               "iostream error")   # what torch raises when the disk fills mid-file
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    target = tmp_path / "global_step_1" / "actor"
+    with pytest.raises(OSError, match=rf"ran out of disk space while saving the checkpoint {target}") as caught:
+        worker.save_checkpoint(str(target), global_step=1)
+    assert caught.value.errno == errno.ENOSPC and caught.value.free > 0
+    assert os.listdir(tmp_path) == []                # neither the .partial folder nor an empty step folder

@@ -507,6 +507,77 @@ def _check_lora(cfg, errors: list[str]) -> None:
                       "set actor_rollout_ref.model.lora_rank too (e.g. 32), or load_in_4bit=false.")
 
 
+# Numeric keys and the ranges they must lie in: (path, lowest, highest, lowest allowed?, highest allowed?, what).
+# A value of None (unset) passes; `auto` passes where compat decides the value.
+_A, _C = "actor_rollout_ref.actor", "critic"
+_RANGES = (
+    *((f"{role}.optim.lr", 0.0, None, True, False, "a learning rate, e.g. 1e-6") for role in (_A, _C)),
+    *((f"{role}.optim.{key}", 0.0, 1.0, True, True, "a fraction of the training steps")
+      for role in (_A, _C) for key in ("lr_warmup_steps_ratio", "min_lr_ratio")),
+    *((f"{role}.optim.weight_decay", 0.0, None, True, False, "a weight decay, e.g. 0.01") for role in (_A, _C)),
+    *((f"{role}.grad_clip", 0.0, None, False, False, "a gradient-norm limit, e.g. 1.0") for role in (_A, _C)),
+    *((f"{role}.loss_scale_factor", 0.0, None, False, False, "a loss scale") for role in (_A, _C)),
+    (f"{_A}.clip_ratio", 0.0, None, False, False, "the PPO clip range, e.g. 0.2"),
+    (f"{_A}.clip_ratio_low", 0.0, None, True, False, "the lower PPO clip range, e.g. 0.2"),
+    (f"{_A}.clip_ratio_high", 0.0, None, True, False, "the upper PPO clip range, e.g. 0.28"),
+    (f"{_A}.clip_ratio_c", 1.0, None, False, False, "dual-clip PPO's bound, above 1, e.g. 3.0"),
+    (f"{_A}.entropy_coeff", 0.0, None, True, False, "the entropy bonus, e.g. 0 or 0.001"),
+    (f"{_A}.kl_loss_coef", 0.0, None, True, False, "the KL loss weight, e.g. 0.001"),
+    (f"{_A}.tau_pos", 0.0, None, False, False, "SAPO's temperature for positive advantages"),
+    (f"{_A}.tau_neg", 0.0, None, False, False, "SAPO's temperature for negative advantages"),
+    (f"{_A}.policy_loss.clip_cov_ratio", 0.0, 1.0, False, True, "a fraction of the tokens"),
+    (f"{_A}.policy_loss.kl_cov_ratio", 0.0, 1.0, False, True, "a fraction of the tokens"),
+    (f"{_A}.policy_loss.ppo_kl_coef", 0.0, None, True, False, "a KL weight"),
+    (f"{_C}.cliprange_value", 0.0, None, False, False, "the value clip range, e.g. 0.5"),
+    ("algorithm.kl_ctrl.kl_coef", 0.0, None, True, False, "the KL penalty weight, e.g. 0.001"),
+    ("algorithm.kl_ctrl.target_kl", 0.0, None, False, False, "the adaptive KL target, e.g. 0.1"),
+    ("algorithm.kl_ctrl.horizon", 0.0, None, False, False, "the adaptive KL horizon in samples"),
+    ("algorithm.gamma", 0.0, 1.0, True, True, "a discount factor"),
+    ("algorithm.lam", 0.0, 1.0, True, True, "the GAE lambda"),
+    ("actor_rollout_ref.rollout.temperature", 0.0, None, True, False, "a sampling temperature"),
+    ("actor_rollout_ref.rollout.val_kwargs.temperature", 0.0, None, True, False, "a sampling temperature"),
+    ("actor_rollout_ref.rollout.top_p", 0.0, 1.0, False, True, "a nucleus-sampling mass"),
+    ("actor_rollout_ref.rollout.val_kwargs.top_p", 0.0, 1.0, False, True, "a nucleus-sampling mass"),
+)
+# Integer keys: (path, smallest value, what); `auto` passes.
+_INT_RANGES = (
+    *((f"{role}.ppo_epochs", 1, "passes over each batch") for role in (_A, _C)),
+    *((f"{role}.ppo_max_token_len_per_gpu", 1, "a token budget per device") for role in (_A, _C)),
+    ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", 1, "a token budget per device"),
+    ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", 1, "a token budget per device"),
+    ("actor_rollout_ref.rollout.top_k", -1, "-1 (off) or a number of tokens"),
+    ("actor_rollout_ref.rollout.val_kwargs.top_k", -1, "-1 (off) or a number of tokens"),
+    ("actor_rollout_ref.rollout.val_kwargs.n", 1, "responses per validation prompt"),
+    ("trainer.total_epochs", 1, "passes over the data"),
+    ("trainer.critic_warmup", 0, "steps"),
+)
+
+
+def _check_ranges(cfg, errors: list[str]) -> None:
+    """Numbers out of their range (a negative learning rate, a clip ratio of 0, gamma above 1), naming the key."""
+    import math
+
+    for path, low, high, low_ok, high_ok, what in _RANGES:
+        value = _get(cfg, path)
+        if value is None or _is_auto(value):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            errors.append(f"{path}={value!r} must be a number ({what}).")
+            continue
+        below = value < low or (value == low and not low_ok)
+        above = high is not None and (value > high or (value == high and not high_ok))
+        if below or above:
+            span = ("[" if low_ok else "(") + f"{low:g}, " + (f"{high:g}" + ("]" if high_ok else ")") if high is not None
+                                                               else "inf)")
+            errors.append(f"{path}={value!r} is out of range: it must be in {span} ({what}).")
+    for path, low, what in _INT_RANGES:
+        value = _get(cfg, path)
+        if value is None or _is_auto(value):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            errors.append(f"{path}={value!r} must be an integer >= {low} ({what}).")
+
+
 def _bool_or_auto(cfg, path: str, errors: list[str]) -> None:
     value = _get(cfg, path)
     if not (isinstance(value, bool) or _is_auto(value)):
@@ -573,6 +644,7 @@ def validate(cfg: DictConfig) -> list[str]:
     errors: list[str] = []
     warnings: list[str] = []
     _check_choices(cfg, errors, warnings)
+    _check_ranges(cfg, errors)
     _check_unsupported(cfg, errors, warnings)
     batch_errors: list[str] = []
     _check_batches(cfg, batch_errors, warnings)

@@ -1,16 +1,20 @@
-"""Checks of the run's inputs, made in the driver before training starts, reported together in one message.
+"""Checks of the run's inputs, made in the driver before Ray starts, reported together in one message.
 
 A missing or misnamed data file, an unreadable format, raw (unprocessed) data, an empty set, an
-over-long prompt or a logger whose package is missing would otherwise surface one at a time, each
-after a cluster start-up or some steps in. `input_problems(config)` finds what it can from the
-config and the files alone, before Ray starts; `task_runner.build_inputs` adds what building the data
-sets finds (on a thread, while Ray starts) and raises `InputError` with everything at once.
+over-long prompt, a model folder without config.json, a tokenizer or reward file that does not load, or
+a logger whose package is missing would otherwise surface one at a time, each after a cluster start-up
+or some steps in. `input_problems(config)` finds what it can from the config and the files alone (file
+metadata, no data read whole); `task_runner.build_inputs` adds what loading the tokenizer and the reward
+function and building the data sets finds, and raises `InputError` with everything at once. Both finish
+before `ray.init`.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+
+from omegaconf import OmegaConf
 
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
 LOGGER_PACKAGES = {"wandb": "wandb", "tensorboard": "tensorboard"}
@@ -46,6 +50,24 @@ def file_problem(key: str, path: str, prompt_key: str = "prompt") -> str | None:
         return f"data.{key}: {path} has an unsupported format; use .parquet, .jsonl or .json"
     if full.endswith(".jsonl"):
         return _raw_jsonl_problem(key, path, full, prompt_key)
+    if full.endswith(".parquet"):
+        return _parquet_problem(key, path, full, prompt_key)
+    return None
+
+
+def _parquet_problem(key: str, path: str, full: str, prompt_key: str) -> str | None:
+    """No rows, or no prompt column, read from the file's footer alone."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_metadata(full)
+    except Exception as err:  # noqa: BLE001 - any unreadable footer is the same problem for the user
+        return f"data.{key}: {path} is not a readable parquet file ({type(err).__name__}: {err})"
+    if meta.num_rows == 0:
+        return f"data.{key}: the data set is empty ({path} has no rows)"
+    columns = meta.schema.to_arrow_schema().names
+    if prompt_key not in columns:
+        return f"data.{key}: {path} has no {prompt_key!r} column (data.prompt_key); its columns are {sorted(columns)}"
     return None
 
 
@@ -53,6 +75,8 @@ def _raw_jsonl_problem(key: str, path: str, full: str, prompt_key: str) -> str |
     """A JSON-lines file whose first row has no prompt column is most likely raw data (GSM8K's own files)."""
     with open(full) as f:
         first = f.readline().strip()
+    if not first:
+        return f"data.{key}: the data set is empty ({path} has no rows)"
     try:
         row = json.loads(first) if first else {}
     except json.JSONDecodeError:
@@ -74,8 +98,53 @@ def logger_problems(loggers) -> list[str]:
             if name in loggers and importlib.util.find_spec(package) is None]
 
 
+def _hub_problem(key: str, repo_id: str) -> str | None:
+    """A hub id can only be used offline when it is in the local Hugging Face cache."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("0", "false", ""):
+        return None  # downloaded by the workers
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return None
+    return (f"{key}={repo_id}: no local folder of that name, and the Hugging Face hub id is not in the local cache "
+            "while HF_HUB_OFFLINE is set; download it first or point the key at a local model folder")
+
+
+def model_problems(config) -> list[str]:
+    """Model and tokenizer paths: a local folder must exist (a model's must hold config.json); a hub id is
+    accepted (it is downloaded), unless offline and not cached."""
+    from verl.trainer.config_check import need_critic
+    from verl.utils.fs import _looks_like_repo_id, is_non_local
+
+    keys = [("actor_rollout_ref.model.path", True), ("actor_rollout_ref.model.tokenizer_path", False)]
+    if need_critic(config):
+        keys += [("critic.model.path", True), ("critic.model.tokenizer_path", False)]
+    problems, seen = [], set()
+    for key, is_model in keys:
+        path = OmegaConf.select(config, key, default=None)
+        if path is None or (str(path), is_model) in seen or is_non_local(str(path)):
+            continue
+        seen.add((str(path), is_model))
+        full = os.path.expanduser(str(path))
+        if os.path.isdir(full):
+            if is_model and not os.path.isfile(os.path.join(full, "config.json")):
+                inside = sorted(os.listdir(full))
+                problems.append(f"{key}={path} has no config.json (it holds {inside[:6]}); point it at the folder "
+                                "that save_pretrained wrote (config.json and the weights)")
+        elif os.path.exists(full):
+            problems.append(f"{key}={path} is a file; point it at the model's folder")
+        elif _looks_like_repo_id(str(path)):
+            problem = _hub_problem(key, str(path))
+            if problem:
+                problems.append(problem)
+        else:
+            problems.append(f"{key}={path} does not exist")
+    return problems
+
+
 def input_problems(config) -> list[str]:
-    """Every problem visible without reading the data sets whole: files, formats, logger packages."""
+    """Every problem visible without reading the data sets whole: files, formats, model folders, logger
+    packages."""
     data = config.data
     prompt_key = data.get("prompt_key", "prompt") or "prompt"
     problems = []
@@ -84,5 +153,7 @@ def input_problems(config) -> list[str]:
         if not paths:
             problems.append(f"data.{key} is not set")
         problems.extend(p for p in (file_problem(key, path, prompt_key) for path in paths) if p)
+    if OmegaConf.select(config, "actor_rollout_ref.model", default=None) is not None:
+        problems.extend(model_problems(config))
     problems.extend(logger_problems(config.trainer.get("logger")))
     return problems

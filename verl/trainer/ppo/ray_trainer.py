@@ -42,10 +42,11 @@ from verl.trainer.ppo.utils import Role
 from verl.utils.checkpoint.checkpoint_manager import (
     find_latest_ckpt_path,
     prune,
-    step_folder,
+    save_data_state,
+    saving_step,
     step_of,
-    write_tracker,
 )
+from verl.utils.checkpoint.manifest import verify
 from verl.utils.checkpoint.plain_state import host_rng_state, load_plain, set_host_rng_state
 from verl.utils.dataset.resumable_sampler import ResumableSampler
 from verl.utils.startup import end_startup, startup_clock
@@ -452,22 +453,20 @@ class RayPPOTrainer:
         return os.path.abspath(trainer.default_local_dir)
 
     def _save_checkpoint(self, epoch: int, batches_done: int) -> None:
-        """Actor, critic, then data.pt, then the tracker: the tracker moves only once all are on disk."""
+        """Actor, critic, then data.pt, then the manifest and the tracker: the tracker moves only once all
+        are on disk; a failed save leaves no part of this step behind (see `saving_step`)."""
         trainer = self.config.trainer
         root = self._checkpoint_root()
-        folder = step_folder(root, self.global_steps)
         keep = {"actor": trainer.get("max_actor_ckpt_to_keep"), "critic": trainer.get("max_critic_ckpt_to_keep")}
-        self.actor_rollout_wg.save_checkpoint(os.path.join(folder, "actor"), None, self.global_steps,
-                                              max_ckpt_to_keep=keep["actor"])
-        if self.use_critic:
-            self.critic_wg.save_checkpoint(os.path.join(folder, str(Role.Critic)), None, self.global_steps,
-                                           max_ckpt_to_keep=keep["critic"])
-        data_path = os.path.join(folder, "data.pt")
-        # the driver's own generators too (e.g. a shuffled validation loader draws from them)
-        data_state = {**self.train_sampler.state_dict(epoch, batches_done), "driver_rng": host_rng_state()}
-        torch.save(data_state, data_path + ".partial")
-        os.replace(data_path + ".partial", data_path)
-        write_tracker(root, self.global_steps)
+        with saving_step(root, self.global_steps) as folder:
+            self.actor_rollout_wg.save_checkpoint(os.path.join(folder, "actor"), None, self.global_steps,
+                                                  max_ckpt_to_keep=keep["actor"])
+            if self.use_critic:
+                self.critic_wg.save_checkpoint(os.path.join(folder, str(Role.Critic)), None, self.global_steps,
+                                               max_ckpt_to_keep=keep["critic"])
+            # the driver's own generators too (e.g. a shuffled validation loader draws from them)
+            save_data_state(folder, {**self.train_sampler.state_dict(epoch, batches_done),
+                                     "driver_rng": host_rng_state()})
         for component, count in keep.items():  # the previous tracked step is no longer protected
             prune(root, component, count)
         print(f"Saved checkpoint {folder}", flush=True)
@@ -492,6 +491,7 @@ class RayPPOTrainer:
         else:
             raise ValueError(f"trainer.resume_mode must be auto, disable or resume_path, got {mode!r}")
         step = step_of(folder)
+        verify(folder)  # auto mode has checked it already; a named folder that is damaged stops here
         for name, _ in parts:
             if not os.path.isdir(os.path.join(folder, name)):
                 raise FileNotFoundError(f"{folder} has no complete {name}/ checkpoint; point "

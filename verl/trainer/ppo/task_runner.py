@@ -27,61 +27,84 @@ RAY_INIT_TIMEOUT_S = float(os.environ.get("VERL_RAY_INIT_TIMEOUT_S", "180"))
 
 
 def run_ppo(config) -> None:
-    """Start Ray while a thread plans, imports the worker classes and reads the data sets; start the
-    worker processes; train.
+    """Check every input, start Ray while a thread imports the worker classes, start the worker
+    processes, train; the output folder is locked to this run throughout (see `_output_lock`).
 
-    Ray's start is mostly waiting for its daemons, so the main thread starts it while one thread after
-    the other (never two imports at once) makes the plan (importing torch, reading the device), imports
-    the worker classes, then loads the tokenizer and the data sets, on its own copy of the config.
-    Problems visible from the config and the files alone stop the run before Ray starts. A plan that
-    fails (a simulated GPU on a GPU-less host, compat.strict) is reported once Ray is up, which is then
-    shut down again; so is what only reading the data finds (an over-long prompt, an empty set), with
-    the same message and exit status.
+    Before Ray starts, a thread makes the plan (importing torch, reading the device) and then, on its
+    own copy of the config resolved by the plan, loads the tokenizer and the reward function and reads
+    and checks the data sets (one import at a time, never two). Any problem with the inputs, or a plan
+    that cannot work (a simulated GPU on a GPU-less host, compat.strict), stops the run there, with
+    `InputError` listing every input problem at once; no Ray process has started. Ray's start (mostly
+    waiting for its daemons) then overlaps the import of the worker classes.
     """
     import ray
 
-    from verl.trainer.preflight import input_problems
+    from verl.trainer.preflight import InputError, input_problems
 
     clock = startup_clock()
-    problems = input_problems(config)
-    own = copy.deepcopy(config)
-    planning = _Background(_plan_for, own)
-    started_ray = False
-    try:
-        if problems:
-            _apply_plan(config, planning.result())
-            build_inputs(config)  # raises InputError with these and whatever the data sets add, before Ray
-        layout = _Background(lambda: worker_layout(own, planning.result()), after=planning)
-        inputs = _Background(build_inputs, own, after=layout)
-        if not ray.is_initialized():
-            _init_ray(config)
-            started_ray = True
-            stop_on_sigterm()  # ray.init installs a SIGTERM handler of its own in the driver
-            clock.mark("ray_init")
-        plan = planning.result()
+    with _output_lock(config):
+        problems = input_problems(config)  # from the config and file metadata alone
+        own = copy.deepcopy(config)
+        planning = _Background(_plan_for, own)
+        inputs = _Background(build_inputs, own, after=planning)
+        try:
+            plan = planning.result()
+        except Exception:  # noqa: BLE001 - e.g. no model config to plan with: the problems say why
+            if problems:
+                raise InputError(problems) from None
+            raise
         clock.mark("plan")
-        clock.record("planning", planning.seconds)
         _apply_plan(config, plan)
-        roles, pools = layout.result()
-        clock.mark("wait_for_imports")
-        clock.record("imports", layout.seconds)
-        from verl.trainer.ppo.ray_trainer import spawn_worker_groups
-
-        inputs.raise_if_failed()  # an input error found meanwhile: no worker needs to start
-        groups = spawn_worker_groups(config, roles, pools, plan)
-        clock.mark("spawn_workers")
-        ready = inputs.result()
-        clock.mark("wait_for_data")
+        ready = inputs.result()  # every input check has passed (else InputError): only now does Ray start
+        clock.mark("inputs")
         for stage, seconds in ready["seconds"].items():
             clock.record(stage, seconds)
-        trainer = build_trainer(config, plan, inputs=ready, layout=(roles, pools), worker_groups=groups)
-        clock.mark("dataloaders")
-        trainer.init_workers()
-        print(trainer.actor_rollout_wg.describe_placement(), flush=True)
-        trainer.fit()
+        layout = _Background(lambda: worker_layout(own, plan))
+        started_ray = False
+        try:
+            if not ray.is_initialized():
+                _init_ray(config)
+                started_ray = True
+                stop_on_sigterm()  # ray.init installs a SIGTERM handler of its own in the driver
+                clock.mark("ray_init")
+            roles, pools = layout.result()
+            clock.mark("wait_for_imports")
+            clock.record("imports", layout.seconds)
+            from verl.trainer.ppo.ray_trainer import spawn_worker_groups
+
+            groups = spawn_worker_groups(config, roles, pools, plan)
+            clock.mark("spawn_workers")
+            trainer = build_trainer(config, plan, inputs=ready, layout=(roles, pools), worker_groups=groups)
+            clock.mark("dataloaders")
+            trainer.init_workers()
+            print(trainer.actor_rollout_wg.describe_placement(), flush=True)
+            trainer.fit()
+        finally:
+            if started_ray:
+                ray.shutdown()
+                _let_reaper_go()
+
+
+@contextmanager
+def _output_lock(config):
+    """Hold `trainer.default_local_dir` for this run (see `verl.utils.checkpoint.run_lock`); another live
+    run there is an `InputError` naming it. No folder set: nothing to lock."""
+    from verl.trainer.preflight import InputError
+    from verl.utils.checkpoint.run_lock import RunLock, RunLockError
+
+    folder = config.trainer.get("default_local_dir")
+    if not folder:
+        yield
+        return
+    lock = RunLock(folder)
+    try:
+        lock.acquire()
+    except RunLockError as err:
+        raise InputError([str(err)]) from None
+    try:
+        yield
     finally:
-        if started_ray:
-            ray.shutdown()
+        lock.release()
 
 
 def _plan_for(config):
@@ -132,10 +155,6 @@ class _Background:
         except BaseException as err:  # noqa: BLE001 - handed to the main thread by result()
             self._error = err
 
-    def raise_if_failed(self) -> None:
-        if not self._thread.is_alive() and self._error is not None:
-            raise self._error
-
     def result(self):
         self._thread.join()
         if self._error is not None:
@@ -169,7 +188,8 @@ def interruption_line(config, signum: int = signal.SIGINT) -> str:
     folder = None
     if trainer.get("default_local_dir"):
         try:
-            folder = find_latest_ckpt_path(os.path.abspath(trainer.default_local_dir))
+            # sizes only: a stop should not wait for a read of the whole checkpoint
+            folder = find_latest_ckpt_path(os.path.abspath(trainer.default_local_dir), checksums=False)
         except CheckpointTrackerError:
             folder = None
     if folder is None:
@@ -231,6 +251,28 @@ def _init_ray(config) -> None:
         ray.init(**init_kwargs)
     if attach_to is not None:
         print(f"Attached to the Ray cluster at {attach_to}: {describe_nodes()}", flush=True)
+    else:
+        _start_reaper()
+
+
+_REAPER = []  # the write end of the running reaper's pipe, while this driver's local Ray instance runs
+
+
+def _start_reaper() -> None:
+    """Have the local Ray instance's leftovers ended once this driver is gone (see `ray_reaper`)."""
+    import ray
+
+    from verl.trainer.ppo import ray_reaper
+
+    node = ray._private.worker._global_node
+    if node is not None:
+        _REAPER.append(ray_reaper.start(node.get_session_dir_path()))
+
+
+def _let_reaper_go() -> None:
+    """After ray.shutdown: the reaper ends whatever of the instance is still running, then exits."""
+    while _REAPER:
+        _REAPER.pop().close()
 
 
 def _recorded_cluster(temp_dir: str | None) -> str | None:
@@ -298,25 +340,43 @@ def build_inputs(config) -> dict:
     """Tokenizer, reward managers, checked train/val sets and the sampler: everything the trainer
     needs from the config and the data (no Ray). "seconds" holds how long each piece took."""
     from verl.trainer.ppo.reward import load_reward_manager
+    from verl.trainer.preflight import InputError, input_problems
     from verl.utils.dataset.rl_dataset import create_rl_sampler
     from verl.utils.model_loading import load_tokenizer
 
     lap = Laps()
     model_cfg = config.actor_rollout_ref.model
-    tokenizer = load_tokenizer(model_cfg.get("tokenizer_path") or model_cfg.path,
-                               trust_remote_code=model_cfg.get("trust_remote_code", False))
+    problems = []
+    key = "tokenizer_path" if model_cfg.get("tokenizer_path") else "path"
+    tokenizer = reward_fn = val_reward_fn = None
+    try:
+        tokenizer = load_tokenizer(model_cfg.get("tokenizer_path") or model_cfg.path,
+                                   trust_remote_code=model_cfg.get("trust_remote_code", False))
+    except Exception as err:  # noqa: BLE001 - whatever transformers raises, the user's fix is this key
+        problems.append(f"actor_rollout_ref.model.{key}={model_cfg.get(key)}: the tokenizer does not load "
+                        f"({type(err).__name__}: {_first_line(err)})")
     lap("tokenizer")
     reward_kwargs = OmegaConf.select(config, "reward_model.reward_kwargs", default=None) or {}
     reward_kwargs = OmegaConf.to_container(reward_kwargs, resolve=True) if OmegaConf.is_config(reward_kwargs) else dict(reward_kwargs)
-    reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **reward_kwargs)
-    val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, **reward_kwargs)
+    try:
+        reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **reward_kwargs)
+        val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, **reward_kwargs)
+    except (OSError, ImportError, AttributeError, TypeError, ValueError, RuntimeError) as err:
+        problems.append(str(err))  # reward.py's messages name the key and the file
     lap("reward")
+    if problems:
+        raise InputError(input_problems(config) + problems)
     train_dataset, val_dataset = _checked_datasets(config, tokenizer)
     train_sampler = create_rl_sampler(config.data, train_dataset)
     lap("datasets")
     return {"tokenizer": tokenizer, "reward_fn": reward_fn, "val_reward_fn": val_reward_fn,
             "train_dataset": train_dataset, "val_dataset": val_dataset, "train_sampler": train_sampler,
             "seconds": lap.seconds}
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else repr(err)
 
 
 def build_trainer(config, plan, inputs: dict | None = None, layout=None, worker_groups=None):

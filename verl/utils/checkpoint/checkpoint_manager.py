@@ -1,16 +1,24 @@
 """The checkpoint folder layout, shared by the trainer and the workers:
 
     <root>/latest_checkpointed_iteration.txt      N, written last, so it only ever names a complete step
-    <root>/global_step_<N>/actor/ ... critic/ ... data.pt
+    <root>/global_step_<N>/actor/ ... critic/ ... data.pt checkpoint_manifest.json
 
 Every piece is written under a temporary name and renamed into place once complete, so a crash in
-the middle of a save leaves the previous checkpoint (and the tracker pointing at it) untouched.
+the middle of a save leaves the previous checkpoint (and the tracker pointing at it) untouched. The
+manifest (sizes and checksums of every file of the step, see `manifest`) is written after the pieces
+and before the tracker; a resume checks it and passes over a damaged step to the newest sound one.
 """
 from __future__ import annotations
 
 import os
 import re
 import shutil
+from contextlib import contextmanager
+
+import torch
+
+from verl.utils.checkpoint.disk_space import CheckpointSpaceError, free_bytes, needs_explaining, require_space
+from verl.utils.checkpoint.manifest import DamagedCheckpointError, verify, write_manifest
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 STEP_PREFIX = "global_step_"
@@ -34,26 +42,91 @@ def step_of(folder: str) -> int:
     return int(match.group(1))
 
 
-def find_latest_ckpt_path(root_path: str | None, components=("actor",)) -> str | None:
-    """The folder the tracker names; if that folder is gone, the newest complete one (with a warning);
-    None when there is no tracker. A complete folder holds every one of `components` and `data.pt`
-    (written after them). An empty or garbled tracker raises `CheckpointTrackerError`."""
+def find_latest_ckpt_path(root_path: str | None, components=("actor",), checksums: bool = True) -> str | None:
+    """The folder the tracker names if it is there and sound; else the newest complete, sound one (with a
+    warning naming what was passed over); None when there is no tracker or nothing usable. A complete
+    folder holds every one of `components` and `data.pt`; a sound one matches its manifest (file sizes,
+    and with `checksums` the CRC-32s too). An empty or garbled tracker raises `CheckpointTrackerError`."""
     step = None if root_path is None else tracked_step(root_path)
     if step is None:
         return None
     folder = step_folder(root_path, step)
-    if os.path.isdir(folder):
-        return folder
-    complete = complete_steps(root_path, components)
     tracker = get_checkpoint_tracker_filename(root_path)
-    if not complete:
-        print(f"WARNING: {tracker} names step {step}, but {folder} does not exist and no other complete "
-              "checkpoint is there: training from scratch", flush=True)
-        return None
-    fallback = step_folder(root_path, complete[-1])
-    print(f"WARNING: {tracker} names step {step}, but {folder} does not exist; resuming from the newest complete "
-          f"checkpoint instead, {fallback}", flush=True)
-    return fallback
+    if os.path.isdir(folder):
+        problem = damage(folder, checksums)
+        if problem is None:
+            return folder
+        why = f"{folder} is damaged ({problem})"
+    else:
+        why = f"{folder} does not exist"
+    for other in reversed(complete_steps(root_path, components)):
+        if other == step:
+            continue
+        fallback = step_folder(root_path, other)
+        problem = damage(fallback, checksums)
+        if problem is None:
+            print(f"WARNING: {tracker} names step {step}, but {why}; resuming from the newest complete "
+                  f"checkpoint instead, {fallback}", flush=True)
+            return fallback
+        print(f"WARNING: passing over {fallback}: it is damaged ({problem})", flush=True)
+    print(f"WARNING: {tracker} names step {step}, but {why} and no other complete checkpoint is there: "
+          "training from scratch", flush=True)
+    return None
+
+
+def damage(folder: str, checksums: bool = True) -> str | None:
+    """What is wrong with the files of a step folder (naming the file), or None when it matches its manifest."""
+    try:
+        verify(folder, checksums)
+    except DamagedCheckpointError as err:
+        return f"{err.path}: {err.reason}"
+    return None
+
+
+@contextmanager
+def saving_step(root_path: str, step: int):
+    """Around the writes of one step's pieces into the yielded folder: afterwards the manifest, then the
+    tracker. Before it, the disk must have room for a step the size of the last saved one. If anything
+    fails (a full disk, a worker error, Ctrl-C), a step folder this save created is removed again, so no
+    half-written step stays on the disk; a full disk becomes `CheckpointSpaceError`."""
+    folder = step_folder(root_path, step)
+    created = not os.path.exists(folder)
+    previous = tracked_step(root_path)
+    expected = 0  # a step the size of the last one saved
+    if previous is not None and previous != step:
+        expected = bytes_under(step_folder(root_path, previous))
+        require_space(folder, expected)
+    try:
+        yield folder
+        write_manifest(folder)
+        write_tracker(root_path, step)
+    except BaseException as err:
+        needed = max(expected, bytes_under(folder))
+        if created:
+            shutil.rmtree(folder, ignore_errors=True)
+        if needs_explaining(err):
+            raise CheckpointSpaceError(folder, needed, free_bytes(root_path), during=True) from err
+        raise
+
+
+def bytes_under(folder: str) -> int:
+    """Bytes of all files under `folder` (0 when it does not exist)."""
+    return sum(os.path.getsize(os.path.join(here, name)) for here, _, names in os.walk(folder) for name in names)
+
+
+def save_data_state(folder: str, state: dict) -> str:
+    """Write the driver's `data.pt` into a step folder atomically; returns its path."""
+    path = os.path.join(folder, "data.pt")
+    os.makedirs(folder, exist_ok=True)
+    tmp = path + PARTIAL_SUFFIX
+    try:
+        torch.save(state, tmp)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    os.replace(tmp, path)
+    return path
 
 
 def complete_steps(root_path: str, components=("actor",)) -> list[int]:

@@ -14,7 +14,9 @@ for the adapters); its `huggingface/` weights (with `hf_model`) are the merged o
 Shards are stored as plain local tensors, not DTensors, so a file depends on nothing but the world
 size; loading copies each shard into the live (already sharded) parameter, which works the same
 with parameters offloaded to host memory. All ranks write into `<path>.partial`; rank 0 renames it
-to `<path>` once every rank has finished, so `<path>` only ever holds a complete save.
+to `<path>` once every rank has finished, so `<path>` only ever holds a complete save. Before writing,
+rank 0 checks that the disk has room for every rank's shards; a rank whose write fails (a full disk)
+makes all ranks stop, and rank 0 removes `<path>.partial` again.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from torch.distributed.tensor import DTensor
 
 from verl.utils.checkpoint.checkpoint_manager import partial_path, prune, publish, step_of
 from verl.utils import lora
+from verl.utils.checkpoint.disk_space import CheckpointSpaceError, free_bytes, is_disk_full, require_space, with_slack
 from verl.utils.checkpoint.plain_state import load_plain, rng_state, set_rng_state
 
 CONTENTS = ("model", "optimizer", "extra", "hf_model")
@@ -42,6 +45,28 @@ def _rank_world() -> tuple[int, int]:
 def _barrier() -> None:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+def _gather(value) -> list:
+    """Every rank's `value`, in rank order (just `[value]` without a process group)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        out = [None] * dist.get_world_size()
+        dist.all_gather_object(out, value)
+        return out
+    return [value]
+
+
+def _nbytes(value) -> int:
+    """Bytes of the tensors in `value` (a DTensor counts its local shard), containers recursively."""
+    if isinstance(value, DTensor):
+        value = value.to_local()
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return 0
 
 
 def _check_contents(contents, key: str) -> set[str]:
@@ -63,6 +88,14 @@ def _local(value):
     if isinstance(value, (list, tuple)):
         return type(value)(_local(v) for v in value)
     return value
+
+
+def _remove_if_empty(folder: str) -> None:
+    """Remove a step folder the failed save left empty (its makedirs created it)."""
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass
 
 
 class FSDPCheckpointManager:
@@ -105,10 +138,60 @@ class FSDPCheckpointManager:
             raise NotImplementedError("copying checkpoints to HDFS is not supported; set trainer.default_hdfs_dir=null")
         rank, world = _rank_world()
         tmp = partial_path(local_path)
+        needed = sum(_gather(self.expected_bytes()))
+        problem = None
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)  # left by a crash in an earlier save
-            os.makedirs(tmp)
+            try:
+                require_space(os.path.normpath(local_path), needed)
+                os.makedirs(tmp)
+            except OSError as err:
+                problem = err
+        problem = next((p for p in _gather(problem) if p is not None), None)
+        if problem is not None:
+            raise problem
+        try:
+            self._write(tmp, global_step, rank, world)
+            failure = None
+        except Exception as err:  # noqa: BLE001 - every rank learns of it below, so none waits forever
+            failure = err
+        failures = _gather(None if failure is None else (rank, failure))
+        first = next((f for f in failures if f is not None), None)
+        if first is not None:
+            if rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                _remove_if_empty(os.path.dirname(os.path.normpath(local_path)))
+            failed_rank, err = first
+            if is_disk_full(err):
+                raise CheckpointSpaceError(local_path, needed, free_bytes(os.path.dirname(tmp)), during=True) from err
+            if failure is not None:
+                raise failure
+            raise RuntimeError(f"rank {failed_rank} failed to save its part of {local_path}: {err!r}") from err
+        if rank == 0:
+            publish(local_path)
+            if max_ckpt_to_keep:
+                step_dir, component = os.path.split(os.path.normpath(local_path))
+                step_of(step_dir)  # retention counts global_step_<N> siblings: refuse any other layout
+                prune(os.path.dirname(step_dir), component, max_ckpt_to_keep)
         _barrier()
+
+    def expected_bytes(self) -> int:
+        """About how many bytes this rank's part of a save takes (its shards, plus the full weights on
+        rank 0 with `hf_model`), with slack for file headers, config and tokenizer."""
+        total = 0
+        if "model" in self.save_contents:
+            total += _nbytes(self.model.state_dict())
+        if "optimizer" in self.save_contents and self.optimizer is not None:
+            total += _nbytes(self.optimizer.state_dict()["state"])
+        if "hf_model" in self.save_contents and _rank_world()[0] == 0:
+            total += sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return with_slack(total)
+
+    def _write(self, tmp: str, global_step: int, rank: int, world: int) -> None:
+        """This rank's files into `tmp` (rank 0 also the huggingface/ folder and fsdp_config.json). The
+        full weights for `hf_model` are gathered first: that collective must not wait on a rank whose
+        own write has already failed."""
+        full_state = self._full_state()
         if "model" in self.save_contents:
             torch.save(_local(self._named(self.model.state_dict())), self._file(tmp, "model"))
         if "optimizer" in self.save_contents and self.optimizer is not None:
@@ -122,36 +205,29 @@ class FSDPCheckpointManager:
                 "global_step": global_step,
             }
             torch.save(extra, self._file(tmp, "extra_state"))
-        self._save_huggingface(os.path.join(tmp, "huggingface"), rank)
         if rank == 0:
+            self._save_huggingface(os.path.join(tmp, "huggingface"), full_state)
             with open(os.path.join(tmp, "fsdp_config.json"), "w") as f:
                 json.dump({"FSDP_version": 2, "world_size": world}, f, indent=4)
             if lora.has_adapters(self.model):
                 lora.write_train_meta(self.model, tmp)
-        _barrier()
-        if rank == 0:
-            publish(local_path)
-            if max_ckpt_to_keep:
-                step_dir, component = os.path.split(os.path.normpath(local_path))
-                step_of(step_dir)  # retention counts global_step_<N> siblings: refuse any other layout
-                prune(os.path.dirname(step_dir), component, max_ckpt_to_keep)
-        _barrier()
 
-    def _save_huggingface(self, folder: str, rank: int) -> None:
-        """Config and tokenizer always (rank 0); the full weights, gathered from all ranks, with `hf_model`."""
-        full_state = None
-        if "hf_model" in self.save_contents and lora.has_adapters(self.model):
+    def _full_state(self):
+        """The whole model's weights on every rank's host (a collective), with `hf_model`; else None. A LoRA
+        model's are its merged inference weights under the base model's names."""
+        if "hf_model" not in self.save_contents:
+            return None
+        if lora.has_adapters(self.model):
             from verl.utils.fsdp_utils import full_params
 
             with full_params(self.model):   # every rank gathers; the merged weights are computed whole
-                full_state = {name: t.detach().cpu().clone() for name, t in lora.inference_weights(self.model)}
-        elif "hf_model" in self.save_contents:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+                return {name: t.detach().cpu().clone() for name, t in lora.inference_weights(self.model)}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-            full_state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True,
-                                                                                   cpu_offload=True))
-        if rank != 0:
-            return
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def _save_huggingface(self, folder: str, full_state) -> None:
+        """Config and tokenizer always; the full weights when `full_state` was gathered (rank 0 only)."""
         os.makedirs(folder, exist_ok=True)
         self.model.config.save_pretrained(folder)
         if self.tokenizer is not None:

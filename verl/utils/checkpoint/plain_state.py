@@ -19,9 +19,16 @@ class UnsafeCheckpointError(ValueError):
 
 
 def load_plain(path: str):
-    """`torch.load(path, weights_only=True)`, with a refusal that names the file and what to do."""
+    """`torch.load(path, weights_only=True)`, with a refusal that names the file and what to do; a file cut
+    short or garbled (torch's "PytorchStreamReader failed ...") becomes `DamagedCheckpointError` naming it."""
+    from verl.utils.checkpoint.manifest import DamagedCheckpointError
+
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
+    except (EOFError, RuntimeError) as err:
+        if isinstance(err, RuntimeError) and "PytorchStreamReader" not in str(err):
+            raise
+        raise DamagedCheckpointError(path, f"it cannot be read ({str(err).strip().splitlines()[0]})") from None
     except pickle.UnpicklingError as err:
         reason = str(err).strip().splitlines()
         detail = next((line.strip() for line in reason if "GLOBAL" in line or "Unsupported" in line),
