@@ -80,6 +80,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)       # user settings that were adapted
     memory: dict = field(default_factory=dict)   # memory model breakdown: phase -> term -> GiB
     dataloader_num_workers: int = 0   # driver-side loader processes (data.dataloader_num_workers)
+    reward_model: RolePlan | None = None   # the sequence-classification reward model (verl/compat/reward_model.py)
 
     @property
     def use_remove_padding(self) -> bool:

@@ -21,6 +21,7 @@ from verl.compat.memory import Workload
 from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.profile import DeviceProfile, SoftwareInfo
+from verl.compat.reward_model import add_reward_model
 from verl.compat.wrapping import wraps_in_fsdp
 from verl.compat.settings import AUTO
 from verl.compat.throughput import UPSTREAM_TOKEN_BUDGET, decide_dynamic_bsz, decide_fused_optimizer, dynamic_auto
@@ -432,9 +433,8 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     plan_kwargs = dict(device=profile, software=software, actor=None, critic=None, ref=None, rollout=rollout,
                        predicted_peak_gb=0.0, memory_limit_gb=profile.memory_gb, **glob)
     plan_kwargs["dataloader_num_workers"] = _dataloader_workers(d, config, int(_get(config, "trainer.n_gpus_per_node", 1)))
-    if model is None:
-        return _throughput(d, _plan_without_model(d, inp, plan_kwargs), inp.dynamic)
-    return _throughput(d, fit(d, inp, plan_kwargs), inp.dynamic)
+    planned = _plan_without_model(d, inp, plan_kwargs) if model is None else fit(d, inp, plan_kwargs)
+    return add_reward_model(d, config, _throughput(d, planned, inp.dynamic))
 
 
 def _throughput(d: _Decider, plan: Plan, dynamic: bool) -> Plan:

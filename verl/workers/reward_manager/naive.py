@@ -84,6 +84,8 @@ class NaiveRewardManager:
                     "reward_model['ground_truth'] - check the columns of your data files"
                 )
         extra_infos = columns.get("extra_info")
+        # with a reward model, a custom scoring function reads its score as extra_info["rm_score"]
+        rm_scores = data.batch["rm_scores"].sum(-1).tolist() if "rm_scores" in data.batch.keys() else None
 
         reward_tensor = torch.zeros_like(responses, dtype=torch.float32)
         reward_extra_info = defaultdict(list)
@@ -96,6 +98,8 @@ class NaiveRewardManager:
             data_source = columns[self.reward_fn_key][i]
             ground_truth = columns["reward_model"][i]["ground_truth"]
             extra_info = dict(extra_infos[i] or {}) if extra_infos is not None else {}
+            if rm_scores is not None:
+                extra_info["rm_score"] = rm_scores[i]
 
             result = self.compute_score(
                 data_source=data_source, solution_str=response_str, ground_truth=ground_truth, extra_info=extra_info
