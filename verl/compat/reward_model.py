@@ -49,7 +49,8 @@ def max_length(config: Any) -> int:
     limit = rm_setting(config, "rollout.max_model_len")
     if limit not in (None, "auto"):
         return int(limit)
-    return int(rm_setting(config, "rollout.prompt_length", 2048)) + int(rm_setting(config, "rollout.response_length", 2048))
+    prompt, response = rm_setting(config, "rollout.prompt_length", 2048), rm_setting(config, "rollout.response_length", 2048)
+    return int(prompt) + int(response)
 
 
 def add_reward_model(d, config: Any, plan: Plan) -> Plan:
