@@ -63,14 +63,16 @@ def micro_batches(rows: list[dict], size: int | None, token_budget: int | None) 
 class SFTTrainer:
     """One rank of an SFT run: its share of each batch, one optimizer step per batch."""
 
-    def __init__(self, config, plan=None):
+    def __init__(self, config, plan=None, device_index: int | None = None):
+        """`device_index`: the accelerator this rank uses (torchrun's LOCAL_RANK when not given)."""
         from verl.compat.apply import apply_in_process
         from verl.compat.sft import build_sft_plan
         from verl.utils import fsdp_utils
 
         self.config = config
         self.plan = plan if plan is not None else build_sft_plan(config)
-        self.device = apply_in_process(self.plan, int(os.environ.get("LOCAL_RANK", 0)))
+        index = int(os.environ.get("LOCAL_RANK", 0)) if device_index is None else device_index
+        self.device = apply_in_process(self.plan, index)
         self.rank, self.world = fsdp_utils.init_distributed(self.plan.dist_backend)
         self._build_data()
         self._build_model()
