@@ -568,9 +568,10 @@ def _migrate_legacy_reward_model(cfg: DictConfig) -> None:
 
 
 def _check_reward_model(cfg: DictConfig, errors: list[str]) -> None:
-    from verl.compat.reward_model import reward_model_enabled, rm_setting
-
-    if reward_model_enabled(cfg) and not rm_setting(cfg, "model_path"):
+    """Read here without verl.compat (importing it loads torch); `normalize` merged the legacy keys."""
+    on = OmegaConf.select(cfg, "reward.reward_model.enable") or OmegaConf.select(cfg, "reward_model.enable")
+    path = OmegaConf.select(cfg, "reward.reward_model.model_path") or OmegaConf.select(cfg, "reward_model.model.path")
+    if on and not path:
         errors.append("reward.reward_model.enable=True needs the reward model's folder: set "
                       "reward.reward_model.model_path (or reward_model.model.path)")
 
