@@ -57,3 +57,16 @@ def test_truncation_and_errors_name_the_key(tokenizer, tmp_path):
         _dataset(tokenizer, tmp_path, [[{"role": "user", "content": "hi"}]])
     with pytest.raises(KeyError, match="data.messages_key"):
         _dataset(tokenizer, tmp_path, [CONVERSATION], messages_key="conversations")
+
+
+def test_micro_batches_by_rows_or_by_padded_token_budget():
+    import torch
+
+    from verl.trainer.sft_trainer import micro_batches
+
+    rows = [{"input_ids": torch.zeros(n)} for n in (3, 5, 2, 8, 1)]
+    assert [len(b) for b in micro_batches(rows, 2, None)] == [2, 2, 1]
+    # padded to the longest row of the micro-batch: 3,5 -> 10 tokens, +2 -> 15; 2,8 -> 16; 8,1 -> 16
+    assert [[len(r["input_ids"]) for r in b] for b in micro_batches(rows, None, 12)] == [[3, 5], [2], [8], [1]]
+    assert [[len(r["input_ids"]) for r in b] for b in micro_batches(rows, None, 16)] == [[3, 5, 2], [8, 1]]
+    assert [len(b) for b in micro_batches(rows, None, 4)] == [1, 1, 1, 1, 1]   # a row over the budget goes alone
