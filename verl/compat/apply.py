@@ -331,8 +331,8 @@ def resolve_config(config: DictConfig, plan: Plan) -> dict:
         rollout = plan.rollout
         for prefix in ("actor_rollout_ref.rollout", "reward.reward_model.rollout"):
             _set(config, f"{prefix}.name", rollout.name, written)
-            dtype = plan.reward_model.compute_dtype if prefix.startswith("reward") and plan.reward_model else rollout.dtype
-            _set(config, f"{prefix}.dtype", dtype, written)
+            rm = plan.reward_model if prefix.startswith("reward") else None   # the reward model's own dtype
+            _set(config, f"{prefix}.dtype", rm.compute_dtype if rm else rollout.dtype, written)
             _set(config, f"{prefix}.gpu_memory_utilization", rollout.gpu_memory_utilization, written)
         _set(config, "actor_rollout_ref.rollout.enforce_eager", rollout.enforce_eager, written)
         _set(config, "actor_rollout_ref.rollout.micro_batch_size", rollout.micro_batch_size, written)

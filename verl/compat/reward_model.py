@@ -49,8 +49,8 @@ def max_length(config: Any) -> int:
     limit = rm_setting(config, "rollout.max_model_len")
     if limit not in (None, "auto"):
         return int(limit)
-    prompt, response = rm_setting(config, "rollout.prompt_length", 2048), rm_setting(config, "rollout.response_length", 2048)
-    return int(prompt) + int(response)
+    prompt = rm_setting(config, "rollout.prompt_length", 2048)
+    return int(prompt) + int(rm_setting(config, "rollout.response_length", 2048))
 
 
 def add_reward_model(d, config: Any, plan: Plan) -> Plan:
