@@ -86,24 +86,52 @@ def test_sft_learns_and_leaves_a_hugging_face_folder(sft_run):
     assert _answer_nll(hf, rows) < 0.5 * _answer_nll(model, rows)
 
 
+def _greedy_scores(model_dir, table) -> list[float]:
+    """The demo reward of transformers' own greedy answer (8 tokens) to each row of `table`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sys.path.insert(0, str(REPO_ROOT / "examples" / "demo"))
+    try:
+        from reward import compute_score
+    finally:
+        sys.path.pop(0)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    scores = []
+    for row in table.itertuples():
+        ids = tok.apply_chat_template([dict(m) for m in row.prompt], add_generation_prompt=True,
+                                      return_tensors="pt", return_dict=True)
+        with torch.no_grad():
+            out = model.generate(**ids, do_sample=False, max_new_tokens=8, eos_token_id=tok.eos_token_id,
+                                 pad_token_id=tok.pad_token_id)
+        answer = tok.decode(out[0, ids["input_ids"].shape[-1]:], skip_special_tokens=True)
+        scores.append(compute_score(row.data_source, answer, row.reward_model["ground_truth"]))
+    return scores
+
+
 def test_grpo_starts_from_the_sft_output(sft_run, copy_task, tmp_path):
+    """main_ppo loads the SFT folder itself: its greedy validation before training scores exactly what
+    transformers' greedy answers of that folder score, and then trains 2 GRPO steps."""
     _, root, _, _ = sft_run
     _, train, test = copy_task
     hf = root / "ckpt" / "global_step_8" / "huggingface"
+    val = pd.read_parquet(test).head(4)
+    val.to_parquet(tmp_path / "val.parquet")
     proc, steps = run_main_ppo([
-        f"data.train_files={train}", f"data.val_files={test}", "data.train_batch_size=4",
+        f"data.train_files={train}", f"data.val_files={tmp_path / 'val.parquet'}", "data.train_batch_size=4",
         "data.max_prompt_length=48", "data.max_response_length=8", "data.dataloader_num_workers=0",
-        "data.train_max_samples=8", "data.val_max_samples=4",
+        "data.train_max_samples=8",
         f"actor_rollout_ref.model.path={hf}", "actor_rollout_ref.actor.optim.lr=1e-3",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8", "algorithm.adv_estimator=grpo",
         "custom_reward_function.path=examples/demo/reward.py", "trainer.logger=[console,file]",
-        "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
+        "trainer.val_before_train=True", "trainer.test_freq=-1", "trainer.save_freq=-1",
         "trainer.n_gpus_per_node=1", "trainer.nnodes=1", "trainer.total_epochs=10", "trainer.total_training_steps=2",
     ], log_path=tmp_path / "grpo.jsonl")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(steps) == [1, 2]
-    # the SFT model often answers with the asked digit (about 0.25 of the characters after 8 SFT steps),
-    # well above the starting random model's ~0.05 (examples/demo's task)
-    assert steps[1]["critic/score/mean"] > 0.15
+    assert sorted(steps) == [0, 1, 2]
+    key = "val-core/demo/repeat_digit/reward/mean@1"
+    expected = _greedy_scores(hf, val)
+    assert steps[0][key] == pytest.approx(sum(expected) / len(expected), abs=1e-6)
+    assert steps[0][key] > 0   # the SFT model answers with the asked digit at least in part
