@@ -124,20 +124,23 @@ def format_device(profile: DeviceProfile, software: SoftwareInfo) -> list[str]:
     return lines
 
 
+_ROW_NAMES = {"reward_model": "rm"}   # the plan table's role column is 8 wide
+
+
 def format_plan(plan: Plan) -> str:
     """The human-readable plan: device, software verdicts, one row per role, then the reasons."""
     lines = ["verl.compat plan", *format_device(plan.device, plan.software)]
     head = (f"  {'role':8s} {'params':9s} {'compute':9s} {'scaler':6s} {'attention':17s} "
             f"{'rm_pad':6s} {'ckpt':4s} {'fsdp':4s} {'offload p/o':11s} {'micro':5s} {'peak GiB':>8s}")
     lines += ["", head]
-    for name in ("actor", "critic", "ref"):
+    for name in ("actor", "critic", "ref", "reward_model"):
         r = getattr(plan, name)
         if r is None:
             continue
         micro = (str(r.micro_batch_size_per_gpu) if r.micro_batch_size_per_gpu is not None
                  else f"{r.max_token_len_per_gpu}t")
         lines.append(
-            f"  {name:8s} {r.param_dtype:9s} {r.compute_dtype:9s} {_yes(r.grad_scaler):6s} "
+            f"  {_ROW_NAMES.get(name, name):8s} {r.param_dtype:9s} {r.compute_dtype:9s} {_yes(r.grad_scaler):6s} "
             f"{r.attn_implementation:17s} {_yes(r.use_remove_padding):6s} {_yes(r.gradient_checkpointing):4s} "
             f"{_yes(r.fsdp):4s} {_yes(r.param_offload) + '/' + _yes(r.optimizer_offload):11s} {micro:5s} {r.predicted_peak_gb:8.2f}")
     ro = plan.rollout

@@ -166,7 +166,7 @@ def on_host_cpu(plan: Plan) -> Plan:
             rp = dataclasses.replace(rp, param_offload=False)
         return rp
 
-    roles = {name: role(name, getattr(plan, name)) for name in ("actor", "critic", "ref")}
+    roles = {name: role(name, getattr(plan, name)) for name in ("actor", "critic", "ref", "reward_model")}
     rollout = plan.rollout
     if rollout.attn_implementation in _GPU_ONLY_ATTENTION:
         rollout = dataclasses.replace(rollout, attn_implementation="sdpa")
@@ -331,7 +331,8 @@ def resolve_config(config: DictConfig, plan: Plan) -> dict:
         rollout = plan.rollout
         for prefix in ("actor_rollout_ref.rollout", "reward.reward_model.rollout"):
             _set(config, f"{prefix}.name", rollout.name, written)
-            _set(config, f"{prefix}.dtype", rollout.dtype, written)
+            rm = plan.reward_model if prefix.startswith("reward") else None   # the reward model's own dtype
+            _set(config, f"{prefix}.dtype", rm.compute_dtype if rm else rollout.dtype, written)
             _set(config, f"{prefix}.gpu_memory_utilization", rollout.gpu_memory_utilization, written)
         _set(config, "actor_rollout_ref.rollout.enforce_eager", rollout.enforce_eager, written)
         _set(config, "actor_rollout_ref.rollout.micro_batch_size", rollout.micro_batch_size, written)

@@ -89,6 +89,7 @@ class Plan:
     dataloader_num_workers: int = 0   # driver-side loader processes (data.dataloader_num_workers)
     # the reference policy is the LoRA actor with its adapters disabled (no second model; `ref` is None)
     ref_in_actor: bool = False
+    reward_model: RolePlan | None = None   # the sequence-classification reward model (verl/compat/reward_model.py)
 
     @property
     def use_remove_padding(self) -> bool:

@@ -23,6 +23,7 @@ from verl.compat.modes import lever_hint
 from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.profile import DeviceProfile, SoftwareInfo
+from verl.compat.reward_model import add_reward_model
 from verl.compat.wrapping import wraps_in_fsdp
 from verl.compat.settings import AUTO
 from verl.compat.throughput import UPSTREAM_TOKEN_BUDGET, decide_dynamic_bsz, decide_fused_optimizer, dynamic_auto
@@ -437,14 +438,14 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
                        predicted_peak_gb=0.0, memory_limit_gb=profile.memory_gb, ref_in_actor=ref_in_actor, **glob)
     plan_kwargs["dataloader_num_workers"] = _dataloader_workers(d, config, int(_get(config, "trainer.n_gpus_per_node", 1)))
     if model is None:
-        return _throughput(d, _plan_without_model(d, inp, plan_kwargs), inp.dynamic)
+        return add_reward_model(d, config, _throughput(d, _plan_without_model(d, inp, plan_kwargs), inp.dynamic))
     try:
         fitted = fit(d, inp, plan_kwargs)
     except MemoryShortfall as err:
         if not levers:
             raise
         raise MemoryShortfall(str(err) + lever_hint(profile, config, software, model)) from None
-    return _throughput(d, fitted, inp.dynamic)
+    return add_reward_model(d, config, _throughput(d, fitted, inp.dynamic))
 
 
 def _throughput(d: _Decider, plan: Plan, dynamic: bool) -> Plan:

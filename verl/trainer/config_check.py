@@ -593,8 +593,6 @@ _UNSUPPORTED = (
      "Ulysses sequence parallelism"),
     ("critic.ulysses_sequence_parallel_size", lambda v: v not in (1, None), "Ulysses sequence parallelism"),
     ("actor_rollout_ref.rollout.multi_turn.enable", bool, "multi-turn rollout"),
-    ("reward.reward_model.enable", bool, "model-based rewards"),
-    ("reward_model.enable", bool, "model-based rewards"),
     ("trainer.v1.trainer_mode", lambda v: v != "sync", "asynchronous trainers"),
 )
 _SWITCH_LEAF = re.compile(r"^(enable|enabled|enable_.*)$")
@@ -622,11 +620,14 @@ def _check_unsupported(cfg, errors: list[str], warnings: list[str]) -> None:
 
 
 def normalize(cfg: DictConfig) -> None:
-    """Fold upstream's spelling of the attention choice into this fork's key.
+    """Fold upstream's spelling of the attention choice into this fork's key, and the legacy
+    `reward_model.*` keys into `reward.reward_model.*`.
 
     Upstream reads the attention kernel from `model.override_config.attn_implementation`; compat reads
     `model.attn_implementation`. A value given the upstream way counts as the user's explicit choice.
+    The legacy reward-model keys that are set are copied over the new ones, as upstream 0.9.1 does.
     """
+    _migrate_legacy_reward_model(cfg)
     for model in ("actor_rollout_ref.model", "critic.model"):
         override = _get(cfg, f"{model}.override_config.attn_implementation")
         if override is None:
@@ -639,6 +640,28 @@ def normalize(cfg: DictConfig) -> None:
                               f"{model}.override_config.attn_implementation={override} disagree; keep one.")
 
 
+def _migrate_legacy_reward_model(cfg: DictConfig) -> None:
+    legacy = OmegaConf.select(cfg, "reward_model")
+    if not isinstance(legacy, DictConfig):
+        return
+    moves = {"enable": "enable", "enable_resource_pool": "enable_resource_pool",
+             "n_gpus_per_node": "n_gpus_per_node", "nnodes": "nnodes", "model.path": "model_path"}
+    moves.update({f"rollout.{k}": f"rollout.{k}" for k in (legacy.get("rollout") or {})})
+    for old, new in moves.items():
+        value = OmegaConf.select(legacy, old)
+        if value is not None and not isinstance(value, DictConfig):
+            OmegaConf.update(cfg, f"reward.reward_model.{new}", value, force_add=True)
+
+
+def _check_reward_model(cfg: DictConfig, errors: list[str]) -> None:
+    """Read here without verl.compat (importing it loads torch); `normalize` merged the legacy keys."""
+    on = OmegaConf.select(cfg, "reward.reward_model.enable") or OmegaConf.select(cfg, "reward_model.enable")
+    path = OmegaConf.select(cfg, "reward.reward_model.model_path") or OmegaConf.select(cfg, "reward_model.model.path")
+    if on and not path:
+        errors.append("reward.reward_model.enable=True needs the reward model's folder: set "
+                      "reward.reward_model.model_path (or reward_model.model.path)")
+
+
 def validate(cfg: DictConfig) -> list[str]:
     """Apply every consistency rule; raise ConfigError listing all problems, else return warnings."""
     errors: list[str] = []
@@ -646,6 +669,7 @@ def validate(cfg: DictConfig) -> list[str]:
     _check_choices(cfg, errors, warnings)
     _check_ranges(cfg, errors)
     _check_unsupported(cfg, errors, warnings)
+    _check_reward_model(cfg, errors)
     batch_errors: list[str] = []
     _check_batches(cfg, batch_errors, warnings)
     errors += batch_errors

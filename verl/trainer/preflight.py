@@ -156,4 +156,18 @@ def input_problems(config) -> list[str]:
     if OmegaConf.select(config, "actor_rollout_ref.model", default=None) is not None:
         problems.extend(model_problems(config))
     problems.extend(logger_problems(config.trainer.get("logger")))
+    problems.extend(reward_model_problems(config))
     return problems
+
+
+def reward_model_problems(config) -> list[str]:
+    """A reward model folder that is missing or has no classification head."""
+    from verl.compat.reward_model import reward_model_enabled, rm_setting, rm_setting_key
+
+    path = rm_setting(config, "model_path")
+    if not reward_model_enabled(config) or not path:
+        return []
+    from verl.workers.reward_model.inputs import classification_head_problem
+
+    problem = classification_head_problem(str(path), rm_setting_key(config, "model_path"))
+    return [problem] if problem else []

@@ -71,14 +71,16 @@ def build_tiny_model_dir(
     max_position_embeddings: int = 2048,
     tie_word_embeddings: bool = True,
     seed: int = 0,
+    reward_head: bool = False,
 ) -> str:
     """Write tokenizer + config + random weights of a small Qwen2 model to `out_dir`; return it.
 
     The model's vocabulary is the tokenizer's real size (BPE may stop short of `vocab_size` on a small
-    corpus), so no logit belongs to a token the tokenizer cannot produce.
+    corpus), so no logit belongs to a token the tokenizer cannot produce. With `reward_head` it is a
+    `Qwen2ForSequenceClassification` with one label: a reward model.
     """
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
     os.makedirs(out_dir, exist_ok=True)
     tokenizer = build_tokenizer(out_dir, corpus_texts, vocab_size)
@@ -94,11 +96,12 @@ def build_tiny_model_dir(
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **({"num_labels": 1} if reward_head else {}),
     )
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        model = Qwen2ForCausalLM(config)
+        model = (Qwen2ForSequenceClassification if reward_head else Qwen2ForCausalLM)(config)
     finally:
         torch.random.set_rng_state(generator_state)
     model.save_pretrained(out_dir)

@@ -185,6 +185,8 @@ def spawn_worker_groups(config, role_worker_mapping: dict, resource_pool_manager
         add(Role.Critic, config=config.critic)
     if _uses_reference_policy(config) and Role.RefPolicy in role_worker_mapping:
         add(Role.RefPolicy, config=config.actor_rollout_ref, role="ref")
+    if Role.RewardModel in role_worker_mapping:
+        add(Role.RewardModel, config=config)
 
     all_wg = {}
     for pool, class_dict in pool_to_classes.items():
@@ -239,6 +241,7 @@ class RayPPOTrainer:
 
         algo = config.algorithm
         self.use_critic = Role.Critic in role_worker_mapping
+        self.use_rm = Role.RewardModel in role_worker_mapping
         self.use_reference_policy = _uses_reference_policy(config)
         self.kl_ctrl_in_reward = core_algos.get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
         if reward_fn is None:
@@ -330,6 +333,9 @@ class RayPPOTrainer:
         if self.use_critic:
             self.critic_wg = all_wg[str(Role.Critic)]
             self._record_init(Role.Critic, self.critic_wg.init_model(**init_kwargs))
+        if self.use_rm:
+            self.rm_wg = all_wg[str(Role.RewardModel)]
+            self._record_init(Role.RewardModel, self.rm_wg.init_model(**init_kwargs))
         if self.use_reference_policy:
             if str(Role.RefPolicy) in all_wg:
                 self.ref_policy_wg = all_wg[str(Role.RefPolicy)]
@@ -545,8 +551,9 @@ class RayPPOTrainer:
             self._balance_batch(batch, metrics)
         batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
 
-        # 2. reward
+        # 2. reward (the reward model's scores first, for the reward manager to use)
         with marked_timer("reward", timing_raw):
+            batch = self._with_rm_scores(batch, metrics)
             reward_tensor, reward_extra_info = compute_reward(batch, self.reward_fn)
 
         # 3. log-probs of the sampling policy (the PPO ratio's denominator)
@@ -625,8 +632,19 @@ class RayPPOTrainer:
         output.meta_info.pop("timing", None)
         scored = DataProto(batch=None, non_tensor_batch=dict(batch.non_tensor_batch),
                            meta_info=dict(batch.meta_info)).union(unpad_dataproto(output, pad_size=pad_size))
-        reward_tensor, _ = compute_reward(scored, self.reward_fn)
+        reward_tensor, _ = compute_reward(self._with_rm_scores(scored), self.reward_fn)
         return reward_tensor.sum(dim=-1)
+
+    def _with_rm_scores(self, batch: DataProto, metrics: dict | None = None) -> DataProto:
+        """`batch` with the reward model's `rm_scores` (unchanged without a reward model)."""
+        if not self.use_rm or "rm_scores" in batch.batch.keys():
+            return batch
+        padded, pad_size = pad_dataproto_to_divisor(batch, self.rm_wg.world_size)
+        output = self.rm_wg.compute_rm_score(padded)
+        found = self._pop_metrics(output)
+        if metrics is not None:
+            metrics.update(found)
+        return batch.union(unpad_dataproto(output, pad_size=pad_size))
 
     def _generation_meta(self, validate: bool) -> dict:
         rollout = self.config.actor_rollout_ref.rollout
@@ -679,7 +697,7 @@ class RayPPOTrainer:
                 progress.update(len(piece))
             batch = batch.union(outputs[0] if len(outputs) == 1 else DataProto.concat(outputs))
 
-            reward_tensor, reward_extra_info = compute_reward(batch, reward_fn)
+            reward_tensor, reward_extra_info = compute_reward(self._with_rm_scores(batch), reward_fn)
             scores.extend(reward_tensor.sum(-1).tolist())
             for key, values in reward_extra_info.items():
                 extra_infos.setdefault(key, []).extend(np.asarray(values).tolist())

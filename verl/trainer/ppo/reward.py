@@ -73,14 +73,33 @@ def _reward_manager_cls(config) -> type:
     raise ValueError(f"reward.reward_manager.source={source!r}; use 'register' or 'importlib'")
 
 
+class RewardModelScores:
+    """The reward when a reward model is on and no custom scoring function is set: the model's
+    `rm_scores` (one score at each response's last token), as upstream 0.9.1 scores such runs."""
+
+    def __call__(self, data, return_dict: bool = False):
+        if "rm_scores" not in data.batch.keys():
+            raise KeyError("reward_model.enable=True but the batch has no rm_scores: the reward model worker "
+                           "did not score it")
+        reward_tensor = data.batch["rm_scores"]
+        return {"reward_tensor": reward_tensor, "reward_extra_info": {}} if return_dict else reward_tensor
+
+
 def load_reward_manager(config, tokenizer, num_examine: int = 0, **reward_kwargs: Any):
     """The reward manager named in the config, wrapping the custom or built-in scoring function.
 
     `num_examine` is how many decoded samples per data source it prints each call (upstream uses 0 for
-    training and 1 for validation).
+    training and 1 for validation). With a reward model (`reward_model.enable`) the model's score is the
+    reward, unless a custom scoring function is set: that function then decides, reading the model's
+    score as `extra_info["rm_score"]`.
     """
+    from verl.compat.reward_model import reward_model_enabled
+
+    custom = get_custom_reward_fn(config)
+    if custom is None and reward_model_enabled(config):
+        return RewardModelScores()
     manager_cls = _reward_manager_cls(config)
-    compute_score = get_custom_reward_fn(config) or default_compute_score
+    compute_score = custom or default_compute_score
     return manager_cls(
         tokenizer=tokenizer,
         num_examine=num_examine,

@@ -314,7 +314,8 @@ def _time_limit(seconds: float, message: str):
 
 def worker_layout(config, plan):
     """The worker classes per role (actor+rollout, +ref when a KL term needs the reference policy,
-    critic for GAE) and the resource pool they share: (role_worker_mapping, resource_pool_manager)."""
+    critic for GAE, the reward model when the plan has one) and the resource pool they share:
+    (role_worker_mapping, resource_pool_manager)."""
     import ray
 
     import verl.trainer.ppo.ray_trainer  # noqa: F401 - the trainer the main thread builds next, imported here with the rest
@@ -326,6 +327,10 @@ def worker_layout(config, plan):
     role_worker_mapping = {actor_role: ray.remote(ActorRolloutRefWorker)}
     if need_critic(config):
         role_worker_mapping[Role.Critic] = ray.remote(CriticWorker)
+    if plan.reward_model is not None:
+        from verl.workers.reward_model.worker import RewardModelWorker
+
+        role_worker_mapping[Role.RewardModel] = ray.remote(RewardModelWorker)
     pool = "global_pool"
     resource_pool_manager = ResourcePoolManager(
         resource_pool_spec={pool: [config.trainer.n_gpus_per_node] * config.trainer.nnodes},

@@ -37,6 +37,8 @@ def decode_batch(data, tokenizer, reward_fn_key: str, strip_eos: bool = False) -
                            f"data source from data.reward_fn_key={reward_fn_key!r} and the label from "
                            "reward_model['ground_truth'] - check the columns of your data files")
     extras = columns.get("extra_info")
+    # with a reward model, a custom scoring function reads its score as extra_info["rm_score"]
+    rm_scores = data.batch["rm_scores"].sum(-1).tolist() if "rm_scores" in data.batch.keys() else None
     out = DecodedBatch([], [], [int(n) for n in response_lengths], list(columns[reward_fn_key]), [], [])
     eos = getattr(tokenizer, "eos_token", None)
     for i in range(len(data)):
@@ -46,7 +48,10 @@ def decode_batch(data, tokenizer, reward_fn_key: str, strip_eos: bool = False) -
             text = text[: -len(eos)]
         out.responses.append(text)
         out.ground_truths.append(columns["reward_model"][i].get("ground_truth"))
-        out.extra_infos.append(dict(extras[i] or {}) if extras is not None else {})
+        extra = dict(extras[i] or {}) if extras is not None else {}
+        if rm_scores is not None:
+            extra["rm_score"] = rm_scores[i]
+        out.extra_infos.append(extra)
     return out
 
 

@@ -1,0 +1,1 @@
+"""The sequence-classification reward model: its inputs (`inputs`) and its worker (`worker`)."""
