@@ -2,7 +2,8 @@
 device profile, in each training mode, with the plan's predicted peak per phase beside the measured one.
 
 A cell is `profile:shape:mode`, e.g. `p40:1.5b:full`, `t4:7b:qlora`; modes: `full` (the plan picks dtype,
-offload, checkpointing and micro-batches), `lora` (`lora_rank=32`), `qlora` (LoRA on a 4-bit base). Every cell
+offload, checkpointing and micro-batches), `lora` (`lora_rank=32`), `qlora` (LoRA on a 4-bit base), `full8bit`
+(AdamW states in 8 bits). Every cell
 runs the same GRPO shape (8 prompts x 4 samples x (256+256), KL loss, a validation at the last step).
 
     python benchmarks/model_scale.py --cells goals --out DIR            # the cells of the model-scale goals
@@ -39,6 +40,7 @@ MODES = {
     "full": [],
     "lora": [f"{ARR}.model.lora_rank=32", f"{ARR}.model.lora_alpha=32"],
     "qlora": [f"{ARR}.model.lora_rank=32", f"{ARR}.model.lora_alpha=32", f"{ARR}.model.load_in_4bit=true"],
+    "full8bit": [f"{ARR}.actor.optim.optimizer_impl=bitsandbytes.optim", f"{ARR}.actor.optim.optimizer=AdamW8bit"],
 }
 # measured phase (perf/max_memory_allocated_gb/<name>) -> the memory model's phase
 PHASES = {"gen": "rollout", "old_log_prob": "log_prob", "ref": "ref", "update_actor": "actor_update",
@@ -97,9 +99,10 @@ def predicted(overrides: list[str], profile: str, shape: str) -> dict:
             "    _, _, plan = plan_for(sys.argv[3:], device=sys.argv[1], model_spec=sys.argv[2])\n"
             "except Exception as err:\n"
             "    print(json.dumps({'refused': f'{type(err).__name__}: {err}'})); sys.exit(0)\n"
-            "phases = {k: round(sum(t.values()), 3) for k, t in plan.memory.get('phases', {}).items()}\n"
+            "terms = plan.memory.get('phases', {})\n"
+            "phases = {k: round(sum(t.values()), 3) for k, t in terms.items()}\n"
             "a = plan.actor\n"
-            "print(json.dumps({'phases': phases, 'peak_gb': plan.predicted_peak_gb, 'limit_gb': plan.memory_limit_gb,"
+            "print(json.dumps({'phases': phases, 'terms': terms, 'peak_gb': plan.predicted_peak_gb, 'limit_gb': plan.memory_limit_gb,"
             " 'actor': {k: getattr(a, k) for k in ('param_dtype', 'compute_dtype', 'param_offload',"
             " 'optimizer_offload', 'gradient_checkpointing', 'micro_batch_size_per_gpu', 'lora_rank', 'frozen_dtype',"
             " 'base_quantization', 'optimizer_8bit') if hasattr(a, k)}}))\n")
@@ -143,7 +146,9 @@ def run_cell(cell, args, assets: Path) -> dict:
     name = f"{profile}_{shape}_{mode}"
     model = build_model(Path(args.models), shape, assets / "tok") if not args.plan_only \
         else Path(args.models) / f"qwen2.5-{shape}"
-    overrides = grpo_shape(assets, model, args.steps) + MODES[mode] + [f"compat.device={profile}"] + args.override
+    overrides = grpo_shape(assets, model, args.steps) + MODES[mode] + [f"compat.device={profile}",
+                                                                       f"trainer.default_local_dir=/tmp/ckpt_{name}"]
+    overrides += args.override
     row = {"cell": ":".join(cell), "plan": predicted(overrides, profile, shape)}
     if args.plan_only or "refused" in row["plan"]:
         return row

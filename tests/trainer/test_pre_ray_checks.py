@@ -105,3 +105,16 @@ def test_a_second_live_run_in_the_same_output_folder_stops_at_once_naming_the_fi
         message = _fails_before_ray(config, f"another run is using the output folder {tmp_path / 'ckpt'}",
                                     f"pid {os.getpid()} on host")
     assert "trainer.default_local_dir" in message
+
+
+def test_a_run_that_neither_saves_nor_resumes_runs_beside_another(task, tmp_path):
+    """No checkpoint written or read (save_freq=-1, resume_mode=disable): the folder is untouched, so no lock."""
+    from verl.trainer.ppo.task_runner import _output_lock
+    from verl.utils.checkpoint.run_lock import RunLock
+
+    with RunLock(str(tmp_path / "ckpt")):
+        with _output_lock(_config(task, tmp_path, "trainer.save_freq=-1", "trainer.resume_mode=disable")):
+            pass
+        with pytest.raises(InputError, match="another run is using"):
+            with _output_lock(_config(task, tmp_path, "trainer.save_freq=-1")):   # resume auto reads the folder
+                pass

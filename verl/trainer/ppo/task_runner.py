@@ -88,12 +88,15 @@ def run_ppo(config) -> None:
 @contextmanager
 def _output_lock(config):
     """Hold `trainer.default_local_dir` for this run (see `verl.utils.checkpoint.run_lock`); another live
-    run there is an `InputError` naming it. No folder set: nothing to lock."""
+    run there is an `InputError` naming it. A run that neither saves checkpoints nor resumes from the folder
+    (save_freq <= 0, resume_mode=disable) never touches it, so it takes no lock and can run beside others."""
     from verl.trainer.preflight import InputError
     from verl.utils.checkpoint.run_lock import RunLock, RunLockError
 
     folder = config.trainer.get("default_local_dir")
-    if not folder:
+    saves = (config.trainer.get("save_freq") or -1) > 0
+    resumes = str(config.trainer.get("resume_mode", "auto")) != "disable"
+    if not folder or not (saves or resumes):
         yield
         return
     lock = RunLock(folder)
