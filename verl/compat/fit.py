@@ -19,6 +19,7 @@ from verl.compat.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.settings import AUTO, first, get
 from verl.compat.throughput import decide_fused_optimizer
+from verl.compat.host_memory import check_host_memory
 from verl.compat.wrapping import wraps_in_fsdp
 
 MAX_ROLLOUT_MICRO_BATCH = 1024   # past this, bigger built-in generate passes gain little and hold the device longer
@@ -150,6 +151,7 @@ class FitInputs:
     ranks: int = 1                  # data-parallel processes (the workload's world is 1 on a CPU host)
     always_fsdp: bool = False       # compat.always_fsdp (verl.compat.wrapping)
     ref_in_actor: bool = False      # the LoRA actor computes the reference log-probs (no reference model)
+    nnodes: int = 1                 # trainer.nnodes (offloaded shards spread over the nodes' host memory)
 
 
 def settled(d: Decider, inp: FitInputs, name: str, rp: RolePlan) -> RolePlan:
@@ -294,7 +296,11 @@ def fit(d: Decider, inp: FitInputs, plan_kwargs: dict) -> Plan:
         found, b, bud, halvings = search.search(whole=False)
     if found is None:
         raise_shortfall(d, inp, b, bud, search.limit)
-    return _fitted_plan(d, inp, search, found, b, halvings, plan_kwargs)
+    plan = _fitted_plan(d, inp, search, found, b, halvings, plan_kwargs)
+    nodes = max(inp.nnodes, 1)
+    roles = {n: r for n, r in (("actor", plan.actor), ("critic", plan.critic), ("ref", plan.ref)) if r is not None}
+    check_host_memory(d.profile.host_memory_gb, inp.model, roles, max(inp.ranks // nodes, 1), nodes)
+    return plan
 
 
 def _note_roles(d: Decider, inp: FitInputs, rs: dict, rung: str, halvings: int) -> None:

@@ -123,7 +123,12 @@ def _decide_8bit(d: Decider, config: Any, name: str) -> bool:
     if (impl, opt) != EIGHT_BIT_ADAMW:
         raise PlanError(f"{optim}.optimizer_impl={impl} with {optim}.optimizer={opt}: this fork builds AdamW from "
                         f"torch.optim, or AdamW8bit from bitsandbytes.optim; set one of those pairs.")
-    if (why := d.bnb_missing("adamw8bit")) is not None:
+    why = d.bnb_missing("adamw8bit")
+    ranks = int(settings.get(config, "trainer.n_gpus_per_node", 1)) * int(settings.get(config, "trainer.nnodes", 1))
+    if why is None and ranks > 1:
+        why = (f"bitsandbytes' 8-bit AdamW steps plain tensors, not FSDP2's sharded ones, and this run has {ranks} "
+               "ranks")
+    if why is not None:
         d.adapt(f"{name}.optimizer_8bit", f"{optim}.optimizer_impl", "bitsandbytes.optim (AdamW8bit)",
                 "torch.optim (AdamW)", why)
         return False

@@ -404,6 +404,9 @@ def _decide_globals(d: _Decider, config: Any) -> dict:
         blocker = f"Triton (torch.compile's GPU backend) needs compute capability >= 7.0 ({_cc(p)})"
     elif not d.software.triton_usable:
         blocker = d.software.notes.get("triton", "triton is not installed or not usable on this device")
+    elif isinstance(rank := _get(config, "actor_rollout_ref.model.lora_rank", 0), int) and rank > 0:
+        blocker = ("LoRA: peft's adapter layers make Dynamo recompile the decoder layer past its limit, so the "
+                   "LoRA model runs eagerly")
     if blocker is None:
         what = ("each decoder layer of the actor, ref and critic (training and log-prob passes: norms, rotary, "
                 "gating and casts fused) and the actor's and ref's log-prob/entropy over the vocabulary; the "
@@ -522,7 +525,8 @@ def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], rol
                      asked_ckpt=asked_ckpt, asked_off=asked_off, asked_reshard=asked_reshard,
                      margin=float(_get(config, "compat.memory_margin", 0.1)), compiled_layers=compiled,
                      growable=growable, ranks=ranks,
-                     always_fsdp=bool(_flag(_get(config, "compat.always_fsdp", False))), ref_in_actor=ref_in_actor)
+                     always_fsdp=bool(_flag(_get(config, "compat.always_fsdp", False))), ref_in_actor=ref_in_actor,
+                     nnodes=max(int(_get(config, "trainer.nnodes", 1)), 1))
 
 
 def _asked_reshard(config: Any, rc: _RoleConfig) -> tuple[str, Any]:
@@ -561,11 +565,15 @@ def _plan_without_model(d: _Decider, inp: FitInputs, plan_kwargs: dict) -> Plan:
 
 def _val_batch_per_gpu(config: Any, world: int) -> int | None:
     """Sequences each device generates per validation call: `data.val_batch_size` prompts x
-    `val_kwargs.n`; None when it is null (upstream's default: the whole validation set, whose size
-    a pure planner cannot know, so the memory model assumes at least one full chunk)."""
+    `val_kwargs.n`. When it is null (upstream's default: the whole validation set) the set is at most
+    `data.val_max_samples` rows where that is set; else its size is unknown to a pure planner (None), and
+    the memory model assumes at least one full chunk."""
     prompts = _get(config, "data.val_batch_size", None)
     if prompts is None:
-        return None
+        cap = int(_get(config, "data.val_max_samples", -1) or -1)
+        if cap <= 0:
+            return None
+        prompts = cap
     n = int(_get(config, "actor_rollout_ref.rollout.val_kwargs.n", 1))
     return math.ceil(int(prompts) * n / world)
 

@@ -19,6 +19,8 @@ def wraps_in_fsdp(plan: RolePlan, ranks: int, always: bool = False) -> tuple[boo
     user's compat.always_fsdp (wrap on one device too, as upstream does)."""
     if ranks > 1:
         return True, f"{ranks} ranks: FSDP2 shards weights, gradients and optimizer state across them"
+    if plan.optimizer_8bit and not plan.param_offload:
+        return False, "8-bit AdamW (bitsandbytes) steps plain tensors, not FSDP2's sharded ones: the role runs unwrapped"
     if always:
         return True, "compat.always_fsdp=true: wrapped on one device too (its gather copies the weights)"
     if plan.param_offload:

@@ -1,0 +1,31 @@
+"""The host-memory check of offloaded plans: what FSDP2's CPU offload keeps in RAM, and the refusal."""
+import pytest
+
+from verl.compat.decider import MemoryShortfall
+from verl.compat.host_memory import check_host_memory, host_state_gb
+from verl.compat.memory import GiB
+from verl.compat.model_spec import BUILTIN_MODELS, ModelSpec
+from verl.compat.plan import RolePlan
+
+Q7 = ModelSpec.from_hf_config(BUILTIN_MODELS["qwen2.5-7b"])
+
+
+def role(offload=True, dtype="float32", lora=0, eight_bit=False):
+    return RolePlan(param_dtype=dtype, compute_dtype="bfloat16", grad_scaler=False, attn_implementation="sdpa",
+                    use_remove_padding=False, gradient_checkpointing=True, param_offload=offload,
+                    optimizer_offload=offload, lora_rank=lora, optimizer_8bit=eight_bit)
+
+
+def test_offloaded_full_training_keeps_weights_grads_and_adam_moments_on_the_host():
+    # float32 weights + gradients (8 B) and two float32 moments (8 B) per parameter; a frozen ref only its weights
+    assert host_state_gb(Q7, {"actor": role()}) == pytest.approx(Q7.num_params * 16 / GiB)
+    assert host_state_gb(Q7, {"ref": role(dtype="bfloat16")}) == pytest.approx(Q7.num_params * 2 / GiB)
+    assert host_state_gb(Q7, {"actor": role()}, nnodes=2) == pytest.approx(Q7.num_params * 8 / GiB)
+    assert host_state_gb(Q7, {"actor": role(offload=False)}) == 0.0
+
+
+def test_a_7b_offload_is_refused_on_a_128_gib_host_and_passes_on_a_larger_one():
+    with pytest.raises(MemoryShortfall, match=r"needs about 116.5 GiB per node .* this host has 125.0 GiB"):
+        check_host_memory(125.0, Q7, {"actor": role()}, ranks_per_node=1)
+    check_host_memory(256.0, Q7, {"actor": role()}, ranks_per_node=1)
+    check_host_memory(0.0, Q7, {"actor": role()}, ranks_per_node=1)      # unknown host: not checked
