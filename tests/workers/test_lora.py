@@ -18,6 +18,7 @@ from worker_setup import actor_rollout_ref_config, cpu_plan, ppo_batch, tiny_mod
 
 pytest.importorskip("peft", reason="LoRA needs peft (pip install 'verl[peft]')")
 
+from verl.protocol import DataProto  # noqa: E402
 from verl.utils import fsdp_utils, lora  # noqa: E402
 from verl.workers.fsdp_workers import ActorRolloutRefWorker  # noqa: E402
 
@@ -95,6 +96,19 @@ def test_only_adapters_train_and_the_reference_is_the_base(model_dir):
     plain.load_state_dict(merged)
     torch.testing.assert_close(logits(plain), logits(worker.actor_module), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(logits(plain), logits(AutoModelForCausalLM.from_pretrained(model_dir)), atol=1e-3)
+
+    # the built-in engine generates with the adapters live: greedy tokens equal the merged model's
+    from verl.workers.rollout.hf_rollout import HFRollout
+
+    ids = PROBE[:, :5]
+    prompts = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                                           "position_ids": torch.arange(5).expand(2, 5)},
+                                  meta_info={"eos_token_id": 1000, "pad_token_id": 0, "do_sample": False})
+    live = worker.generate_sequences(prompts).batch["responses"]
+    reference = HFRollout(plain, worker.config.rollout, plan=worker.plan).generate_sequences(prompts)
+    assert torch.equal(live, reference.batch["responses"])
+    with lora.adapters_disabled(worker.actor_module):   # and they matter: the base alone answers otherwise
+        assert not torch.equal(worker.generate_sequences(prompts).batch["responses"], live)
 
 
 def test_save_resume_merge_round_trip(model_dir, tmp_path):
