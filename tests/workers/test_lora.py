@@ -14,7 +14,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from worker_setup import actor_rollout_ref_config, cpu_plan, ppo_batch, tiny_model  # noqa: E402
+from worker_setup import actor_rollout_ref_config, cpu_plan, ppo_batch, run_ranks, tiny_model  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 pytest.importorskip("peft", reason="LoRA needs peft (pip install 'verl[peft]')")
 
@@ -258,3 +260,22 @@ def test_qlora_base_and_8bit_adamw(bnb_model_dir, tmp_path):
     a, b = train_step(worker, data.slice(0, 4)), train_step(resumed, data.slice(0, 4))
     assert a["actor/pg_loss"] == b["actor/pg_loss"] and a["actor/grad_norm"] == b["actor/grad_norm"]
     torch.testing.assert_close(logits(resumed.actor_module), logits(worker.actor_module), rtol=0, atol=0)
+
+
+def test_two_rank_lora_checkpoint_merges(model_dir, tmp_path):
+    """FSDP2 over two ranks splits every adapter between them; the merger joins them, and the merged
+    folder (and the checkpoint's own merged `huggingface/` weights) reproduce the live model's logits."""
+    from transformers import AutoModelForCausalLM
+
+    from verl.model_merger.__main__ import main as merger_main
+
+    run_ranks(lambda rank: [os.path.join(HERE, "lora_runner.py"), model_dir, str(tmp_path)], world=2)
+    live = torch.load(tmp_path / "live_logits.pt")
+    folder = tmp_path / "global_step_1" / "actor"
+    shard = torch.load(folder / "model_world_size_2_rank_0.pt")
+    assert shard["base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"].shape[0] == RANK // 2
+    assert merger_main(["merge", "--backend", "fsdp", "--local_dir", str(folder), "--target_dir",
+                        str(tmp_path / "merged")]) == 0
+    for path in (tmp_path / "merged", folder / "huggingface"):
+        torch.testing.assert_close(logits(AutoModelForCausalLM.from_pretrained(str(path))), live, rtol=1e-5,
+                                   atol=1e-5)
