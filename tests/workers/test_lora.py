@@ -174,10 +174,11 @@ def test_float16_frozen_base_on_a_float32_device_matches_float32(model_dir, wrap
     assert stored == {torch.float16}
     assert {p.dtype for p in half.actor_module.parameters() if p.requires_grad} == {torch.float32}
     # adapters are drawn from a fixed seed: every worker (and rank, and run) starts from the same ones
+    # (peft creates them in the base's dtype before they are made float32: here float16-rounded)
     init = {n: p for n, p in full.actor_module.named_parameters() if p.requires_grad}
     for name, param in half.actor_module.named_parameters():
         if param.requires_grad:
-            assert torch.equal(param.full_tensor() if wrapped else param, init[name]), name
+            torch.testing.assert_close(param.full_tensor() if wrapped else param, init[name], rtol=1e-3, atol=0)
     data = ppo_batch(batch_size=4)
     # the same adapters in both (Adam's first step is about lr·sign(grad), so two separate updates would
     # differ wherever a gradient is near zero, whatever the precision): one update, copied over
