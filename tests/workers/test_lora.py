@@ -178,7 +178,7 @@ def test_float16_frozen_base_on_a_float32_device_matches_float32(model_dir, wrap
     init = {n: p for n, p in full.actor_module.named_parameters() if p.requires_grad}
     for name, param in half.actor_module.named_parameters():
         if param.requires_grad:
-            torch.testing.assert_close(param.full_tensor() if wrapped else param, init[name], rtol=1e-3, atol=0)
+            torch.testing.assert_close(param.full_tensor() if wrapped else param, init[name], rtol=1e-3, atol=1e-4)
     data = ppo_batch(batch_size=4)
     # the same adapters in both (Adam's first step is about lr·sign(grad), so two separate updates would
     # differ wherever a gradient is near zero, whatever the precision): one update, copied over
