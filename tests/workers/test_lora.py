@@ -233,7 +233,9 @@ def test_qlora_base_and_8bit_adamw(bnb_model_dir, tmp_path):
                     actor_rollout_ref__actor__optim__optimizer="AdamW8bit")
     if plan.actor.base_quantization != "nf4" or not plan.actor.optimizer_8bit:
         pytest.skip(f"the planner turned bitsandbytes down here: {plan.warnings}")
-    worker = ActorRolloutRefWorker(lora_config(bnb_model_dir, lora_rank=rank), role="actor_rollout_ref", plan=plan)
+    cfg = lora_config(bnb_model_dir, lora_rank=rank)
+    cfg.actor.checkpoint = {"save_contents": ["model", "optimizer", "extra", "hf_model"]}
+    worker = ActorRolloutRefWorker(cfg, role="actor_rollout_ref", plan=plan)
     worker.init_model()
     q_proj = worker.actor_module.model.layers[0].self_attn.q_proj
     assert isinstance(q_proj.base_layer, bnb.nn.Linear4bit) and isinstance(worker.actor_optimizer, bnb.optim.AdamW8bit)
@@ -260,8 +262,10 @@ def test_qlora_base_and_8bit_adamw(bnb_model_dir, tmp_path):
     resumed.load_checkpoint(str(folder))
     assert merger_main(["merge", "--backend", "fsdp", "--local_dir", str(folder), "--target_dir",
                         str(tmp_path / "merged")]) == 0
-    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"))
-    torch.testing.assert_close(logits(merged), logits(worker.actor_module).float(), rtol=0, atol=2e-2)
+    for path in (tmp_path / "merged", folder / "huggingface"):   # dense, with no quantization config
+        merged = AutoModelForCausalLM.from_pretrained(str(path))
+        assert type(merged.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+        torch.testing.assert_close(logits(merged), logits(worker.actor_module).float(), rtol=0, atol=2e-2)
     data = ppo_batch(batch_size=4, seed=3)
     a, b = train_step(worker, data.slice(0, 4)), train_step(resumed, data.slice(0, 4))
     assert a["actor/pg_loss"] == b["actor/pg_loss"] and a["actor/grad_norm"] == b["actor/grad_norm"]

@@ -18,6 +18,7 @@ to `<path>` once every rank has finished, so `<path>` only ever holds a complete
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -153,10 +154,20 @@ class FSDPCheckpointManager:
         if rank != 0:
             return
         os.makedirs(folder, exist_ok=True)
-        self.model.config.save_pretrained(folder)
+        config = self.model.config
+        if lora.has_adapters(self.model) and getattr(config, "quantization_config", None) is not None:
+            config = copy.deepcopy(config)   # a QLoRA base: what this folder describes (and holds) is dense
+            del config.quantization_config
+        config.save_pretrained(folder)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(folder)
-        if full_state is not None:
+        if full_state is not None and lora.has_adapters(self.model):
+            # the merged weights under the base model's names; save_pretrained would describe the adapted
+            # (possibly 4-bit) model instead
+            from safetensors.torch import save_file
+
+            save_file(full_state, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+        elif full_state is not None:
             self.model.save_pretrained(folder, state_dict=full_state)
 
     # ------------------------------------------------------------------ load
