@@ -19,6 +19,7 @@ to `<path>` once every rank has finished, so `<path>` only ever holds a complete
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import shutil
@@ -146,6 +147,9 @@ class FSDPCheckpointManager:
 
             with full_params(self.model):   # every rank gathers; the merged weights are computed whole
                 full_state = {name: t.detach().cpu().clone() for name, t in lora.inference_weights(self.model)}
+            # one dtype for the folder: the widest (float32 where float32 updates were merged into a half base)
+            widest = functools.reduce(torch.promote_types, (t.dtype for t in full_state.values() if t.is_floating_point()))
+            full_state = {k: t.to(widest) if t.is_floating_point() else t for k, t in full_state.items()}
         elif "hf_model" in self.save_contents:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -155,9 +159,12 @@ class FSDPCheckpointManager:
             return
         os.makedirs(folder, exist_ok=True)
         config = self.model.config
-        if lora.has_adapters(self.model) and getattr(config, "quantization_config", None) is not None:
-            config = copy.deepcopy(config)   # a QLoRA base: what this folder describes (and holds) is dense
-            del config.quantization_config
+        if lora.has_adapters(self.model):   # the folder describes (and holds) the dense merged model
+            config = copy.deepcopy(config)
+            if getattr(config, "quantization_config", None) is not None:
+                del config.quantization_config
+            if full_state is not None:
+                config.dtype = str(next(iter(full_state.values())).dtype).removeprefix("torch.")
         config.save_pretrained(folder)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(folder)
