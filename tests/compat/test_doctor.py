@@ -186,3 +186,33 @@ def test_text_report_without_a_memory_plan_has_no_memory_block():
     config, model, plan = plan_for(QUICKSTART, device="t4", model_spec="qwen2.5-0.5b")
     plan.memory = {}
     assert "memory    GiB" not in _text_report(config, model, plan)
+
+
+GRPO_7B = ["algorithm.adv_estimator=grpo", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
+           "data.max_prompt_length=256", "data.max_response_length=256", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+           "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+           "actor_rollout_ref.rollout.name=hf"]
+
+
+def test_a_refused_7b_on_a_p40_shows_every_mode_and_names_the_lever(capsys):
+    """`--device p40` plans one P40 (no trainer.n_gpus_per_node given); full training of a 7B model does
+    not fit, the refusal names LoRA, and the modes block says what each mode would need."""
+    assert main(["--device", "p40", "--model-spec", "qwen2.5-7b", *GRPO_7B]) == 2
+    captured = capsys.readouterr()
+    assert "LoRA would fit: actor_rollout_ref.model.lora_rank=32" in captured.err
+    modes = captured.out[captured.out.index("  modes "):]
+    rows = {line.split()[0]: line for line in modes.splitlines()[1:] if line.startswith("    ") and line.split()}
+    assert "does not fit" in rows["full"] and "fits: peak" in rows["LoRA"] and "fits: peak" in rows["QLoRA"]
+
+
+def test_a_config_error_still_shows_the_modes_for_the_config_as_composed(capsys):
+    assert main(["--device", "p40", "--model-spec", "qwen2.5-7b"]) == 2
+    captured = capsys.readouterr()
+    assert "ppo_micro_batch_size_per_gpu" in captured.err and "  modes " in captured.out
+
+
+def test_largest_prints_the_docs_table(capsys):
+    assert main(["--largest", "--device", "p40", *GRPO_7B, "trainer.n_gpus_per_node=1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| device | full | full + offload | LoRA | QLoRA |"
+    assert "| p40 | qwen2.5-0.5b | qwen2.5-3b | qwen2.5-7b | qwen2.5-7b |" in lines

@@ -117,3 +117,15 @@ def test_largest_model_per_mode_on_the_goal_devices():
         "full": "qwen2.5-0.5b", "full + offload": "qwen2.5-3b", "LoRA": "qwen2.5-7b", "QLoRA": "qwen2.5-7b"}
     assert largest_models(CATALOG["t4"], config, SOFTWARE)["QLoRA"] == "qwen2.5-7b"
     assert largest_models(CATALOG["a100-40gb"], config, SOFTWARE)["full + offload"] == "qwen2.5-7b"
+
+
+def test_docs_table_of_the_largest_model_is_the_planners_answer():
+    """docs/compat.md's table, for the goal devices, equals what the planner answers today (regenerate it
+    with `python -m verl.compat --largest ...` when the memory model changes)."""
+    from pathlib import Path
+
+    from verl.compat.modes import largest_table
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "compat.md").read_text()
+    rows = largest_table(load_config(GRPO), SOFTWARE, ["p40", "t4", "rtx3090", "a100-40gb"]).splitlines()[2:]
+    assert all(f"\n{row}\n" in docs for row in rows), rows

@@ -14,10 +14,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from worker_setup import actor_rollout_ref_config, cpu_plan, ppo_batch, tiny_model  # noqa: E402
+from worker_setup import actor_rollout_ref_config, cpu_plan, ppo_batch, run_ranks, tiny_model  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 pytest.importorskip("peft", reason="LoRA needs peft (pip install 'verl[peft]')")
 
+from verl.protocol import DataProto  # noqa: E402
 from verl.utils import fsdp_utils, lora  # noqa: E402
 from verl.workers.fsdp_workers import ActorRolloutRefWorker  # noqa: E402
 
@@ -96,6 +99,19 @@ def test_only_adapters_train_and_the_reference_is_the_base(model_dir):
     torch.testing.assert_close(logits(plain), logits(worker.actor_module), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(logits(plain), logits(AutoModelForCausalLM.from_pretrained(model_dir)), atol=1e-3)
 
+    # the built-in engine generates with the adapters live: greedy tokens equal the merged model's
+    from verl.workers.rollout.hf_rollout import HFRollout
+
+    ids = PROBE[:, :5]
+    prompts = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                                           "position_ids": torch.arange(5).expand(2, 5)},
+                                  meta_info={"eos_token_id": 1000, "pad_token_id": 0, "do_sample": False})
+    live = worker.generate_sequences(prompts).batch["responses"]
+    reference = HFRollout(plain, worker.config.rollout, plan=worker.plan).generate_sequences(prompts)
+    assert torch.equal(live, reference.batch["responses"])
+    with lora.adapters_disabled(worker.actor_module):   # and they matter: the base alone answers otherwise
+        assert not torch.equal(worker.generate_sequences(prompts).batch["responses"], live)
+
 
 def test_save_resume_merge_round_trip(model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
@@ -157,6 +173,12 @@ def test_float16_frozen_base_on_a_float32_device_matches_float32(model_dir, wrap
     stored = {p.dtype for p in half.actor_module.parameters() if not p.requires_grad}
     assert stored == {torch.float16}
     assert {p.dtype for p in half.actor_module.parameters() if p.requires_grad} == {torch.float32}
+    # adapters are drawn from a fixed seed: every worker (and rank, and run) starts from the same ones
+    # (peft creates them in the base's dtype before they are made float32: here float16-rounded)
+    init = {n: p for n, p in full.actor_module.named_parameters() if p.requires_grad}
+    for name, param in half.actor_module.named_parameters():
+        if param.requires_grad:
+            torch.testing.assert_close(param.full_tensor() if wrapped else param, init[name], rtol=1e-3, atol=1e-4)
     data = ppo_batch(batch_size=4)
     # the same adapters in both (Adam's first step is about lr·sign(grad), so two separate updates would
     # differ wherever a gradient is near zero, whatever the precision): one update, copied over
@@ -211,7 +233,9 @@ def test_qlora_base_and_8bit_adamw(bnb_model_dir, tmp_path):
                     actor_rollout_ref__actor__optim__optimizer="AdamW8bit")
     if plan.actor.base_quantization != "nf4" or not plan.actor.optimizer_8bit:
         pytest.skip(f"the planner turned bitsandbytes down here: {plan.warnings}")
-    worker = ActorRolloutRefWorker(lora_config(bnb_model_dir, lora_rank=rank), role="actor_rollout_ref", plan=plan)
+    cfg = lora_config(bnb_model_dir, lora_rank=rank)
+    cfg.actor.checkpoint = {"save_contents": ["model", "optimizer", "extra", "hf_model"]}
+    worker = ActorRolloutRefWorker(cfg, role="actor_rollout_ref", plan=plan)
     worker.init_model()
     q_proj = worker.actor_module.model.layers[0].self_attn.q_proj
     assert isinstance(q_proj.base_layer, bnb.nn.Linear4bit) and isinstance(worker.actor_optimizer, bnb.optim.AdamW8bit)
@@ -238,9 +262,30 @@ def test_qlora_base_and_8bit_adamw(bnb_model_dir, tmp_path):
     resumed.load_checkpoint(str(folder))
     assert merger_main(["merge", "--backend", "fsdp", "--local_dir", str(folder), "--target_dir",
                         str(tmp_path / "merged")]) == 0
-    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"))
-    torch.testing.assert_close(logits(merged), logits(worker.actor_module).float(), rtol=0, atol=2e-2)
+    for path in (tmp_path / "merged", folder / "huggingface"):   # dense, with no quantization config
+        merged = AutoModelForCausalLM.from_pretrained(str(path))
+        assert type(merged.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+        torch.testing.assert_close(logits(merged), logits(worker.actor_module).float(), rtol=0, atol=2e-2)
     data = ppo_batch(batch_size=4, seed=3)
     a, b = train_step(worker, data.slice(0, 4)), train_step(resumed, data.slice(0, 4))
     assert a["actor/pg_loss"] == b["actor/pg_loss"] and a["actor/grad_norm"] == b["actor/grad_norm"]
     torch.testing.assert_close(logits(resumed.actor_module), logits(worker.actor_module), rtol=0, atol=0)
+
+
+def test_two_rank_lora_checkpoint_merges(model_dir, tmp_path):
+    """FSDP2 over two ranks splits every adapter between them; the merger joins them, and the merged
+    folder (and the checkpoint's own merged `huggingface/` weights) reproduce the live model's logits."""
+    from transformers import AutoModelForCausalLM
+
+    from verl.model_merger.__main__ import main as merger_main
+
+    run_ranks(lambda rank: [os.path.join(HERE, "lora_runner.py"), model_dir, str(tmp_path)], world=2)
+    live = torch.load(tmp_path / "live_logits.pt")
+    folder = tmp_path / "global_step_1" / "actor"
+    shard = torch.load(folder / "model_world_size_2_rank_0.pt")
+    assert shard["base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"].shape[0] == RANK // 2
+    assert merger_main(["merge", "--backend", "fsdp", "--local_dir", str(folder), "--target_dir",
+                        str(tmp_path / "merged")]) == 0
+    for path in (tmp_path / "merged", folder / "huggingface"):
+        torch.testing.assert_close(logits(AutoModelForCausalLM.from_pretrained(str(path))), live, rtol=1e-5,
+                                   atol=1e-5)

@@ -102,15 +102,17 @@ def _rewards(batch: DataProto) -> torch.Tensor:
     return out
 
 
-def _assert_applied(planned, module, role_plan) -> None:
-    """The worker's model computes exactly as its role plan says."""
+def _assert_applied(planned, module, role_plan, trained: bool = True) -> None:
+    """The worker's model computes exactly as its role plan says; a frozen one (the reference) is stored
+    in the plan's `frozen_dtype` where it sets one (float16 under float32 compute on a P40)."""
     from verl.compat import torch_dtype
+    from verl.utils.model_loading import storage_dtype
 
     compute = torch_dtype(role_plan.compute_dtype)
     assert planned.precision.autocast_dtype == (None if compute == torch.float32 else compute)
     assert (planned.precision.scaler is not None) == role_plan.grad_scaler
     assert not planned.guard_pending                        # a guard the plan asked for has run
-    assert {p.dtype for p in module.parameters()} == {torch_dtype(role_plan.param_dtype)}
+    assert {p.dtype for p in module.parameters()} == {torch_dtype(storage_dtype(role_plan, trained))}
 
 
 def _one_step(config, plan, steps: int = 1, on_built=None):
@@ -204,7 +206,7 @@ def test_every_catalog_device_plan_runs_a_training_step(model_dir, device, algor
         models["critic"] = (critic._critic_model, critic.critic_module)
     for name, rp in roles.items():
         if rp is not None:
-            _assert_applied(*models[name], rp)
+            _assert_applied(*models[name], rp, trained=name != "ref")
     for key in ("actor/pg_loss", "actor/kl_loss", "critic/vf_loss"):
         if key in metrics:
             assert np.isfinite(metrics[key]), key

@@ -127,6 +127,28 @@ def format_device(profile: DeviceProfile, software: SoftwareInfo) -> list[str]:
 _ROW_NAMES = {"reward_model": "rm"}   # the plan table's role column is 8 wide
 
 
+def _trained_what(plan: Plan) -> list[str]:
+    """One line per role that trains adapters, keeps 8-bit AdamW states or stores frozen weights apart."""
+    out = []
+    for name in ("actor", "critic", "ref"):
+        r = getattr(plan, name)
+        if r is None:
+            continue
+        parts = []
+        if r.lora_rank:
+            base = "4-bit NF4" if r.base_quantization else r.frozen_dtype
+            parts.append(f"LoRA r={r.lora_rank} on a frozen {base} base")
+        elif name == "ref" and r.frozen_dtype and r.frozen_dtype != r.param_dtype:
+            parts.append(f"stored in {r.frozen_dtype}, computed in {r.compute_dtype}")
+        if r.optimizer_8bit:
+            parts.append("AdamW8bit states")
+        if name == "actor" and plan.ref_in_actor:
+            parts.append("reference = the actor with its adapters disabled")
+        if parts:
+            out.append(f"  {name:8s} " + "; ".join(parts))
+    return out
+
+
 def format_plan(plan: Plan) -> str:
     """The human-readable plan: device, software verdicts, one row per role, then the reasons."""
     lines = ["verl.compat plan", *format_device(plan.device, plan.software)]
@@ -143,6 +165,7 @@ def format_plan(plan: Plan) -> str:
             f"  {_ROW_NAMES.get(name, name):8s} {r.param_dtype:9s} {r.compute_dtype:9s} {_yes(r.grad_scaler):6s} "
             f"{r.attn_implementation:17s} {_yes(r.use_remove_padding):6s} {_yes(r.gradient_checkpointing):4s} "
             f"{_yes(r.fsdp):4s} {_yes(r.param_offload) + '/' + _yes(r.optimizer_offload):11s} {micro:5s} {r.predicted_peak_gb:8.2f}")
+    lines += _trained_what(plan)
     ro = plan.rollout
     lines.append(f"  {'rollout':8s} {ro.name} ({ro.dtype}, {ro.attn_implementation}, "
                  f"gpu_memory_utilization {ro.gpu_memory_utilization:.2f}, "

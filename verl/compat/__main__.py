@@ -34,7 +34,8 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                              f"of {', '.join(BUILTIN_MODELS)}")
     parser.add_argument("--largest", action="store_true",
                         help="print, for every catalog GPU, the largest built-in model each training mode fits "
-                             "(full, full + offload, LoRA, QLoRA) for this config, as a markdown table")
+                             "(full, full + offload, LoRA, QLoRA) for this config, as a markdown table "
+                             "(--device a,b limits it to those devices)")
     return parser.parse_known_args(argv)
 
 
@@ -162,15 +163,15 @@ def _device_report(device: str | None) -> str | None:
         return None
 
 
-def _largest(overrides: list[str]) -> int:
-    """`--largest`: the table, planned with the installed software (peft and bitsandbytes assumed where
-    missing, as the modes are)."""
+def _largest(overrides: list[str], devices: list[str] | None) -> int:
+    """`--largest [--device a,b]`: the table (every catalog GPU, or those named), planned with the installed
+    software (peft and bitsandbytes assumed where missing, as the modes are)."""
     from verl import compat
     from verl.compat.modes import largest_table
     from verl.trainer.config_check import load_config
 
     config = load_config(overrides)
-    print(largest_table(config, compat.detect_software(compat.detect_profile("cpu"), probe_xformers=False)))
+    print(largest_table(config, compat.detect_software(compat.detect_profile("cpu"), probe_xformers=False), devices))
     return 0
 
 
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args, overrides = _parse(sys.argv[1:] if argv is None else argv)
     if args.largest:
-        return _largest(overrides)
+        return _largest(overrides, args.device.split(",") if args.device else None)
     config = model = None
     try:
         with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():

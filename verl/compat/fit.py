@@ -1,10 +1,12 @@
 """The memory fit: the smallest change to the decided plan that makes its predicted peak fit.
 
-A ladder walked in order: nothing offloaded -> optimizer offload -> params + optimizer offload,
-each with and without gradient checkpointing (where the user left it to compat), then the
-micro-batches (or token budgets) halved down to 1, then `PlanError` with the shortfall and the
-largest batch or response length that would fit. The built-in engine's generation chunk and a
-vLLM engine's memory share are sized in the same search. Pure, like the planner.
+A ladder walked in order: nothing offloaded -> optimizer offload -> params + optimizer offload of the
+trained roles (a reference model stays on the device: it is read every step and, stored in half
+precision, small) -> params + optimizer offload of every role, each with and without gradient
+checkpointing (where the user left it to compat), then the micro-batches (or token budgets) halved down
+to 1, then `PlanError` with the shortfall and the largest batch or response length that would fit (the
+planner adds the LoRA / QLoRA setting that would, `verl.compat.modes`). The built-in engine's generation
+chunk and a vLLM engine's memory share are sized in the same search. Pure, like the planner.
 """
 from __future__ import annotations
 
@@ -105,11 +107,14 @@ def ladder(asked_off: dict, roles: dict):
             po, oo = asked_off[name]
             trainable = name != "ref"
             want_o = level >= 1 and trainable
-            want_p = level >= 2 and rp.base_quantization is None and not rp.optimizer_8bit
+            want_p = (level >= 3 or (level == 2 and trainable)) and rp.base_quantization is None \
+                and not rp.optimizer_8bit
             out[name] = (po if po is not AUTO else want_p, (oo if oo is not AUTO else want_o) and trainable)
         return out
-    return [("nothing offloaded", offload(0)), ("optimizer offload", offload(1)),
-            ("params + optimizer offload", offload(2))]
+    rungs = [("nothing offloaded", offload(0)), ("optimizer offload", offload(1)),
+             ("params + optimizer offload, reference kept", offload(2)), ("params + optimizer offload", offload(3))]
+    # without a reference model the last two rungs are one
+    return rungs if "ref" in roles else rungs[:2] + rungs[3:]
 
 
 def chunk_size(fits: int, batch: int, asked: Any, whole: bool) -> int | None:

@@ -514,6 +514,8 @@ def _forward_end(s: _Step, name: str, rows: int, grads: float) -> dict[str, floa
         terms["values"] = tokens * spec.hidden_size * 4 * 2
     else:
         terms["logits"] = _logits_bytes(spec, resp, role.plan.compute_dtype, backward=True)
+        if not role.lora:   # backward starts at the output projection: its weight gradient, next to every activation
+            terms["output projection grad"] = spec.vocab_size * spec.hidden_size * BYTES[role.plan.compute_dtype]
     return terms
 
 

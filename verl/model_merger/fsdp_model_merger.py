@@ -97,8 +97,6 @@ class FSDPModelMerger:
         value_model = _is_value_model(shards[0], self.config.is_value_model)
         if value_model:
             hf_config.num_labels = 1
-        if adapters is not None and hasattr(hf_config, "quantization_config"):
-            del hf_config.quantization_config   # a QLoRA base: the merged weights are dense
         auto_cls = self._auto_class(value_model)
         dtype = next(iter(shards[0].values())).dtype
         with torch.device("meta"):

@@ -61,12 +61,13 @@ def lora_config(model_cfg, rank: int):
     )
 
 
-def add_adapters(model: nn.Module, model_cfg, rank: int, trainable_dtype: torch.dtype) -> nn.Module:
+def add_adapters(model: nn.Module, model_cfg, rank: int, trainable_dtype: torch.dtype, seed: int = 42) -> nn.Module:
     """Inject LoRA adapters into `model` (in place; returns it) and freeze everything else.
 
-    The adapters are created (B = 0, so the model starts as the base) or, with `lora_adapter_path`,
-    loaded from a peft adapter folder to continue training it. They are kept in `trainable_dtype`
-    (the role's param dtype) whatever the frozen weights are stored in."""
+    The adapters are created (B = 0, so the model starts as the base; A drawn at random from `seed`, so
+    every rank and every run starts alike) or, with `lora_adapter_path`, loaded from a peft adapter
+    folder to continue training it. They are kept in `trainable_dtype` (the role's param dtype) whatever
+    the frozen weights are stored in."""
     peft = _peft()
     get = model_cfg.get if hasattr(model_cfg, "get") else (lambda k, d=None: getattr(model_cfg, k, d))
     adapter_path = get("lora_adapter_path", None)
@@ -76,7 +77,9 @@ def add_adapters(model: nn.Module, model_cfg, rank: int, trainable_dtype: torch.
                                     "adapter_config.json; point it at a peft adapter folder (e.g. a merge's lora_adapter/)")
         wrapped = peft.PeftModel.from_pretrained(model, adapter_path, is_trainable=True)
     else:
-        wrapped = peft.get_peft_model(model, lora_config(model_cfg, rank))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            wrapped = peft.get_peft_model(model, lora_config(model_cfg, rank))
     inner = wrapped.get_base_model()
     inner._verl_lora_config = wrapped.peft_config[ADAPTER]
     for name, param in inner.named_parameters():

@@ -20,6 +20,8 @@ makes all ranks stop, and rank 0 removes `<path>.partial` again.
 """
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 import shutil
@@ -221,7 +223,10 @@ class FSDPCheckpointManager:
             from verl.utils.fsdp_utils import full_params
 
             with full_params(self.model):   # every rank gathers; the merged weights are computed whole
-                return {name: t.detach().cpu().clone() for name, t in lora.inference_weights(self.model)}
+                full_state = {name: t.detach().cpu().clone() for name, t in lora.inference_weights(self.model)}
+            # one dtype for the folder: the widest (float32 where float32 updates were merged into a half base)
+            widest = functools.reduce(torch.promote_types, (t.dtype for t in full_state.values() if t.is_floating_point()))
+            return {k: t.to(widest) if t.is_floating_point() else t for k, t in full_state.items()}
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -229,10 +234,23 @@ class FSDPCheckpointManager:
     def _save_huggingface(self, folder: str, full_state) -> None:
         """Config and tokenizer always; the full weights when `full_state` was gathered (rank 0 only)."""
         os.makedirs(folder, exist_ok=True)
-        self.model.config.save_pretrained(folder)
+        config = self.model.config
+        if lora.has_adapters(self.model):   # the folder describes (and holds) the dense merged model
+            config = copy.deepcopy(config)
+            if getattr(config, "quantization_config", None) is not None:
+                del config.quantization_config
+            if full_state is not None:
+                config.dtype = str(next(iter(full_state.values())).dtype).removeprefix("torch.")
+        config.save_pretrained(folder)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(folder)
-        if full_state is not None:
+        if full_state is not None and lora.has_adapters(self.model):
+            # the merged weights under the base model's names; save_pretrained would describe the adapted
+            # (possibly 4-bit) model instead
+            from safetensors.torch import save_file
+
+            save_file(full_state, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+        elif full_state is not None:
             self.model.save_pretrained(folder, state_dict=full_state)
 
     # ------------------------------------------------------------------ load
