@@ -47,11 +47,14 @@ PHASES = {"gen": "rollout", "old_log_prob": "log_prob", "ref": "ref", "update_ac
           "validation": "validation"}
 
 
-def grpo_shape(assets: Path, model: Path, steps: int) -> list[str]:
-    """The cells' common overrides: GRPO 8 x 4 x (256+256), KL loss, one validation on 32 prompts at the end."""
-    return [f"data.train_files={assets}/gsm8k/train.parquet", f"data.val_files={assets}/gsm8k/test.parquet",
+def grpo_shape(assets: Path, model: Path, steps: int, full_length: bool) -> list[str]:
+    """The cells' common overrides: GRPO 8 x 4 x (256+256), KL loss, one validation on 32 prompts at the end.
+    `full_length`: every prompt is 256 tokens (questions repeated, cut on the left), the length the plan assumes."""
+    data = f"{assets}/gsm8k_long" if full_length else f"{assets}/gsm8k"
+    return [f"data.train_files={data}/train.parquet", f"data.val_files={data}/test.parquet",
             "data.train_batch_size=8", "data.max_prompt_length=256", "data.max_response_length=256",
-            "data.filter_overlong_prompts=True", "data.val_max_samples=32",
+            "data.val_max_samples=32",
+            "data.truncation=left" if full_length else "data.filter_overlong_prompts=True",
             f"{ARR}.model.path={model}", "algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=True",
             f"{ARR}.actor.kl_loss_coef=0.001", f"{ARR}.rollout.n=4", f"{ARR}.actor.ppo_mini_batch_size=8",
             f"{ARR}.actor.ppo_micro_batch_size_per_gpu=4", f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=8",
@@ -78,6 +81,14 @@ def prepare_assets(assets: Path) -> None:
     if not (assets / "gsm8k" / "train.parquet").exists():
         subprocess.run([sys.executable, str(ROOT / "examples/data_preprocess/gsm8k.py"), "--local_dataset_path",
                         str(assets / "gsm8k"), "--local_save_dir", str(assets / "gsm8k")], check=True)
+    if not (assets / "gsm8k_long" / "train.parquet").exists():
+        import pandas as pd
+
+        (assets / "gsm8k_long").mkdir(exist_ok=True)
+        for split in ("train", "test"):
+            frame = pd.read_parquet(assets / "gsm8k" / f"{split}.parquet")
+            frame["prompt"] = [[{**m, "content": " ".join([m["content"]] * 8)} for m in p] for p in frame["prompt"]]
+            frame.to_parquet(assets / "gsm8k_long" / f"{split}.parquet")
 
 
 def build_model(models: Path, shape: str, tokenizer: Path) -> Path:
@@ -146,7 +157,7 @@ def run_cell(cell, args, assets: Path) -> dict:
     name = f"{profile}_{shape}_{mode}"
     model = build_model(Path(args.models), shape, assets / "tok") if not args.plan_only \
         else Path(args.models) / f"qwen2.5-{shape}"
-    overrides = grpo_shape(assets, model, args.steps) + MODES[mode] + [f"compat.device={profile}",
+    overrides = grpo_shape(assets, model, args.steps, args.full_length) + MODES[mode] + [f"compat.device={profile}",
                                                                        f"trainer.default_local_dir=/tmp/ckpt_{name}"]
     overrides += args.override
     row = {"cell": ":".join(cell), "plan": predicted(overrides, profile, shape)}
@@ -186,6 +197,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--jobs", type=int, default=1, help="cells run at once (each capped by its profile)")
     ap.add_argument("--timeout", type=float, default=420, help="seconds per run")
+    ap.add_argument("--full-length", action="store_true",
+                    help="every prompt at its 256-token limit (the plan's worst case) instead of GSM8K's own lengths")
     ap.add_argument("--plan-only", action="store_true", help="only the planner's answers (no model, no GPU)")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="added to every cell")
     args = ap.parse_args()
