@@ -30,5 +30,7 @@ def omega_conf_to_dataclass(config, dataclass_type: type | None = None) -> Any:
         dataclass_type = target
     if not is_dataclass(dataclass_type):
         raise ValueError(f"{dataclass_type} is not a dataclass")
+    if isinstance(config, (DictConfig, ListConfig)):  # resolved in place: its interpolations may point outside it
+        config = OmegaConf.to_container(config, resolve=True)
     merged = OmegaConf.merge(OmegaConf.structured(dataclass_type), OmegaConf.create(config))
     return OmegaConf.to_object(merged)
