@@ -79,9 +79,12 @@ def rename_dict(data: dict, prefix: str = "") -> dict:
 
 
 def append_to_dict(data: dict, new_data: dict, prefix: str = "") -> None:
-    """Collect `new_data`'s values into lists in `data` (keys prefixed as `rename_dict` does; lists extend)."""
+    """Collect `new_data`'s values into lists (or Metrics) in `data`; keys prefixed as `rename_dict` does, lists
+    extend."""
     for key, value in rename_dict(new_data, prefix).items():
-        bucket = data.setdefault(key, [])
+        if key not in data:  # a Metric starts an empty Metric of its kind, anything else a list
+            data[key] = value.init_list() if hasattr(value, "init_list") else []
+        bucket = data[key]
         bucket.extend(value) if isinstance(value, list) else bucket.append(value)
 
 
