@@ -275,8 +275,9 @@ ADV_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_bas
                   "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized")
 UPSTREAM_ONLY_ADV_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline", "gdpo")
 # actor.policy_loss.loss_mode values (the core_algos policy-loss registry; a test keeps the two in step).
-POLICY_LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo")
-UPSTREAM_ONLY_POLICY_LOSS_MODES = ("dppo_tv", "dppo_kl", "dro", "bypass_mode")
+POLICY_LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo", "dppo_tv",
+                     "dppo_kl", "dro")
+UPSTREAM_ONLY_POLICY_LOSS_MODES = ("bypass_mode",)
 # KL estimators of core_algos.kl_penalty, and their straight-through forms: a trailing '+' keeps the
 # estimator's value with the k2 gradient (a test keeps this list in step with core_algos).
 _KL_BASE = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")

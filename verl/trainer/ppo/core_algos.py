@@ -931,6 +931,90 @@ def compute_policy_loss_cispo(
                                 ppo_kl=verl_F.masked_mean(-log_ratio, response_mask), pg_clipfrac_lower=0.0)
 
 
+def _dppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights,
+               keep: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """DPPO's shared objective: -A * sg[min(r, clip_ratio_c)] * log pi on the tokens `keep` marks (a trust
+    region on the token's probability, not on the ratio)."""
+    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    ratio = torch.exp(log_ratio)
+    cap = _cfg(config, "clip_ratio_c", 20.0)
+    keep = keep.detach().float()
+    per_token = -advantages * torch.clamp(ratio, max=cap).detach() * log_prob * keep
+    if rollout_is_weights is not None:
+        per_token = per_token * rollout_is_weights
+    pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
+    return pg_loss, _pg_metrics(pg_clipfrac=verl_F.masked_mean(1.0 - keep, response_mask),
+                                ppo_kl=verl_F.masked_mean(-log_ratio, response_mask),
+                                pg_clipfrac_lower=verl_F.masked_mean((ratio > cap).float() * keep, response_mask))
+
+
+@register_policy_loss("dppo_tv")
+def compute_policy_loss_dppo_tv(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+):
+    """DPPO-Binary-TV (arXiv:2602.04879): a token keeps its gradient while its probability moved by at most
+    clip_ratio_high up (positive advantage) or clip_ratio_low down (negative advantage)."""
+    _need_config(config, "compute_policy_loss_dppo_tv")
+    low, high = _clip_range(config)
+    moved = torch.exp(log_prob) - torch.exp(old_log_prob)
+    keep = torch.where(advantages > 0, moved <= high, moved >= -low)
+    return _dppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights,
+                      keep)
+
+
+@register_policy_loss("dppo_kl")
+def compute_policy_loss_dppo_kl(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+):
+    """DPPO-Binary-KL (arXiv:2602.04879): the KL between the old and new Bernoulli(token probability) must stay
+    within clip_ratio_high (for a probability moving up under a positive advantage) or clip_ratio_low (moving
+    down under a negative one); moves the other way are always kept."""
+    _need_config(config, "compute_policy_loss_dppo_kl")
+    low, high = _clip_range(config)
+    p, p_old = torch.exp(log_prob), torch.exp(old_log_prob)
+    eps = 1e-8
+    binary_kl = p_old * (old_log_prob - log_prob) + (1 - p_old) * torch.log((1 - p_old + eps) / (1 - p + eps))
+    keep = torch.where(advantages > 0, (binary_kl <= high) | (p <= p_old), (binary_kl <= low) | (p >= p_old))
+    return _dppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights,
+                      keep)
+
+
+@register_policy_loss("dro")
+def compute_policy_loss_dro(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+):
+    """Direct Reward Optimization: -(A * log pi - beta/2 * (log pi - log pi_old)^2), beta =
+    policy_loss.dro_beta (> 0)."""
+    _need_config(config, "compute_policy_loss_dro")
+    beta = _loss_option(config, "dro_beta", None)
+    if beta is None or beta <= 0:
+        raise ValueError("actor_rollout_ref.actor.policy_loss.dro_beta must be a positive value when using DRO")
+    log_ratio = log_prob - old_log_prob
+    per_token = -(log_prob * advantages - 0.5 * beta * log_ratio.square())
+    if rollout_is_weights is not None:
+        per_token = per_token * rollout_is_weights
+    pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
+    return pg_loss, _pg_metrics(ppo_kl=verl_F.masked_mean(-log_ratio, response_mask))
+
+
 def compute_policy_loss_reinforce(
     rollout_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
