@@ -380,6 +380,9 @@ class RayWorkerGroup(WorkerGroup):
             "RANK": str(rank),
             "LOCAL_RANK": str(local_rank),
             "LOCAL_WORLD_SIZE": str(local_world_size),
+            # upstream's names for the same two values (Ray-placed workers, read by upstream worker code)
+            "RAY_LOCAL_RANK": str(local_rank),
+            "RAY_LOCAL_WORLD_SIZE": str(local_world_size),
             "MASTER_ADDR": str(self._master_addr),
             "MASTER_PORT": str(self._master_port),
             "WG_PREFIX": self.name_prefix,
