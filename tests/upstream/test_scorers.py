@@ -163,3 +163,18 @@ def test_math_verify_scores_with_the_package_or_says_how_to_install_it():
         return
     assert math_verify.compute_score("so \\boxed{4}", "4") == 1.0
     assert math_verify.compute_score("so \\boxed{5}", "4") == 0.0
+
+
+def test_reward_sandbox_fusion_url_in_the_config_reaches_the_code_scorer(sandbox_url):
+    from omegaconf import OmegaConf
+
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    _FakeSandbox.requests.clear()
+    config = OmegaConf.create({"reward": {"sandbox_fusion": {"url": sandbox_url, "memory_limit_mb": 256}},
+                               "reward_model": {"reward_manager": "naive"}, "data": {"reward_fn_key": "data_source"}})
+    manager = load_reward_manager(config, tokenizer=None)
+    assert manager.compute_score("taco", RIGHT, json.dumps(ADD_TWO)) == 1.0
+    assert len(_FakeSandbox.requests) == 3 and _FakeSandbox.requests[0]["memory_limit_MB"] == 256
+    plain = load_reward_manager(OmegaConf.create({"reward_model": {"reward_manager": "naive"}}), tokenizer=None)
+    assert plain.compute_score is default_compute_score

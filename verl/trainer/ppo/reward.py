@@ -117,6 +117,18 @@ def _reward_manager_cls(config) -> type:
     raise ValueError(f"reward.reward_manager.source={source!r}; use 'register' or 'importlib'")
 
 
+def _default_scorer(config):
+    """`default_compute_score`, pointed at the sandbox-fusion server `reward.sandbox_fusion.url` (or the older
+    top-level `sandbox_fusion.url`) for code data sources when one is configured."""
+    section = _select(config, "reward.sandbox_fusion", None) or {}
+    if not section.get("url"):
+        section = _select(config, "sandbox_fusion", None) or {}
+    if not section.get("url"):
+        return default_compute_score
+    return functools.partial(default_compute_score, sandbox_fusion_url=section["url"],
+                             memory_limit_mb=section.get("memory_limit_mb") or 1024)
+
+
 def load_reward_manager(config, tokenizer, num_examine: int = 0, **reward_kwargs: Any):
     """The reward manager named in the config, wrapping the custom or built-in scoring function.
 
@@ -124,7 +136,7 @@ def load_reward_manager(config, tokenizer, num_examine: int = 0, **reward_kwargs
     training and 1 for validation).
     """
     manager_cls = _reward_manager_cls(config)
-    compute_score = get_custom_reward_fn(config) or default_compute_score
+    compute_score = get_custom_reward_fn(config) or _default_scorer(config)
     return manager_cls(
         tokenizer=tokenizer,
         num_examine=num_examine,
