@@ -6,6 +6,7 @@ import asyncio
 import importlib.util
 import inspect
 import json
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 __all__ = ["FUNCTION_TOOL_REGISTRY", "FunctionTool", "function_tool", "get_function_tool",
            "load_function_tools_from_path", "normalize_function_tool_return"]
+
+logger = logging.getLogger(__name__)
 
 FUNCTION_TOOL_REGISTRY: dict[str, "FunctionTool"] = {}
 _LOADED_FUNCTION_TOOL_PATHS: dict[str, list["FunctionTool"]] = {}
@@ -40,8 +43,8 @@ def _schema_for(fn: Callable, tool_name: str) -> OpenAIFunctionToolSchema:
     variadic = [name for name, p in inspect.signature(fn).parameters.items()
                 if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
     if variadic:
-        raise ValueError(f"@function_tool '{tool_name}': *args/**kwargs parameters {variadic} cannot be described in "
-                         "an OpenAI tool schema; use named parameters")
+        raise ValueError(f"@function_tool '{tool_name}' declares variadic parameter(s) {variadic}, which an OpenAI "
+                         "tool schema cannot describe; use named parameters")
     from transformers.utils import get_json_schema
 
     raw = get_json_schema(fn)
@@ -94,6 +97,9 @@ def load_function_tools_from_path(path: str) -> list[FunctionTool]:
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
     tools = [FUNCTION_TOOL_REGISTRY[n] for n in sorted(set(FUNCTION_TOOL_REGISTRY) - before)]
+    if not tools:
+        logger.warning("function_tool_path %s loaded but no @function_tool decorators found; decorate the tool "
+                       "functions with @function_tool", path)
     _LOADED_FUNCTION_TOOL_PATHS[abs_path] = tools
     return tools
 

@@ -110,7 +110,8 @@ def get_adv_estimator_fn(name_or_enum):
     name = _name(name_or_enum)
     if name not in ADV_ESTIMATOR_REGISTRY:
         raise ValueError(
-            f"unknown advantage estimator {name!r}; algorithm.adv_estimator must be one of "
+            # upstream's first sentence, which callers match; then what to change
+            f"Unknown advantage estimator simply: {name}. algorithm.adv_estimator must be one of "
             f"{sorted(ADV_ESTIMATOR_REGISTRY)} or a name registered with register_adv_est"
         )
     return ADV_ESTIMATOR_REGISTRY[name]
