@@ -423,8 +423,10 @@ def _check_choices(cfg, errors: list[str], warnings: list[str]) -> None:
         one_of("critic.loss_agg_mode", LOSS_AGG_MODES)
     est = _get(cfg, "algorithm.adv_estimator")
     if est in UPSTREAM_ONLY_ADV_ESTIMATORS:
+        why = (" (core_algos.compute_optimal_token_baseline_advantage exists, but the actor does not compute the "
+               "per-token sum of squared probabilities it needs)" if est == "optimal_token_baseline" else "")
         errors.append(f"algorithm.adv_estimator={est} is an upstream estimator this fork does not implement "
-                      f"yet; use one of {', '.join(ADV_ESTIMATORS)}.")
+                      f"yet{why}; use one of {', '.join(ADV_ESTIMATORS)}.")
     else:
         one_of("algorithm.adv_estimator", ADV_ESTIMATORS)
     loss_mode = _get(cfg, "actor_rollout_ref.actor.policy_loss.loss_mode")

@@ -27,8 +27,12 @@ __all__ = [
     "compute_grpo_vectorized_outcome_advantage",
     "compute_opo_outcome_advantage",
     "compute_policy_loss",
+    "compute_optimal_token_baseline_advantage",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
+    "compute_policy_loss_dppo_kl",
+    "compute_policy_loss_dppo_tv",
+    "compute_policy_loss_dro",
     "compute_policy_loss_geo_mean",
     "compute_policy_loss_gpg",
     "compute_policy_loss_gspo",
@@ -930,6 +934,55 @@ def compute_policy_loss_cispo(
     pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
     return pg_loss, _pg_metrics(pg_clipfrac=verl_F.masked_mean((ratio != weight).float(), response_mask),
                                 ppo_kl=verl_F.masked_mean(-log_ratio, response_mask), pg_clipfrac_lower=0.0)
+
+
+def compute_optimal_token_baseline_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    old_log_probs: torch.Tensor,
+    sum_pi_squared: torch.Tensor,
+    rollout_is_weights: torch.Tensor | None = None,
+    handle_zero_tail: bool = True,
+    epsilon: float = 1e-8,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Optimal Token Baseline: A_t = G_t - B_t with one baseline per prompt group and position,
+    B_t = sum_i G_it W_it / sum_i W_it over the group's responses that reach t, where G is the reward-to-go and
+    W_t = sum_{j<=t} (1 - 2 pi_j + sum_v pi_v^2) the accumulated squared score norm (times the squared rollout
+    importance weight when given). A group of one keeps its returns. With `handle_zero_tail`, the part of a
+    single longest response past the second longest gets no baseline.
+
+    Not a registered estimator here: it needs `sum_pi_squared` (sum over the vocabulary of pi^2 per token),
+    which this verl's actor does not compute, so `algorithm.adv_estimator=optimal_token_baseline` is refused.
+    Returns (advantages, returns)."""
+    with torch.no_grad():
+        mask = response_mask.to(token_level_rewards.dtype)
+        returns = (token_level_rewards * mask).flip(-1).cumsum(-1).flip(-1)
+        step = 1 - 2 * torch.exp(old_log_probs) + sum_pi_squared
+        if rollout_is_weights is not None:
+            step = step * rollout_is_weights.square()
+        weight = (step * mask).cumsum(-1) * mask
+        baselines = torch.zeros_like(returns)
+        groups: dict = {}
+        for row, key in enumerate(index):
+            groups.setdefault(key, []).append(row)
+        for rows in groups.values():
+            if len(rows) < 2:
+                continue
+            rows_t = torch.tensor(rows, device=returns.device)
+            w = weight[rows_t]
+            baseline = (returns[rows_t] * w).sum(0) / (w.sum(0) + epsilon)
+            baselines[rows_t] = baseline.expand(len(rows), -1)
+            if handle_zero_tail:
+                lengths = mask[rows_t].sum(-1)
+                ordered = torch.sort(lengths).values
+                longest, runner_up = int(ordered[-1]), int(ordered[-2])
+                holders = (lengths == longest).nonzero(as_tuple=True)[0]
+                if holders.numel() == 1 and longest > runner_up:
+                    baselines[rows[int(holders[0])], runner_up:] = 0.0
+        advantages = (returns - baselines) * mask
+    return advantages, returns
 
 
 def _dppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights,
