@@ -423,8 +423,10 @@ def _check_choices(cfg, errors: list[str], warnings: list[str]) -> None:
         one_of("critic.loss_agg_mode", LOSS_AGG_MODES)
     est = _get(cfg, "algorithm.adv_estimator")
     if est in UPSTREAM_ONLY_ADV_ESTIMATORS:
-        why = (" (core_algos.compute_optimal_token_baseline_advantage exists, but the actor does not compute the "
-               "per-token sum of squared probabilities it needs)" if est == "optimal_token_baseline" else "")
+        why = {"optimal_token_baseline": " (core_algos.compute_optimal_token_baseline_advantage exists, but the "
+                                         "actor does not compute the per-token sum of squared probabilities it needs)",
+               "gdpo": " (core_algos.compute_gdpo_outcome_advantage exists, but the trainer does not hand estimators "
+                       "the per-component reward columns it needs)"}.get(est, "")
         errors.append(f"algorithm.adv_estimator={est} is an upstream estimator this fork does not implement "
                       f"yet{why}; use one of {', '.join(ADV_ESTIMATORS)}.")
     else:

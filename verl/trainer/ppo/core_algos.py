@@ -21,6 +21,7 @@ __all__ = [
     "FixedKLController",
     "agg_loss",
     "compute_gae_advantage_return",
+    "compute_gdpo_outcome_advantage",
     "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
@@ -934,6 +935,55 @@ def compute_policy_loss_cispo(
     pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
     return pg_loss, _pg_metrics(pg_clipfrac=verl_F.masked_mean((ratio != weight).float(), response_mask),
                                 ppo_kl=verl_F.masked_mean(-log_ratio, response_mask), pg_clipfrac_lower=0.0)
+
+
+def compute_gdpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config=None,
+    non_tensor_batch: dict | None = None,
+    batch: dict | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO (arXiv:2601.05242): each reward component is normalised within its prompt group on its own (GRPO
+    per component), the results summed with `gdpo_reward_weights` (default 1 each), and the sum whitened over
+    the batch's response tokens. The components are the per-sample columns `config.gdpo_reward_keys` names in
+    `non_tensor_batch` (what a reward function returns besides "score"), placed on each response's last token;
+    without config and batches, the token-level rewards are the one component. Returns (advantages, advantages).
+
+    Not a registered estimator here: the trainer hands estimators neither the batches nor those keys, so
+    `algorithm.adv_estimator=gdpo` is refused by the config check."""
+    components, weights = [token_level_rewards], None
+    if config is not None and non_tensor_batch is not None and batch is not None:
+        keys = _cfg(config, "gdpo_reward_keys", None)
+        if not keys:
+            raise ValueError("GDPO needs algorithm.gdpo_reward_keys: the reward components your compute_score "
+                             "returns in its dict (e.g. ['format_reward', 'accuracy_reward'])")
+        last = (batch["attention_mask"][:, batch["prompts"].size(1):].sum(-1) - 1).long()
+        rows = torch.arange(len(last), device=token_level_rewards.device)
+        components = []
+        for key in keys:
+            if key not in non_tensor_batch:
+                raise KeyError(f"GDPO reward key {key!r} is not a batch column (have {sorted(non_tensor_batch)}); "
+                               f"return it from compute_score's dict")
+            scores = torch.zeros_like(response_mask, dtype=torch.float32)
+            scores[rows, last] = torch.as_tensor(np.asarray(non_tensor_batch[key], dtype=np.float32),
+                                                 device=scores.device)
+            components.append(scores)
+        weights = _cfg(config, "gdpo_reward_weights", None)
+    weights = [1.0] * len(components) if weights is None else list(weights)
+    if len(weights) != len(components):
+        raise ValueError(f"algorithm.gdpo_reward_weights has {len(weights)} entries for {len(components)} keys")
+    total = None
+    for weight, component in zip(weights, components):
+        normalised, _ = compute_grpo_outcome_advantage(component, response_mask, index, epsilon,
+                                                       norm_adv_by_std_in_grpo, config)
+        total = weight * normalised if total is None else total + weight * normalised
+    advantages = verl_F.masked_whiten(total, response_mask) * response_mask
+    return advantages, advantages
 
 
 def compute_optimal_token_baseline_advantage(
