@@ -53,6 +53,10 @@ EXTRAS_REQUIRE = {
     # (0.0.32 is the first built on torch 2.8; each xformers release pins one torch release.)
     "xformers": ["xformers>=0.0.32"],
     "tensorboard": ["tensorboard"],
+    # verl.tools' schemas are pydantic models, as upstream (transformers >= 5 already depends on it).
+    "tools": ["pydantic>=2"],
+    # verl.utils.reward_score.math_verify; not in `test`: it pins an antlr4 that hydra's parser cannot load.
+    "math_verify": ["math-verify"],
     "wandb": ["wandb"],
     # The geo3k reward grades with mathruler (as upstream), which imports pylatexenc without declaring it.
     "reward": ["mathruler>=0.1", "pylatexenc>=2.10"],

@@ -275,8 +275,9 @@ ADV_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_bas
                   "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized")
 UPSTREAM_ONLY_ADV_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline", "gdpo")
 # actor.policy_loss.loss_mode values (the core_algos policy-loss registry; a test keeps the two in step).
-POLICY_LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo")
-UPSTREAM_ONLY_POLICY_LOSS_MODES = ("dppo_tv", "dppo_kl", "dro", "bypass_mode")
+POLICY_LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo", "dppo_tv",
+                     "dppo_kl", "dro")
+UPSTREAM_ONLY_POLICY_LOSS_MODES = ("bypass_mode",)
 # KL estimators of core_algos.kl_penalty, and their straight-through forms: a trailing '+' keeps the
 # estimator's value with the k2 gradient (a test keeps this list in step with core_algos).
 _KL_BASE = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
@@ -421,15 +422,19 @@ def _check_choices(cfg, errors: list[str], warnings: list[str]) -> None:
     if _explicit(cfg, "critic.loss_agg_mode") is not None:  # else it follows the actor's
         one_of("critic.loss_agg_mode", LOSS_AGG_MODES)
 
-    def implemented(path, allowed, upstream_only, what):
+    def implemented(path, allowed, upstream_only, what, why=None):
         value = _get(cfg, path)
         if value in upstream_only:
-            errors.append(f"{path}={value} is an upstream {what} this fork does not implement yet; use one of "
-                          f"{', '.join(allowed)}.")
+            errors.append(f"{path}={value} is an upstream {what} this fork does not implement yet"
+                          f"{(why or {}).get(value, '')}; use one of {', '.join(allowed)}.")
         else:
             one_of(path, allowed)
 
-    implemented("algorithm.adv_estimator", ADV_ESTIMATORS, UPSTREAM_ONLY_ADV_ESTIMATORS, "estimator")
+    implemented("algorithm.adv_estimator", ADV_ESTIMATORS, UPSTREAM_ONLY_ADV_ESTIMATORS, "estimator", why={
+        "optimal_token_baseline": " (core_algos.compute_optimal_token_baseline_advantage exists, but the actor does "
+                                  "not compute the per-token sum of squared probabilities it needs)",
+        "gdpo": " (core_algos.compute_gdpo_outcome_advantage exists, but the trainer does not hand estimators the "
+                "per-component reward columns it needs)"})
     implemented("actor_rollout_ref.actor.policy_loss.loss_mode", POLICY_LOSS_MODES, UPSTREAM_ONLY_POLICY_LOSS_MODES,
                 "policy loss")
     est = _get(cfg, "algorithm.adv_estimator")

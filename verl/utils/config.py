@@ -10,7 +10,8 @@ __all__ = ["omega_conf_to_dataclass"]
 def omega_conf_to_dataclass(config, dataclass_type: type | None = None) -> Any:
     """`config` (a DictConfig or dict) as an instance of `dataclass_type`, the dataclass's defaults filled
     in and unknown keys refused by OmegaConf. Without a type, the section's `_target_` names the class
-    (instantiated through Hydra). An empty config gives the defaults; a non-mapping is returned as is."""
+    (a dataclass is built as above, its subsections typed; any other target is instantiated through Hydra).
+    An empty config gives the defaults; a non-mapping is returned as is."""
     from omegaconf import DictConfig, ListConfig, OmegaConf
 
     if not config:
@@ -21,10 +22,15 @@ def omega_conf_to_dataclass(config, dataclass_type: type | None = None) -> Any:
         if "_target_" not in config:
             raise ValueError("omega_conf_to_dataclass needs dataclass_type, or a config with _target_ naming the "
                              f"class to build; got keys {sorted(config)}")
-        from hydra.utils import instantiate
+        from hydra.utils import get_class, instantiate
 
-        return instantiate(config, _convert_="partial")
+        target = get_class(config["_target_"])
+        if not is_dataclass(target):
+            return instantiate(config, _convert_="partial")
+        dataclass_type = target
     if not is_dataclass(dataclass_type):
         raise ValueError(f"{dataclass_type} is not a dataclass")
+    if isinstance(config, (DictConfig, ListConfig)):  # resolved in place: its interpolations may point outside it
+        config = OmegaConf.to_container(config, resolve=True)
     merged = OmegaConf.merge(OmegaConf.structured(dataclass_type), OmegaConf.create(config))
     return OmegaConf.to_object(merged)

@@ -70,24 +70,37 @@ def rearrange_micro_batches(
     batch: Mapping[str, torch.Tensor],
     max_token_len: int,
     dp_group=None,
+    num_batches_divided_by: int | None = None,
     same_micro_num_in_dp: bool = True,
     min_num_micro_batch: int | None = None,
+    use_dynamic_bsz_balance: bool = True,
+    force_group_size: int = 1,
 ) -> tuple[list[dict[str, torch.Tensor]], list[list[int]]]:
     """Split `batch` (tensors sharing dim 0, with an `attention_mask`) into token-budgeted micro-batches.
 
     Returns the micro-batches and, for each, the original row indices it holds. The token count of a
     sequence is its number of attention-mask ones. With `dp_group`, every rank ends up with the same
-    number of micro-batches (the largest any rank needs).
+    number of micro-batches (the largest any rank needs). `num_batches_divided_by` makes the count a multiple
+    of it (pipeline stages); `force_group_size` keeps each run of that many consecutive rows in one micro-batch
+    (pairs for reward-model training). Micro-batches are balanced by token count;
+    `use_dynamic_bsz_balance` is accepted for upstream's signature.
     """
     attention_mask = batch["attention_mask"]
-    lengths = attention_mask.sum(dim=-1).tolist()
-    longest = int(max(lengths))
+    row_lengths = attention_mask.sum(dim=-1).tolist()
+    longest = int(max(row_lengths))
     if longest > max_token_len:
         raise ValueError(
             f"a single sequence has {longest} tokens, more than the token budget max_token_len={max_token_len}; "
             "raise ppo_max_token_len_per_gpu / log_prob_max_token_len_per_gpu (at least prompt + response length)."
         )
+    if force_group_size < 1 or len(row_lengths) % force_group_size:
+        raise ValueError(f"batch size {len(row_lengths)} must be divisible by force_group_size={force_group_size}")
+    lengths = [int(sum(row_lengths[g:g + force_group_size])) for g in range(0, len(row_lengths), force_group_size)]
+    if max(lengths) > max_token_len:
+        raise ValueError(f"a group of force_group_size={force_group_size} rows has {max(lengths)} tokens, more than "
+                         f"max_token_len={max_token_len}; raise the token budget")
     n = len(lengths)
+    step = num_batches_divided_by or 1
     k = max(1, ceildiv(int(sum(lengths)), max_token_len))
     if min_num_micro_batch is not None:
         k = max(k, min_num_micro_batch)
@@ -97,10 +110,11 @@ def rearrange_micro_batches(
         n_min = _agree(n, dist.ReduceOp.MIN, dp_group, attention_mask.device)
     else:
         n_min = n
+    k = ceildiv(k, step) * step
     while True:
         if k > n_min:
             raise ValueError(
-                f"cannot form {k} non-empty micro-batches from {n_min} sequences on some rank; "
+                f"cannot form {k} non-empty micro-batches from {n_min} sequences (or forced groups) on some rank; "
                 "raise the token budget or the per-rank batch size."
             )
         partitions = balanced_partitions(lengths, k)
@@ -109,7 +123,9 @@ def rearrange_micro_batches(
             fits = _agree(fits, dist.ReduceOp.MIN, dp_group, attention_mask.device)
         if fits:
             break
-        k += 1
+        k += step
+    if force_group_size > 1:
+        partitions = [[g * force_group_size + r for g in part for r in range(force_group_size)] for part in partitions]
     micro_batches = [index_select(batch, part) for part in partitions]
     return micro_batches, partitions
 
@@ -220,6 +236,51 @@ def make_micro_batches(
     return [{k: v[p[0] : p[-1] + 1] for k, v in batch.items()} for p in partitions], partitions
 
 
+def karmarkar_karp(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool) -> list[list[int]]:
+    """`k_partitions` lists of indices with near-equal length sums by the largest differencing method: every
+    item starts as a partial solution (with `equal_size`, each run of k items in sorted order forms one, an
+    item per part); the two partial solutions with the largest spread are merged, the heaviest part of one
+    joined with the lightest of the other, until one is left. Each list comes back sorted, lists ordered by
+    their first index."""
+    n = len(seqlen_list)
+    if k_partitions < 1 or n < k_partitions or (equal_size and n % k_partitions):
+        raise ValueError(f"cannot split {n} sequences into {k_partitions} "
+                         f"{'equal-size ' if equal_size else ''}partitions")
+    order = sorted(range(n), key=lambda i: (int(seqlen_list[i]), i))
+    seeds = ([order[o:o + k_partitions] for o in range(0, n, k_partitions)] if equal_size else [[i] for i in order])
+    heap, counter = [], 0
+    for seed in seeds:
+        parts = [(int(seqlen_list[i]), [i]) for i in seed] + [(0, []) for _ in range(k_partitions - len(seed))]
+        parts.sort(key=lambda p: -p[0])
+        heapq.heappush(heap, (-(parts[0][0] - parts[-1][0]), counter, parts))
+        counter += 1
+    while len(heap) > 1:
+        _, _, first = heapq.heappop(heap)
+        _, _, second = heapq.heappop(heap)
+        merged = [(a[0] + b[0], a[1] + b[1]) for a, b in zip(first, reversed(second))]
+        merged.sort(key=lambda p: -p[0])
+        heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), counter, merged))
+        counter += 1
+    return sorted((sorted(members) for _, members in heap[0][2]), key=lambda m: m[0] if m else n)
+
+
+def greedy_partition(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool) -> list[list[int]]:
+    """Each item, in the given order, to the partition with the smallest sum so far (with `equal_size`, to the
+    smallest among those not yet holding len / k items)."""
+    n = len(seqlen_list)
+    if k_partitions < 1 or (equal_size and n % k_partitions):
+        raise ValueError(f"cannot split {n} sequences into {k_partitions} "
+                         f"{'equal-size ' if equal_size else ''}partitions")
+    cap = n // k_partitions if equal_size else n
+    parts: list[list[int]] = [[] for _ in range(k_partitions)]
+    totals = [0] * k_partitions
+    for i, length in enumerate(seqlen_list):
+        target = min((p for p in range(k_partitions) if len(parts[p]) < cap), key=lambda p: (totals[p], p))
+        parts[target].append(i)
+        totals[target] += int(length)
+    return parts
+
+
 def get_seqlen_balanced_partitions(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool) -> list[list[int]]:
     """Upstream's name: `k_partitions` non-empty lists of indices (each sorted) with similar length sums.
     With `equal_size`, every list holds len(seqlen_list) / k_partitions indices (which must divide).
@@ -252,13 +313,10 @@ def prepare_dynamic_batch(data, max_token_len: int, dp_group=None, num_batches_d
     from verl.protocol import DataProto
 
     tensors = dict(data.batch.items())
-    while True:
-        micro, parts = rearrange_micro_batches(tensors, max_token_len, dp_group=dp_group,
-                                               same_micro_num_in_dp=same_micro_num_in_dp,
-                                               min_num_micro_batch=min_num_micro_batch)
-        if not num_batches_divided_by or len(micro) % num_batches_divided_by == 0:
-            break
-        min_num_micro_batch = ceildiv(len(micro), num_batches_divided_by) * num_batches_divided_by
+    micro, parts = rearrange_micro_batches(tensors, max_token_len, dp_group=dp_group,
+                                           num_batches_divided_by=num_batches_divided_by,
+                                           same_micro_num_in_dp=same_micro_num_in_dp,
+                                           min_num_micro_batch=min_num_micro_batch)
     batches = [DataProto.from_dict(tensors=m, non_tensors={k: v[idx] for k, v in data.non_tensor_batch.items()},
                                    meta_info=copy.deepcopy(data.meta_info)) for m, idx in zip(micro, parts)]
     return batches, parts

@@ -154,8 +154,8 @@ class WandbLogger:
     def log(self, data: dict, step: int) -> None:
         self.wandb.log({k: _to_python(v) for k, v in data.items()}, step=step)
 
-    def finish(self) -> None:
-        self.wandb.finish()
+    def finish(self, exit_code: int = 0) -> None:
+        self.wandb.finish(exit_code=exit_code)
 
 
 class Tracking:
@@ -193,10 +193,14 @@ class Tracking:
             if hasattr(logger, "continue_from"):
                 logger.continue_from(step)
 
-    def finish(self) -> None:
-        """Flush and close every backend once (safe to call again)."""
+    def finish(self, exit_code: int = 0) -> None:
+        """Flush and close every backend once (safe to call again); `exit_code` marks a failed run where the
+        backend records one (wandb)."""
         if self._finished:
             return
         self._finished = True
         for logger in self.logger.values():
-            logger.finish()
+            if isinstance(logger, WandbLogger):
+                logger.finish(exit_code=exit_code)
+            else:
+                logger.finish()

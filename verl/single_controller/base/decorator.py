@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 from enum import Enum
+from functools import partial
 from types import FunctionType
 
 from verl.protocol import (  # noqa: F401  (the timeout is re-exported: the worker groups read it here)
@@ -119,6 +120,67 @@ def collect_dp_compute_data_proto(worker_group, output):
     if all(isinstance(o, ray.ObjectRef) for o in output):  # non-blocking call: join lazily
         return DataProtoFuture.concat(output)
     raise TypeError(f"DP_COMPUTE_PROTO methods must return DataProto, got {[type(o).__name__ for o in output]}")
+
+
+# ---- nd dispatch: workers grouped by their data-parallel rank in a named device mesh -----------------
+
+
+def dispatch_nd_compute(dp_rank_mapping: list[int], dp_size: int, worker_group, *args, **kwargs):
+    """Every argument is a list of `dp_size` parts; worker i gets part dp_rank_mapping[i]."""
+    if len(dp_rank_mapping) != worker_group.world_size:
+        raise ValueError(f"dp_rank_mapping has {len(dp_rank_mapping)} entries for {worker_group.world_size} workers")
+    for name, value in [*enumerate(args), *kwargs.items()]:
+        if not isinstance(value, (list, tuple)) or len(value) != dp_size:
+            raise ValueError(f"argument {name!r} must be a list of {dp_size} parts (one per data-parallel rank)")
+    pick = lambda parts: [parts[rank] for rank in dp_rank_mapping]  # noqa: E731
+    return tuple(pick(a) for a in args), {k: pick(v) for k, v in kwargs.items()}
+
+
+def collect_nd_compute(collect_mask: list[bool], worker_group, output):
+    """The outputs of the workers whose mask entry is True (one per data-parallel rank), in rank order."""
+    if len(output) != worker_group.world_size or len(collect_mask) != worker_group.world_size:
+        raise ValueError(f"expected {worker_group.world_size} outputs and mask entries")
+    return [out for out, keep in zip(output, collect_mask) if keep]
+
+
+def dispatch_nd_compute_dataproto(dp_rank_mapping: list[int], dp_size: int, worker_group, *args, **kwargs):
+    """DataProto arguments chunked into `dp_size` parts, then handed out by data-parallel rank."""
+    chunked_args, chunked_kwargs = _chunk_data_args(dp_size, args, kwargs, pad=False)
+    return dispatch_nd_compute(dp_rank_mapping, dp_size, worker_group, *chunked_args, **chunked_kwargs)
+
+
+def collect_nd_compute_dataproto(collect_mask: list[bool], worker_group, output):
+    """The collected workers' DataProtos concatenated (a future joined lazily for non-blocking calls)."""
+    output = collect_nd_compute(collect_mask, worker_group, output)
+    if all(isinstance(o, DataProto) for o in output):
+        return DataProto.concat(output)
+    return DataProtoFuture.concat(output)
+
+
+def dispatch_lazy_compute_data_proto(mesh_name: str, worker_group, *args, **kwargs):
+    """nd dispatch for mesh `mesh_name`, asking the workers their data-parallel ranks on first use."""
+    if mesh_name not in worker_group._dispatch_info:
+        ranks = worker_group._query_dispatch_info(mesh_name)
+        if len(ranks) != worker_group.world_size:
+            raise ValueError(f"mesh {mesh_name!r}: {len(ranks)} workers answered of {worker_group.world_size}")
+        worker_group._dispatch_info[mesh_name] = ranks
+    mapping = worker_group._dispatch_info[mesh_name]
+    return dispatch_nd_compute_dataproto(mapping, max(mapping) + 1, worker_group, *args, **kwargs)
+
+
+def collect_lazy_compute_data_proto(mesh_name: str, worker_group, *args, **kwargs):
+    """nd collect for mesh `mesh_name` (after its dispatch), asking which workers answer on first use."""
+    if mesh_name not in worker_group._collect_info:
+        worker_group._collect_info[mesh_name] = worker_group._query_collect_info(mesh_name)
+    return collect_nd_compute_dataproto(worker_group._collect_info[mesh_name], worker_group, *args, **kwargs)
+
+
+def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> dict:
+    """A `register(dispatch_mode=...)` value: DataProto arguments split by the workers' data-parallel rank in
+    mesh `mesh_name` (each worker registered with `_register_dispatch_collect_info`), outputs gathered from one
+    worker per rank."""
+    return {"dispatch_fn": partial(dispatch_lazy_compute_data_proto, mesh_name),
+            "collect_fn": partial(collect_lazy_compute_data_proto, mesh_name)}
 
 
 DISPATCH_MODE_FN_REGISTRY = {

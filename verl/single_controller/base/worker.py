@@ -21,6 +21,46 @@ class Worker:
         self._local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         self._master_addr = os.environ.get("MASTER_ADDR")
         self._master_port = os.environ.get("MASTER_PORT")
+        # per device mesh (e.g. "actor", "ref"): this worker's data-parallel rank, and whether its output is
+        # collected (one rank per DP group answers) - what upstream's nd dispatch reads
+        self._dispatch_dp_rank: dict[str, int] = {}
+        self._collect_dp_rank: dict[str, bool] = {}
+
+    def _register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, is_collect: bool) -> None:
+        """Record this worker's place in mesh `mesh_name` (once per mesh)."""
+        if mesh_name in self._dispatch_dp_rank or mesh_name in self._collect_dp_rank:
+            raise ValueError(f"mesh {mesh_name!r} is already registered in {type(self).__name__}")
+        self._dispatch_dp_rank[mesh_name] = dp_rank
+        self._collect_dp_rank[mesh_name] = is_collect
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def _query_dispatch_info(self, mesh_name: str) -> int:
+        """This worker's data-parallel rank in mesh `mesh_name`."""
+        if mesh_name not in self._dispatch_dp_rank:
+            raise AssertionError(f"mesh {mesh_name!r} is not registered in {type(self).__name__}")
+        return self._dispatch_dp_rank[mesh_name]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def _query_collect_info(self, mesh_name: str) -> bool:
+        """Whether this worker's output is collected for mesh `mesh_name`."""
+        if mesh_name not in self._collect_dp_rank:
+            raise AssertionError(f"mesh {mesh_name!r} is not registered in {type(self).__name__}")
+        return self._collect_dp_rank[mesh_name]
+
+    def get_dispatch_collect(self) -> dict:
+        """{"dispatch_dp_rank": {mesh: rank}, "collect_dp_rank": {mesh: bool}} of every registered mesh."""
+        return {"dispatch_dp_rank": self._dispatch_dp_rank, "collect_dp_rank": self._collect_dp_rank}
+
+    def set_dispatch_collect(self, mesh_name: str, dispatch_dp_rank: dict[str, int],
+                             collect_dp_rank: dict[str, bool]) -> None:
+        """Adopt another worker's registration (`get_dispatch_collect()` of a worker it hosts, e.g. the ref
+        inside a colocated actor_rollout_ref) under `mesh_name`; a mesh registered twice is an error."""
+        if mesh_name in self._dispatch_dp_rank or mesh_name in self._collect_dp_rank:
+            raise AssertionError(f"mesh {mesh_name!r} is already registered: {sorted(self._dispatch_dp_rank)}")
+        for rank in dispatch_dp_rank.values():
+            self._dispatch_dp_rank[mesh_name] = rank
+        for is_collect in collect_dp_rank.values():
+            self._collect_dp_rank[mesh_name] = is_collect
 
     @classmethod
     def env_keys(cls) -> list[str]:

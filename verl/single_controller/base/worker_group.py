@@ -115,6 +115,9 @@ class WorkerGroup:
         self._worker_names: list[str] = []
         self._master_addr = None
         self._master_port = None
+        # per mesh name: each worker's data-parallel rank / whether its output is collected (nd dispatch)
+        self._dispatch_info: dict[str, list[int]] = {}
+        self._collect_info: dict[str, list[bool]] = {}
 
     @property
     def world_size(self) -> int:

@@ -10,6 +10,8 @@ from .base import (
     WorkerError,
     WorkerGroupTimeoutError,
     create_colocated_worker_cls,
+    create_colocated_worker_cls_fused,
+    create_colocated_worker_raw_cls,
 )
 
 __all__ = [
@@ -22,4 +24,6 @@ __all__ = [
     "WorkerError",
     "WorkerGroupTimeoutError",
     "create_colocated_worker_cls",
+    "create_colocated_worker_cls_fused",
+    "create_colocated_worker_raw_cls",
 ]

@@ -380,6 +380,9 @@ class RayWorkerGroup(WorkerGroup):
             "RANK": str(rank),
             "LOCAL_RANK": str(local_rank),
             "LOCAL_WORLD_SIZE": str(local_world_size),
+            # upstream's names for the same two values (Ray-placed workers, read by upstream worker code)
+            "RAY_LOCAL_RANK": str(local_rank),
+            "RAY_LOCAL_WORLD_SIZE": str(local_world_size),
             "MASTER_ADDR": str(self._master_addr),
             "MASTER_PORT": str(self._master_port),
             "WG_PREFIX": self.name_prefix,
@@ -409,7 +412,8 @@ class RayWorkerGroup(WorkerGroup):
         """
         roles = getattr(self.ray_cls_with_init.user_cls, "role_classes", None)
         if roles is None:
-            raise TypeError("spawn() needs a group built from create_colocated_worker_cls(...)")
+            raise TypeError("spawn() / fuse() need a group built from create_colocated_worker_cls(...) or a subclass "
+                            "of create_colocated_worker_raw_cls(...)")
         groups = {}
         for role in prefix_set:
             group = RayWorkerGroup.from_detached(
@@ -426,6 +430,11 @@ class RayWorkerGroup(WorkerGroup):
             group.method_names = group._bind_worker_method(roles[role], remote_name=_RolePrefix(role))
             groups[role] = group
         return groups
+
+    def fuse(self, prefix_set) -> None:
+        """`spawn(prefix_set)`, each role's group set as `self.<role>` (upstream's fused worker groups)."""
+        for role, group in self.spawn(prefix_set).items():
+            setattr(self, role, group)
 
     # ---- execution -----------------------------------------------------------------------------
     def _remote(self, worker, method_name: str, *args, **kwargs):
@@ -655,6 +664,44 @@ def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> 
             setattr(WorkerDict, f"{role}_{name}", forward)
     WorkerDict.__name__ = WorkerDict.__qualname__ = "WorkerDict_" + "_".join(role_classes)
     return RayClassWithInitArgs(WorkerDict)
+
+
+def create_colocated_worker_raw_cls(class_dict: dict[str, RayClassWithInitArgs]) -> type:
+    """The colocated worker as a plain class to subclass (upstream's "fused" worker): it holds an instance of
+    every role, reachable as `self.<role>` (and through `fused_worker_dict`, which each role instance also gets,
+    so roles can reach each other), and exposes each role's registered method `m` as `<role>_m`. A subclass can
+    add registered methods that combine the roles in one call; build its group, then `group.fuse(roles)` (or
+    `spawn`) for per-role groups."""
+    role_classes = {role: cia.user_cls for role, cia in class_dict.items()}
+    init_args = {role: (cia.args, cia.kwargs) for role, cia in class_dict.items()}
+
+    class FusedWorker(Worker):
+        def __init__(self):
+            super().__init__()
+            self.worker_dict = {}
+            for role, cls in role_classes.items():
+                self.worker_dict[role] = cls(*init_args[role][0], **init_args[role][1])
+                setattr(self, role, self.worker_dict[role])
+            self.fused_worker_dict = self.worker_dict
+            for instance in self.worker_dict.values():
+                instance.fused_worker_dict = self.worker_dict
+
+    FusedWorker.role_classes = FusedWorker.raw_cls_dict = role_classes
+    FusedWorker.is_fused_worker = True
+    for role, cls in role_classes.items():
+        for name, attrs in registered_methods(cls).items():
+            forward = _role_forwarder(role, name, inspect.iscoroutinefunction(getattr(cls, name)))
+            setattr(forward, MAGIC_ATTR, attrs)
+            setattr(FusedWorker, f"{role}_{name}", forward)
+    FusedWorker.__name__ = FusedWorker.__qualname__ = "FusedWorker_" + "_".join(role_classes)
+    return FusedWorker
+
+
+def create_colocated_worker_cls_fused(class_dict: dict[str, RayClassWithInitArgs]) -> RayClassWithInitArgs:
+    """`create_colocated_worker_raw_cls` ready to build a worker group from."""
+    cia = RayClassWithInitArgs(create_colocated_worker_raw_cls(class_dict))
+    cia.fused_worker_used = True
+    return cia
 
 
 def _role_forwarder(role: str, name: str, is_async: bool = False):

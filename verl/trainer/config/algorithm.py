@@ -8,7 +8,9 @@ from typing import Any, Optional
 
 from verl.base_config import BaseConfig
 
-__all__ = ["AlgoConfig", "KLControlConfig"]
+from verl.utils.config_sections import section_class
+
+__all__ = ["AlgoConfig", "FilterGroupsConfig", "KLControlConfig", "RolloutCorrectionConfig"]
 
 
 @dataclass
@@ -21,10 +23,19 @@ class KLControlConfig(BaseConfig):
     target_kl: float = 0.1
 
 
+FilterGroupsConfig = section_class(
+    "FilterGroupsConfig", "algorithm.filter_groups", module=__name__,
+    doc="`algorithm.filter_groups`: DAPO's dynamic sampling (groups whose `metric` does not vary are dropped).")
+RolloutCorrectionConfig = section_class(
+    "RolloutCorrectionConfig", "algorithm.rollout_correction", module=__name__,
+    doc="`algorithm.rollout_correction`: importance weights / rejection between rollout and training policies "
+        "(see `verl.trainer.ppo.rollout_corr_helper`).")
+RolloutCorrectionConfig.disabled = classmethod(lambda cls: cls(rollout_is=None, rollout_rs=None))
+
+
 @dataclass
 class AlgoConfig(BaseConfig):
-    """`algorithm`: the advantage estimator and the KL-in-reward settings, with upstream's defaults.
-    `filter_groups` and `rollout_correction` are kept as plain mappings (this build does not act on them)."""
+    """`algorithm`: the advantage estimator and the KL-in-reward settings, with upstream's defaults."""
 
     gamma: float = 1.0
     lam: float = 1.0
@@ -35,5 +46,5 @@ class AlgoConfig(BaseConfig):
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     use_pf_ppo: bool = False
     pf_ppo: dict[str, Any] = field(default_factory=dict)
-    filter_groups: Optional[dict[str, Any]] = None
-    rollout_correction: Optional[dict[str, Any]] = None
+    filter_groups: Optional[FilterGroupsConfig] = None
+    rollout_correction: Optional[RolloutCorrectionConfig] = None

@@ -21,14 +21,19 @@ __all__ = [
     "FixedKLController",
     "agg_loss",
     "compute_gae_advantage_return",
+    "compute_gdpo_outcome_advantage",
     "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
     "compute_grpo_vectorized_outcome_advantage",
     "compute_opo_outcome_advantage",
     "compute_policy_loss",
+    "compute_optimal_token_baseline_advantage",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
+    "compute_policy_loss_dppo_kl",
+    "compute_policy_loss_dppo_tv",
+    "compute_policy_loss_dro",
     "compute_policy_loss_geo_mean",
     "compute_policy_loss_gpg",
     "compute_policy_loss_gspo",
@@ -110,7 +115,8 @@ def get_adv_estimator_fn(name_or_enum):
     name = _name(name_or_enum)
     if name not in ADV_ESTIMATOR_REGISTRY:
         raise ValueError(
-            f"unknown advantage estimator {name!r}; algorithm.adv_estimator must be one of "
+            # upstream's first sentence, which callers match; then what to change
+            f"Unknown advantage estimator simply: {name}. algorithm.adv_estimator must be one of "
             f"{sorted(ADV_ESTIMATOR_REGISTRY)} or a name registered with register_adv_est"
         )
     return ADV_ESTIMATOR_REGISTRY[name]
@@ -929,6 +935,188 @@ def compute_policy_loss_cispo(
     pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
     return pg_loss, _pg_metrics(pg_clipfrac=verl_F.masked_mean((ratio != weight).float(), response_mask),
                                 ppo_kl=verl_F.masked_mean(-log_ratio, response_mask), pg_clipfrac_lower=0.0)
+
+
+def compute_gdpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config=None,
+    non_tensor_batch: dict | None = None,
+    batch: dict | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO (arXiv:2601.05242): each reward component is normalised within its prompt group on its own (GRPO
+    per component), the results summed with `gdpo_reward_weights` (default 1 each), and the sum whitened over
+    the batch's response tokens. The components are the per-sample columns `config.gdpo_reward_keys` names in
+    `non_tensor_batch` (what a reward function returns besides "score"), placed on each response's last token;
+    without config and batches, the token-level rewards are the one component. Returns (advantages, advantages).
+
+    Not a registered estimator here: the trainer hands estimators neither the batches nor those keys, so
+    `algorithm.adv_estimator=gdpo` is refused by the config check."""
+    components, weights = [token_level_rewards], None
+    if config is not None and non_tensor_batch is not None and batch is not None:
+        keys = _cfg(config, "gdpo_reward_keys", None)
+        if not keys:
+            raise ValueError("GDPO needs algorithm.gdpo_reward_keys: the reward components your compute_score "
+                             "returns in its dict (e.g. ['format_reward', 'accuracy_reward'])")
+        last = (batch["attention_mask"][:, batch["prompts"].size(1):].sum(-1) - 1).long()
+        rows = torch.arange(len(last), device=token_level_rewards.device)
+        components = []
+        for key in keys:
+            if key not in non_tensor_batch:
+                raise KeyError(f"GDPO reward key {key!r} is not a batch column (have {sorted(non_tensor_batch)}); "
+                               f"return it from compute_score's dict")
+            scores = torch.zeros_like(response_mask, dtype=torch.float32)
+            scores[rows, last] = torch.as_tensor(np.asarray(non_tensor_batch[key], dtype=np.float32),
+                                                 device=scores.device)
+            components.append(scores)
+        weights = _cfg(config, "gdpo_reward_weights", None)
+    weights = [1.0] * len(components) if weights is None else list(weights)
+    if len(weights) != len(components):
+        raise ValueError(f"algorithm.gdpo_reward_weights has {len(weights)} entries for {len(components)} keys")
+    total = None
+    for weight, component in zip(weights, components):
+        normalised, _ = compute_grpo_outcome_advantage(component, response_mask, index, epsilon,
+                                                       norm_adv_by_std_in_grpo, config)
+        total = weight * normalised if total is None else total + weight * normalised
+    advantages = verl_F.masked_whiten(total, response_mask) * response_mask
+    return advantages, advantages
+
+
+def compute_optimal_token_baseline_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    old_log_probs: torch.Tensor,
+    sum_pi_squared: torch.Tensor,
+    rollout_is_weights: torch.Tensor | None = None,
+    handle_zero_tail: bool = True,
+    epsilon: float = 1e-8,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Optimal Token Baseline: A_t = G_t - B_t with one baseline per prompt group and position,
+    B_t = sum_i G_it W_it / sum_i W_it over the group's responses that reach t, where G is the reward-to-go and
+    W_t = sum_{j<=t} (1 - 2 pi_j + sum_v pi_v^2) the accumulated squared score norm (times the squared rollout
+    importance weight when given). A group of one keeps its returns. With `handle_zero_tail`, the part of a
+    single longest response past the second longest gets no baseline.
+
+    Not a registered estimator here: it needs `sum_pi_squared` (sum over the vocabulary of pi^2 per token),
+    which this verl's actor does not compute, so `algorithm.adv_estimator=optimal_token_baseline` is refused.
+    Returns (advantages, returns)."""
+    with torch.no_grad():
+        mask = response_mask.to(token_level_rewards.dtype)
+        returns = (token_level_rewards * mask).flip(-1).cumsum(-1).flip(-1)
+        step = 1 - 2 * torch.exp(old_log_probs) + sum_pi_squared
+        if rollout_is_weights is not None:
+            step = step * rollout_is_weights.square()
+        weight = (step * mask).cumsum(-1) * mask
+        baselines = torch.zeros_like(returns)
+        groups: dict = {}
+        for row, key in enumerate(index):
+            groups.setdefault(key, []).append(row)
+        for rows in groups.values():
+            if len(rows) < 2:
+                continue
+            rows_t = torch.tensor(rows, device=returns.device)
+            w = weight[rows_t]
+            baseline = (returns[rows_t] * w).sum(0) / (w.sum(0) + epsilon)
+            baselines[rows_t] = baseline.expand(len(rows), -1)
+            if handle_zero_tail:
+                lengths = mask[rows_t].sum(-1)
+                ordered = torch.sort(lengths).values
+                longest, runner_up = int(ordered[-1]), int(ordered[-2])
+                holders = (lengths == longest).nonzero(as_tuple=True)[0]
+                if holders.numel() == 1 and longest > runner_up:
+                    baselines[rows[int(holders[0])], runner_up:] = 0.0
+        advantages = (returns - baselines) * mask
+    return advantages, returns
+
+
+def _dppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights,
+               keep: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """DPPO's shared objective: -A * sg[min(r, clip_ratio_c)] * log pi on the tokens `keep` marks (a trust
+    region on the token's probability, not on the ratio)."""
+    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    ratio = torch.exp(log_ratio)
+    cap = _cfg(config, "clip_ratio_c", 20.0)
+    keep = keep.detach().float()
+    per_token = -advantages * torch.clamp(ratio, max=cap).detach() * log_prob * keep
+    if rollout_is_weights is not None:
+        per_token = per_token * rollout_is_weights
+    pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
+    return pg_loss, _pg_metrics(pg_clipfrac=verl_F.masked_mean(1.0 - keep, response_mask),
+                                ppo_kl=verl_F.masked_mean(-log_ratio, response_mask),
+                                pg_clipfrac_lower=verl_F.masked_mean((ratio > cap).float() * keep, response_mask))
+
+
+@register_policy_loss("dppo_tv")
+def compute_policy_loss_dppo_tv(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+):
+    """DPPO-Binary-TV (arXiv:2602.04879): a token keeps its gradient while its probability moved by at most
+    clip_ratio_high up (positive advantage) or clip_ratio_low down (negative advantage)."""
+    _need_config(config, "compute_policy_loss_dppo_tv")
+    low, high = _clip_range(config)
+    moved = torch.exp(log_prob) - torch.exp(old_log_prob)
+    keep = torch.where(advantages > 0, moved <= high, moved >= -low)
+    return _dppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights,
+                      keep)
+
+
+@register_policy_loss("dppo_kl")
+def compute_policy_loss_dppo_kl(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+):
+    """DPPO-Binary-KL (arXiv:2602.04879): the KL between the old and new Bernoulli(token probability) must stay
+    within clip_ratio_high (for a probability moving up under a positive advantage) or clip_ratio_low (moving
+    down under a negative one); moves the other way are always kept."""
+    _need_config(config, "compute_policy_loss_dppo_kl")
+    low, high = _clip_range(config)
+    p, p_old = torch.exp(log_prob), torch.exp(old_log_prob)
+    eps = 1e-8
+    binary_kl = p_old * (old_log_prob - log_prob) + (1 - p_old) * torch.log((1 - p_old + eps) / (1 - p + eps))
+    keep = torch.where(advantages > 0, (binary_kl <= high) | (p <= p_old), (binary_kl <= low) | (p >= p_old))
+    return _dppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights,
+                      keep)
+
+
+@register_policy_loss("dro")
+def compute_policy_loss_dro(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+):
+    """Direct Reward Optimization: -(A * log pi - beta/2 * (log pi - log pi_old)^2), beta =
+    policy_loss.dro_beta (> 0)."""
+    _need_config(config, "compute_policy_loss_dro")
+    beta = _loss_option(config, "dro_beta", None)
+    if beta is None or beta <= 0:
+        raise ValueError("actor_rollout_ref.actor.policy_loss.dro_beta must be a positive value when using DRO")
+    log_ratio = log_prob - old_log_prob
+    per_token = -(log_prob * advantages - 0.5 * beta * log_ratio.square())
+    if rollout_is_weights is not None:
+        per_token = per_token * rollout_is_weights
+    pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
+    return pg_loss, _pg_metrics(ppo_kl=verl_F.masked_mean(-log_ratio, response_mask))
 
 
 def compute_policy_loss_reinforce(

@@ -170,3 +170,14 @@ def process_validation_metrics(
         source: {var: {metric: float(np.mean(vals)) for metric, vals in metrics.items()} for var, metrics in by_var.items()}
         for source, by_var in per_prompt.items()
     }
+
+
+def bootstrap_metric(data: list[Any], subset_size: int, reduce_fns: list, n_bootstrap: int = 1000,
+                     seed: int = 42) -> list[tuple[float, float]]:
+    """(mean, std) of each reduce_fn over `n_bootstrap` random subsets (drawn with replacement) of `data`."""
+    return _bootstrap(data, subset_size, reduce_fns, n_bootstrap, seed)
+
+
+def calc_maj_val(data: list[dict[str, Any]], vote_key: str, val_key: str) -> float:
+    """`val_key` of the first item whose `vote_key` is the most frequent vote."""
+    return _majority_value([(item[vote_key], item[val_key]) for item in data])

@@ -85,6 +85,18 @@ class RewardModelScores:
         return {"reward_tensor": reward_tensor, "reward_extra_info": {}} if return_dict else reward_tensor
 
 
+def _default_scorer(config):
+    """`default_compute_score`, pointed at the sandbox-fusion server `reward.sandbox_fusion.url` (or the older
+    top-level `sandbox_fusion.url`) for code data sources when one is configured."""
+    section = _select(config, "reward.sandbox_fusion", None) or {}
+    if not section.get("url"):
+        section = _select(config, "sandbox_fusion", None) or {}
+    if not section.get("url"):
+        return default_compute_score
+    return functools.partial(default_compute_score, sandbox_fusion_url=section["url"],
+                             memory_limit_mb=section.get("memory_limit_mb") or 1024)
+
+
 def load_reward_manager(config, tokenizer, num_examine: int = 0, **reward_kwargs: Any):
     """The reward manager named in the config, wrapping the custom or built-in scoring function.
 
@@ -99,7 +111,7 @@ def load_reward_manager(config, tokenizer, num_examine: int = 0, **reward_kwargs
     if custom is None and reward_model_enabled(config):
         return RewardModelScores()
     manager_cls = _reward_manager_cls(config)
-    compute_score = custom or default_compute_score
+    compute_score = custom or _default_scorer(config)
     return manager_cls(
         tokenizer=tokenizer,
         num_examine=num_examine,

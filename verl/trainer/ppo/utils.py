@@ -7,7 +7,15 @@ from enum import Enum
 from verl.trainer.config_check import need_critic, need_reference_policy
 from verl.utils.dataset.rl_dataset import create_rl_dataset, create_rl_sampler
 
-__all__ = ["Role", "create_rl_dataset", "create_rl_sampler", "need_critic", "need_reference_policy"]
+__all__ = ["Role", "create_rl_dataset", "create_rl_sampler", "need_critic", "need_reference_policy",
+           "need_reward_model"]
+
+
+def need_reward_model(config) -> bool:
+    """Whether the config asks for a model-based reward (`reward.reward_model.enable`)."""
+    from omegaconf import OmegaConf
+
+    return bool(OmegaConf.select(config, "reward.reward_model.enable", default=False))
 
 
 class Role(Enum):

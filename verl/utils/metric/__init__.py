@@ -1,4 +1,4 @@
-"""`reduce_metrics` under upstream's import path."""
-from verl.utils.metric.utils import reduce_metrics
+"""Metric reduction under upstream's import path."""
+from verl.utils.metric.utils import AggregationType, Metric, reduce_metrics
 
-__all__ = ["reduce_metrics"]
+__all__ = ["reduce_metrics", "AggregationType", "Metric"]

@@ -19,14 +19,10 @@ _SCORERS = {
     **dict.fromkeys(_DAPO_SOURCES, "math_dapo"),
     **dict.fromkeys(_SEARCH_R1_SOURCES, "search_r1_like_qa_em"),
 }
-# upstream scores these with scorers this build leaves out (see docs/upstream/compatibility.md)
-_LEFT_OUT = {
-    **dict.fromkeys(("numina_aops_forum", "numina_synthetic_math", "numina_amc_aime", "numina_synthetic_amc",
-                     "numina_cn_k12", "numina_olympiads"),
-                    "upstream's prime_math grader (sympy with per-answer subprocess timeouts) is not built in"),
-    **dict.fromkeys(("codecontests", "apps", "codeforces", "taco"),
-                    "code rewards run untrusted code (prime_code / a sandbox_fusion server) and are not built in"),
-}
+_SCORERS.update(dict.fromkeys(("numina_aops_forum", "numina_synthetic_math", "numina_amc_aime",
+                               "numina_synthetic_amc", "numina_cn_k12", "numina_olympiads"), "prime_math"))
+# code: run on a sandbox_fusion server when its URL is given, else locally under time and memory limits
+_CODE_SOURCES = ("codecontests", "apps", "codeforces", "taco")
 
 
 def _scorer_for(data_source: str):
@@ -38,18 +34,31 @@ def _scorer_for(data_source: str):
     return import_module(f"{__name__}.{name}").compute_score
 
 
-def default_compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+def default_compute_score(data_source, solution_str, ground_truth, extra_info=None, sandbox_fusion_url=None,
+                          concurrent_semaphore=None, memory_limit_mb=None, **kwargs):
     """Score one response with the rule for its data source.
 
-    Returns a float, or the scorer's dict unchanged (a dict carries "score" plus extra metrics).
-    `extra_info` and extra keyword arguments (upstream passes sandbox settings) are accepted so the call
-    signature matches upstream's; the built-in rules do not use them.
+    Returns a float, or the scorer's dict unchanged (a dict carries "score" plus extra metrics). Code sources
+    (codecontests, apps, codeforces, taco) run on the sandbox_fusion server at `sandbox_fusion_url` when given,
+    else in a local child process with time and memory limits (`prime_code`).
     """
+    if data_source in _CODE_SOURCES:
+        if sandbox_fusion_url:
+            from . import sandbox_fusion
+
+            result = sandbox_fusion.compute_score(sandbox_fusion_url, concurrent_semaphore, memory_limit_mb or 1024,
+                                                  solution_str, ground_truth, continuous=True)
+        else:
+            from . import prime_code
+
+            result = prime_code.compute_score(solution_str, ground_truth, continuous=True,
+                                              memory_mb=memory_limit_mb or 1024)
+        return float(result[0])
     scorer = _scorer_for(data_source)
     if scorer is None:
-        why = f" ({_LEFT_OUT[data_source]})" if data_source in _LEFT_OUT else ""
         raise NotImplementedError(
-            f"No built-in reward for data_source={data_source!r}{why}; built in: {sorted(_SCORERS)} and aime*. "
+            f"No built-in reward for data_source={data_source!r}; built in: "
+            f"{sorted(_SCORERS) + list(_CODE_SOURCES)} and aime*. "
             "Write a reward function and point custom_reward_function.path (and .name, default "
             "'compute_score') at it, or fix the data_source column of your data."
         )
@@ -57,6 +66,11 @@ def default_compute_score(data_source, solution_str, ground_truth, extra_info=No
     if isinstance(result, dict):
         return result
     return float(result[0]) if isinstance(result, (list, tuple)) else float(result)
+
+
+def get_default_compute_score(reward_name: str | None = None):
+    """The scorer a reward manager uses when the config names no custom function (the same for every manager)."""
+    return default_compute_score
 
 
 def _default_compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
@@ -69,4 +83,4 @@ def _default_compute_score(data_source, solution_str, ground_truth, extra_info=N
     return default_compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
 
 
-__all__ = ["default_compute_score"]
+__all__ = ["default_compute_score", "get_default_compute_score"]

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from .batch import BatchRewardManager
 from .dapo import DAPORewardManager
+from .abstract import AbstractRewardManager
 from .naive import NaiveRewardManager
+from .prime import PrimeRewardManager
 from .registry import REWARD_MANAGER_REGISTRY, get_reward_manager_cls, register
 
 register("naive")(NaiveRewardManager)
 register("batch")(BatchRewardManager)
 register("dapo")(DAPORewardManager)
+register("prime")(PrimeRewardManager)
 
-__all__ = ["BatchRewardManager", "DAPORewardManager", "NaiveRewardManager", "get_reward_manager_cls", "register"]
+__all__ = ["AbstractRewardManager", "BatchRewardManager", "DAPORewardManager", "NaiveRewardManager",
+           "PrimeRewardManager", "get_reward_manager_cls", "register"]

@@ -1,0 +1,5 @@
+"""Upstream's `verl.trainer.distillation.losses`: distillation; not supported by this verl (any name raises NotImplementedError)."""
+from verl._unsupported import stand_in
+
+__verl_unsupported__ = "distillation"
+__getattr__ = stand_in(__name__, __verl_unsupported__)

@@ -1,0 +1,5 @@
+"""Upstream's `verl.utils.megatron_peft_utils`: Megatron; not supported by this verl (any name raises NotImplementedError)."""
+from verl._unsupported import stand_in
+
+__verl_unsupported__ = "Megatron"
+__getattr__ = stand_in(__name__, __verl_unsupported__)
