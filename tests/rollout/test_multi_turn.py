@@ -139,6 +139,8 @@ def test_tool_agent_calls_the_tool_and_masks_its_response(tool_model):
     assert rmask[0].tolist() == [1] * len(call) + [0] * len(tool) + [1] * len(final) + [0] * (96 - len(episode))
     assert attn[0].tolist() == [1] * len(episode) + [0] * (96 - len(episode))   # tool tokens are attended to
     assert out.non_tensor_batch["tool_calls"].tolist() == [1, 0, 0]
+    assert out.meta_info["metrics"] == {"multi_turn/tool_calls": pytest.approx(1 / 3),
+                                        "multi_turn/observation_tokens": pytest.approx(len(tool) / 3)}
     assert out.non_tensor_batch["__num_turns__"].tolist() == [4, 2, 2]   # upstream: prompt + assistant + tool turns
 
     # single_turn_agent (named, and the default for a row without a name): the call only, nothing runs

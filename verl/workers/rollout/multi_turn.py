@@ -112,4 +112,11 @@ class MultiTurnRollout:
         non_tensors = dict(prompts.non_tensor_batch)
         non_tensors["__num_turns__"] = np.array([o.num_turns for o in outputs], dtype=np.int64)
         non_tensors["tool_calls"] = np.array([o.metrics.get("tool_calls", 0) for o in outputs], dtype=np.int64)
-        return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=dict(prompts.meta_info))
+        meta = dict(prompts.meta_info)
+        # per sequence: tool calls run, and tokens the model attends to but is not trained on
+        meta["metrics"] = {
+            "multi_turn/tool_calls": float(non_tensors["tool_calls"].mean()),
+            "multi_turn/observation_tokens": float(((response_attention == 1) & (response_mask == 0)).sum(-1)
+                                                   .float().mean()),
+        }
+        return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)
