@@ -47,7 +47,8 @@ def build_tool_calling_model(out_dir: str, steps: int = 300) -> str:
 
     mod = example_module()
     corpus = list(DEFAULT_CORPUS) + [mod.SYSTEM_PROMPT, QUESTION + " " + mod.INSTRUCTION, TOOL_CALL, TOOL_TEXT, FINAL]
-    build_tiny_model_dir(out_dir, corpus, hidden_size=64, num_layers=2, seed=0)
+    # head_dim 32: the smallest vLLM's CPU attention kernels take, so the vLLM engine runs it too
+    build_tiny_model_dir(out_dir, corpus, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, seed=0)
     tokenizer = AutoTokenizer.from_pretrained(out_dir)
     model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32)
     prompt, call, tool, final = episode_ids(tokenizer)

@@ -6,6 +6,7 @@ losses, KL and entropy skip them while the model still attends to them (attentio
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import numpy as np
 import torch
@@ -66,21 +67,27 @@ class MultiTurnRollout:
             agent.start(ids[i][mask[i].bool()].tolist(),
                         tools_kwargs=nt["tools_kwargs"][i] if "tools_kwargs" in nt else {})
             agents.append(agent)
-        while True:
+        engine_metrics: dict = {}
+        for turn_index in itertools.count():
             active = [a for a in agents if not a.done]
             if not active:
                 break
             contexts = [a.context_ids for a in active]
             turn = DataProto.from_dict(tensors=_left_padded(contexts, pad_id),
                                        non_tensors={"raw_prompt_ids": _object_array(contexts)},
-                                       meta_info={**meta, "response_length": max(a.remaining for a in active)})
+                                       meta_info={**meta, "response_length": max(a.remaining for a in active),
+                                                  # the policy does not change between turns: push it once
+                                                  "weights_unchanged": turn_index > 0})
             out = self.engine.generate_sequences(turn)
+            engine_metrics.update(out.meta_info.get("metrics") or {})
             turns = []
             for agent, row, row_mask in zip(active, out.batch["responses"], out.batch["response_mask"]):
                 tokens = row[row_mask.bool()].tolist()[: agent.remaining]
                 turns.append((agent, tokens, any(t in eos_ids for t in tokens)))
             asyncio.run(self._advance(turns))
-        return self._assemble(prompts, agents, response_length, pad_id)
+        output = self._assemble(prompts, agents, response_length, pad_id)
+        output.meta_info["metrics"] = {**engine_metrics, **output.meta_info["metrics"]}
+        return output
 
     @staticmethod
     async def _advance(turns) -> None:
