@@ -253,3 +253,15 @@ def test_preflight_names_a_tool_class_that_does_not_import(tmp_path):
 def test_load_tools_indexes_by_name():
     tools = load_tools(OmegaConf.create({"tool_config_path": str(TOOL_CONFIG), "function_tool_path": None}))
     assert list(tools) == ["calc_gsm8k_reward"]
+
+
+def test_config_check_accepts_multi_turn():
+    from verl.trainer.config_check import load_config
+
+    cfg = load_config(["actor_rollout_ref.rollout.multi_turn.enable=True",
+                       f"actor_rollout_ref.rollout.multi_turn.tool_config_path={TOOL_CONFIG}",
+                       "actor_rollout_ref.model.path=/some/model", "algorithm.adv_estimator=grpo",
+                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=auto",
+                       "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=auto",
+                       "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=auto"])   # raises on a refused key
+    assert cfg.actor_rollout_ref.rollout.multi_turn.enable is True
