@@ -10,7 +10,7 @@ model attends to them and the reward sees them), and score the right final answe
 import sys
 
 import pytest
-from conftest import REPO_ROOT, file_metrics, run_main_ppo
+from conftest import REPO_ROOT, run_main_ppo
 
 sys.path.insert(0, str(REPO_ROOT))
 from tests.rollout.tool_calling_model import (ANSWER, QUESTION, build_tool_calling_model,  # noqa: E402
@@ -30,11 +30,8 @@ def tool_task(tmp_path_factory):
     return root, model
 
 
-def test_gsm8k_multiturn_tool_example(tool_task, tmp_path):
-    from transformers import AutoTokenizer
-
-    root, model = tool_task
-    proc, steps = run_main_ppo([
+def example_command(root, model, tmp_path, tool_config=TOOL_CONFIG) -> list[str]:
+    return [
         "algorithm.adv_estimator=grpo",
         f"data.train_files={root}/train.parquet",
         f"data.val_files={root}/test.parquet",
@@ -55,7 +52,7 @@ def test_gsm8k_multiturn_tool_example(tool_task, tmp_path):
         "actor_rollout_ref.rollout.multi_turn.enable=True",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=5",
         "actor_rollout_ref.rollout.multi_turn.format=hermes",
-        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={TOOL_CONFIG}",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}",
         "trainer.logger=[console,file]",
         "trainer.val_before_train=False",
         "trainer.test_freq=-1",
@@ -65,7 +62,14 @@ def test_gsm8k_multiturn_tool_example(tool_task, tmp_path):
         "trainer.total_training_steps=2",
         "data.dataloader_num_workers=0",
         f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-    ], log_path=tmp_path / "metrics.jsonl")
+    ]
+
+
+def test_gsm8k_multiturn_tool_example(tool_task, tmp_path):
+    from transformers import AutoTokenizer
+
+    root, model = tool_task
+    proc, steps = run_main_ppo(example_command(root, model, tmp_path), log_path=tmp_path / "metrics.jsonl")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(steps) == [1, 2]
     _, call, tool, final = episode_ids(AutoTokenizer.from_pretrained(model))
@@ -77,3 +81,14 @@ def test_gsm8k_multiturn_tool_example(tool_task, tmp_path):
         assert m["response_length/mean"] == len(call) + len(tool) + len(final)
         assert m["critic/score/mean"] == 1.0                            # "#### 72" after the tool's answer
         assert "actor/pg_loss" in m and "actor/kl_loss" in m
+
+
+def test_a_tool_class_that_does_not_import_stops_the_run_before_ray(tool_task, tmp_path):
+    root, model = tool_task
+    bad = tmp_path / "tools.yaml"
+    bad.write_text(TOOL_CONFIG.read_text().replace("verl.tools.gsm8k_tool.Gsm8kTool", "my_tools.Calculator"))
+    proc, _ = run_main_ppo(example_command(root, model, tmp_path, tool_config=bad), timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "ray.init(" not in proc.stdout and "Traceback" not in proc.stderr
+    message = proc.stderr[proc.stderr.index("verl: input error"):]
+    assert f"{bad}: tools[0].class_name='my_tools.Calculator' does not import" in message
