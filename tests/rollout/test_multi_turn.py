@@ -265,3 +265,29 @@ def test_config_check_accepts_multi_turn():
                        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=auto",
                        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=auto"])   # raises on a refused key
     assert cfg.actor_rollout_ref.rollout.multi_turn.enable is True
+
+
+def test_round_length_keeps_the_batch_within_the_planned_width():
+    from verl.workers.rollout.multi_turn import round_length
+
+    cap = 10 + 20   # prompt width + response_length
+    # same progress: every row may finish its budget
+    assert round_length([[1] * 10, [1] * 10], [20, 20], cap) == 20
+    # one row far ahead (long context, little budget) and one behind: the round stops at the cap
+    assert round_length([[1] * 25, [1] * 12], [5, 18], cap) == 5
+    assert round_length([[1] * 29], [1], cap) == 1
+
+
+def test_a_turn_split_over_rounds_is_parsed_whole(tool_model):
+    from verl.experimental.agent_loop import ToolAgentLoop
+
+    _, _, tokenizer = tool_model
+    prompt, call, tool, _ = episode_ids(tokenizer)
+    tools = load_tools(OmegaConf.create({"tool_config_path": str(TOOL_CONFIG), "function_tool_path": None}))
+    agent = ToolAgentLoop(_rollout_config(), tokenizer, tools, response_length=96)
+    agent.start(prompt, tools_kwargs={"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "72"}}})
+    agent.extend_turn(call[:10])   # the round ended inside the call
+    assert agent.context_ids == prompt + call[:10] and agent.remaining == 86 and agent.response_ids == []
+    asyncio.run(agent.on_generated(agent.take_turn(call[10:]), ended=True))
+    assert agent.response_ids == call + tool and agent.response_mask == [1] * len(call) + [0] * len(tool)
+    assert not agent.done and agent.tool_calls_made == 1

@@ -49,6 +49,7 @@ class AgentLoopBase:
         self.response_ids: list[int] = []
         self.response_mask: list[int] = []
         self.done = False
+        self._turn: list[int] = []   # the model turn in progress, generated over more than one round
         self.assistant_turns = 0
         self.user_turns = 0
         self.kwargs: dict[str, Any] = {}
@@ -61,11 +62,20 @@ class AgentLoopBase:
     @property
     def context_ids(self) -> list[int]:
         """What the model continues from next."""
-        return self.prompt_ids + self.response_ids
+        return self.prompt_ids + self.response_ids + self._turn
 
     @property
     def remaining(self) -> int:
-        return self.response_length - len(self.response_ids)
+        return self.response_length - len(self.response_ids) - len(self._turn)
+
+    def extend_turn(self, token_ids: list[int]) -> None:
+        """Keep tokens of a model turn that is not finished yet (the driver's round ended first)."""
+        self._turn.extend(token_ids)
+
+    def take_turn(self, token_ids: list[int]) -> list[int]:
+        """The whole finished turn: earlier rounds' tokens plus these; clears the turn in progress."""
+        turn, self._turn = self._turn + list(token_ids), []
+        return turn
 
     def _append(self, ids: list[int], model_made: bool) -> None:
         ids = list(ids)[: max(self.remaining, 0)]
@@ -73,7 +83,7 @@ class AgentLoopBase:
         self.response_mask.extend([1 if model_made else 0] * len(ids))
 
     async def on_generated(self, token_ids: list[int], ended: bool) -> None:
-        """Take one model turn (`ended`: it stopped at EOS rather than at the length budget)."""
+        """Take one whole model turn (`ended`: it stopped at EOS rather than at the length budget)."""
         raise NotImplementedError
 
     def output(self) -> AgentLoopOutput:

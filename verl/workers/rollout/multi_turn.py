@@ -42,6 +42,13 @@ def _object_array(rows: list[list[int]]) -> np.ndarray:
     return out
 
 
+def round_length(contexts: list[list[int]], remaining: list[int], width_cap: int) -> int:
+    """Tokens to generate this round: the most any row may still add, but no more than keeps the padded
+    batch (longest context + generated) within prompt_length + response_length, the width the plan's memory
+    model sized. At least 1: the longest context is a prompt plus fewer than response_length tokens."""
+    return max(1, min(max(remaining), width_cap - max(len(c) for c in contexts)))
+
+
 class MultiTurnRollout:
     """Drives agent loops with `engine` (any `BaseRollout`). `config` is actor_rollout_ref.rollout."""
 
@@ -68,23 +75,29 @@ class MultiTurnRollout:
                         tools_kwargs=nt["tools_kwargs"][i] if "tools_kwargs" in nt else {})
             agents.append(agent)
         engine_metrics: dict = {}
-        for turn_index in itertools.count():
+        width_cap = ids.shape[1] + response_length
+        for round_index in itertools.count():
             active = [a for a in agents if not a.done]
             if not active:
                 break
             contexts = [a.context_ids for a in active]
+            length = round_length(contexts, [a.remaining for a in active], width_cap)
             turn = DataProto.from_dict(tensors=_left_padded(contexts, pad_id),
                                        non_tensors={"raw_prompt_ids": _object_array(contexts)},
-                                       meta_info={**meta, "response_length": max(a.remaining for a in active),
-                                                  # the policy does not change between turns: push it once
-                                                  "weights_unchanged": turn_index > 0})
+                                       meta_info={**meta, "response_length": length,
+                                                  # the policy does not change between rounds: push it once
+                                                  "weights_unchanged": round_index > 0})
             out = self.engine.generate_sequences(turn)
             engine_metrics.update(out.meta_info.get("metrics") or {})
-            turns = []
+            finished = []
             for agent, row, row_mask in zip(active, out.batch["responses"], out.batch["response_mask"]):
                 tokens = row[row_mask.bool()].tolist()[: agent.remaining]
-                turns.append((agent, tokens, any(t in eos_ids for t in tokens)))
-            asyncio.run(self._advance(turns))
+                ended = any(t in eos_ids for t in tokens)
+                if not ended and len(tokens) < agent.remaining:
+                    agent.extend_turn(tokens)   # cut by this round's length only: the turn goes on next round
+                else:
+                    finished.append((agent, agent.take_turn(tokens), ended))
+            asyncio.run(self._advance(finished))
         output = self._assemble(prompts, agents, response_length, pad_id)
         output.meta_info["metrics"] = {**engine_metrics, **output.meta_info["metrics"]}
         return output
