@@ -291,3 +291,23 @@ def test_a_turn_split_over_rounds_is_parsed_whole(tool_model):
     asyncio.run(agent.on_generated(agent.take_turn(call[10:]), ended=True))
     assert agent.response_ids == call + tool and agent.response_mask == [1] * len(call) + [0] * len(tool)
     assert not agent.done and agent.tool_calls_made == 1
+
+
+def test_function_tools_from_function_tool_path_answer_calls(tool_model, tmp_path):
+    """A `@function_tool` file (function_tool_path) serves the same call: stateless, called with the arguments."""
+    from verl.experimental.agent_loop import ToolAgentLoop
+
+    _, _, tokenizer = tool_model
+    prompt, call, _, _ = episode_ids(tokenizer)
+    path = tmp_path / "my_tools.py"
+    path.write_text("from verl.tools.function_tool import function_tool\n\n\n"
+                    "@function_tool\n"
+                    "def calc_gsm8k_reward(answer: str):\n"
+                    '    """Grade an answer.\n\n    Args:\n        answer: the final number\n    """\n'
+                    "    return f'got {answer}', 0.5\n")
+    tools = load_tools(OmegaConf.create({"tool_config_path": None, "function_tool_path": str(path)}))
+    agent = ToolAgentLoop(_rollout_config(), tokenizer, tools, response_length=96)
+    agent.start(prompt)
+    asyncio.run(agent.on_generated(call, ended=True))
+    assert agent.response_ids == call + tool_message_ids(tokenizer, ["got 72"])
+    assert agent.tool_rewards == [0.5]

@@ -9,6 +9,7 @@ import logging
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, register
 from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
+from verl.tools.function_tool import FunctionTool, normalize_function_tool_return
 
 __all__ = ["ToolAgentLoop", "tool_message_ids", "truncate_tool_response"]
 
@@ -93,13 +94,16 @@ class ToolAgentLoop(AgentLoopBase):
             arguments = json.loads(call.arguments)
         except json.JSONDecodeError:
             return f"Error: arguments of {call.name!r} are not JSON"
-        row_kwargs = (self.kwargs.get("tools_kwargs") or {}).get(call.name, {}) or {}
-        instance_id, _ = await tool.create(create_kwargs=row_kwargs.get("create_kwargs", {}) or {})
-        try:
-            response, reward, _ = await tool.execute(instance_id, arguments,
-                                                     **(row_kwargs.get("execute_kwargs") or {}))
-        finally:
-            await tool.release(instance_id, **(row_kwargs.get("release_kwargs") or {}))
+        if isinstance(tool, FunctionTool):   # stateless: called with the arguments alone
+            response, reward, _ = normalize_function_tool_return(await tool.call(arguments))
+        else:
+            row_kwargs = (self.kwargs.get("tools_kwargs") or {}).get(call.name, {}) or {}
+            instance_id, _ = await tool.create(create_kwargs=row_kwargs.get("create_kwargs", {}) or {})
+            try:
+                response, reward, _ = await tool.execute(instance_id, arguments,
+                                                         **(row_kwargs.get("execute_kwargs") or {}))
+            finally:
+                await tool.release(instance_id, **(row_kwargs.get("release_kwargs") or {}))
         self.tool_calls_made += 1
         self.tool_rewards.append(float(reward))
         text = response.text if hasattr(response, "text") else str(response)
