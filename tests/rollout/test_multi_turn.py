@@ -311,3 +311,22 @@ def test_function_tools_from_function_tool_path_answer_calls(tool_model, tmp_pat
     asyncio.run(agent.on_generated(call, ended=True))
     assert agent.response_ids == call + tool_message_ids(tokenizer, ["got 72"])
     assert agent.tool_rewards == [0.5]
+
+
+def test_tool_messages_in_qwens_chat_template():
+    """With Qwen2.5's real template, tool answers go in one user turn as <tool_response> blocks (no default
+    system prompt repeated), and `<tool_call>` is a single token the Hermes parser reads back."""
+    from transformers import AutoTokenizer
+
+    from tests.shared_data import real_data
+
+    tokenizer = AutoTokenizer.from_pretrained(str(real_data("qwen-tokenizer")))
+    ids = tool_message_ids(tokenizer, ["Current parsed answer='72' reward=1.0", "second"])
+    assert tokenizer.decode(ids) == ("<|im_start|>user\n<tool_response>\nCurrent parsed answer='72' reward=1.0\n"
+                                     "</tool_response>\n<tool_response>\nsecond\n</tool_response><|im_end|>\n"
+                                     "<|im_start|>assistant\n")
+    turn = tokenizer.encode('Let me check.\n<tool_call>\n{"name": "calc_gsm8k_reward", "arguments": {"answer": '
+                            '"72"}}\n</tool_call><|im_end|>', add_special_tokens=False)
+    content, calls = asyncio.run(HermesToolParser(tokenizer).extract_tool_calls(turn))
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("calc_gsm8k_reward", {"answer": "72"})]
+    assert content == "Let me check.\n<|im_end|>"
