@@ -38,7 +38,8 @@ def _left_padded(contexts: list[list[int]], pad_id: int) -> dict[str, torch.Tens
 
 def _object_array(rows: list[list[int]]) -> np.ndarray:
     out = np.empty(len(rows), dtype=object)
-    out[:] = rows
+    for i, row in enumerate(rows):   # one list per element (a slice assignment may broadcast equal lengths)
+        out[i] = row
     return out
 
 
