@@ -330,3 +330,23 @@ def test_tool_messages_in_qwens_chat_template():
     content, calls = asyncio.run(HermesToolParser(tokenizer).extract_tool_calls(turn))
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("calc_gsm8k_reward", {"answer": "72"})]
     assert content == "Let me check.\n<|im_end|>"
+
+
+def test_example_preprocess_writes_upstreams_columns(tmp_path):
+    """examples/data_preprocess/gsm8k_multiturn_w_tool.py on the real GSM8K files: the rows the tool loop reads."""
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    from tests.shared_data import real_data
+
+    source = real_data("gsm8k")
+    subprocess.run([sys.executable, "examples/data_preprocess/gsm8k_multiturn_w_tool.py", "--local_dataset_path",
+                    str(source), "--local_save_dir", str(tmp_path)], cwd=REPO, check=True, timeout=120)
+    row = pq.read_table(tmp_path / "test.parquet").slice(0, 1).to_pylist()[0]
+    truth = row["reward_model"]["ground_truth"]
+    assert row["agent_name"] == "tool_agent" and [m["role"] for m in row["prompt"]] == ["system", "user"]
+    assert "calc_gsm8k_reward" in row["prompt"][0]["content"]
+    assert row["extra_info"]["tools_kwargs"] == {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": truth}}}
+    assert row["extra_info"]["need_tools_kwargs"] is True
