@@ -65,12 +65,18 @@ def example_command(root, model, tmp_path, tool_config=TOOL_CONFIG) -> list[str]
     ]
 
 
-def test_gsm8k_multiturn_tool_example(tool_task, tmp_path):
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_gsm8k_multiturn_tool_example(tool_task, tmp_path, engine):
+    """The built-in engine here; vLLM where its CPU build is installed (scripts/run_vllm_tests.sh)."""
     from transformers import AutoTokenizer
 
+    if engine == "vllm":
+        pytest.importorskip("vllm")
     root, model = tool_task
-    proc, steps = run_main_ppo(example_command(root, model, tmp_path), log_path=tmp_path / "metrics.jsonl")
+    proc, steps = run_main_ppo(example_command(root, model, tmp_path) + [f"actor_rollout_ref.rollout.name={engine}"],
+                               log_path=tmp_path / "metrics.jsonl")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"  rollout  {engine} (" in proc.stdout + proc.stderr   # the plan kept the engine asked for
     assert sorted(steps) == [1, 2]
     _, call, tool, final = episode_ids(AutoTokenizer.from_pretrained(model))
     for step in (1, 2):
