@@ -34,5 +34,8 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ] || ! "$VPY" -c "import 
     echo "$WANT" > "$STAMP"
 fi
 cd "$ROOT"
-if [ "$#" -eq 0 ]; then set -- tests/rollout/test_vllm_rollout.py tests/e2e/test_vllm_quickstart.py; fi
+if [ "$#" -eq 0 ]; then
+    set -- tests/rollout/test_vllm_rollout.py tests/e2e/test_vllm_quickstart.py tests/rollout/test_vllm_multi_turn.py \
+        "tests/e2e/test_multiturn_tools.py::test_gsm8k_multiturn_tool_example[vllm]"
+fi
 exec "$VPY" -m pytest -q "$@"

@@ -18,8 +18,8 @@ def report():
 
 
 def test_import_probe_tells_working_modules_stand_ins_and_failures_apart(report):
-    got = report.import_here(["verl.utils.hdfs_io", "verl.experimental.agent_loop", "verl.no_such_module"], 60)
-    assert got["verl.utils.hdfs_io"] == "ok" and got["verl.experimental.agent_loop"] == "stand-in"
+    got = report.import_here(["verl.utils.hdfs_io", "verl.experimental.fully_async_policy", "verl.no_such_module"], 60)
+    assert got["verl.utils.hdfs_io"] == "ok" and got["verl.experimental.fully_async_policy"] == "stand-in"
     assert got["verl.no_such_module"].startswith("ModuleNotFoundError")
 
 

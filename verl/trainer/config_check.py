@@ -597,7 +597,6 @@ _UNSUPPORTED = (
     ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", lambda v: v not in (1, None),
      "Ulysses sequence parallelism"),
     ("critic.ulysses_sequence_parallel_size", lambda v: v not in (1, None), "Ulysses sequence parallelism"),
-    ("actor_rollout_ref.rollout.multi_turn.enable", bool, "multi-turn rollout"),
     ("trainer.v1.trainer_mode", lambda v: v != "sync", "asynchronous trainers"),
 )
 _SWITCH_LEAF = re.compile(r"^(enable|enabled|enable_.*)$")

@@ -157,6 +157,7 @@ def input_problems(config) -> list[str]:
         problems.extend(model_problems(config))
     problems.extend(logger_problems(config.trainer.get("logger")))
     problems.extend(reward_model_problems(config))
+    problems.extend(multi_turn_problems(config))
     return problems
 
 
@@ -171,3 +172,68 @@ def reward_model_problems(config) -> list[str]:
 
     problem = classification_head_problem(str(path), rm_setting_key(config, "model_path"))
     return [problem] if problem else []
+
+
+_MT = "actor_rollout_ref.rollout.multi_turn"
+
+
+def multi_turn_problems(config) -> list[str]:
+    """With multi_turn.enable: the tool config parses, every tool class imports and builds, the tool-call
+    format and truncation side are known (the same loading the rollout worker does, here before Ray)."""
+    mt = OmegaConf.select(config, _MT, default=None)
+    if mt is None or not mt.get("enable", False):
+        return []
+    from verl.experimental.agent_loop.tool_parser import ToolParser
+
+    problems = []
+    fmt = mt.get("format", "hermes")
+    if fmt not in ToolParser._registry:
+        problems.append(f"{_MT}.format={fmt!r} is not a tool-call format this verl parses; use one of "
+                        f"{sorted(ToolParser._registry)}")
+    if mt.get("tool_response_truncate_side", "middle") not in ("left", "middle", "right"):
+        problems.append(f"{_MT}.tool_response_truncate_side={mt.get('tool_response_truncate_side')!r}: use left, "
+                        "middle or right")
+    for key in ("tool_config_path", "function_tool_path"):
+        path = mt.get(key)
+        if path and not os.path.isfile(os.path.expanduser(str(path))):
+            problems.append(f"{_MT}.{key}={path!r}: no such file")
+    if not problems:
+        problems.extend(_tool_load_problems(mt))
+    return problems
+
+
+def _tool_load_problems(mt) -> list[str]:
+    import yaml
+
+    path = mt.get("tool_config_path")
+    if path:
+        try:
+            with open(os.path.expanduser(str(path))) as f:
+                parsed = yaml.safe_load(f)
+        except yaml.YAMLError as e:
+            return [f"{_MT}.tool_config_path={path!r} is not valid YAML: {e}"]
+        tools = parsed.get("tools") if isinstance(parsed, dict) else None
+        if not isinstance(tools, list):
+            return [f"{_MT}.tool_config_path={path!r} must hold a `tools:` list (class_name, config, tool_schema "
+                    "per entry)"]
+        problems = []
+        for i, entry in enumerate(tools):
+            name = entry.get("class_name") if isinstance(entry, dict) else None
+            if not isinstance(name, str) or "." not in name:
+                problems.append(f"{path}: tools[{i}].class_name must be a dotted path module.Class, got {name!r}")
+                continue
+            module_name, _, class_name = name.rpartition(".")
+            try:
+                getattr(importlib.import_module(module_name), class_name)
+            except (ImportError, AttributeError) as e:
+                problems.append(f"{path}: tools[{i}].class_name={name!r} does not import ({type(e).__name__}: {e})")
+        if problems:
+            return problems
+    from verl.workers.rollout.multi_turn import load_tools
+
+    try:
+        load_tools(mt)
+    except Exception as e:   # the tool's own constructor or schema validation: report it with the file
+        where = " / ".join(str(mt.get(k)) for k in ("tool_config_path", "function_tool_path") if mt.get(k))
+        return [f"{_MT}: the tools in {where} do not build: {type(e).__name__}: {e}"]
+    return []

@@ -448,6 +448,7 @@ class ActorRolloutRefWorker(Worker):
         self.tokenizer = _TokenizerOnUse(model_cfg.get("tokenizer_path") or model_cfg.path,
                                          bool(model_cfg.get("trust_remote_code", False)))
         self.actor = self.rollout = self.ref_policy = None
+        self.multi_turn = None
         self.actor_optimizer = self.actor_lr_scheduler = None
         if self._is_actor or self._is_rollout:
             self._actor_model = _PlannedModel("actor", self.plan.actor, self.plan.device_type)
@@ -473,6 +474,11 @@ class ActorRolloutRefWorker(Worker):
             laps("actor_wrap")
         if self._is_rollout:
             self.rollout = self._build_rollout()
+            if (self.config.rollout.get("multi_turn") or {}).get("enable", False):
+                from verl.workers.rollout.multi_turn import MultiTurnRollout
+
+                # turn by turn over the same engine; tools load here, in the worker that runs them
+                self.multi_turn = MultiTurnRollout(self.rollout, self.tokenizer, self.config.rollout)
             if self._is_actor and hasattr(self.rollout, "get_rng_state"):
                 # an engine with its own sampling stream: checkpoint it, so a resumed run samples alike
                 self.checkpoint_manager.sampling_streams["rollout"] = self.rollout
@@ -534,7 +540,7 @@ class ActorRolloutRefWorker(Worker):
         # No autocast here: the engine alone runs in the plan's rollout dtype (it also sets eval mode).
         with fsdp_utils.phase_peak(self.plan.device_type, phase) as peaks, torch.no_grad(), \
                 fsdp_utils.full_params(self.actor_module):
-            output = self.rollout.generate_sequences(prompts)
+            output = (self.multi_turn or self.rollout).generate_sequences(prompts)
         output = output.to("cpu")
         metrics = output.meta_info.get("metrics") or {}
         metrics.update(peaks)

@@ -1,5 +1,14 @@
-"""Upstream's `verl.experimental.agent_loop.single_turn_agent_loop`: agent loops (multi-turn, tool-calling rollouts); not supported by this verl (any name raises NotImplementedError)."""
-from verl._unsupported import stand_in
+"""`single_turn_agent`: one model turn, as the plain rollout."""
+from __future__ import annotations
 
-__verl_unsupported__ = "agent loops (multi-turn, tool-calling rollouts)"
-__getattr__ = stand_in(__name__, __verl_unsupported__)
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, register
+
+__all__ = ["SingleTurnAgentLoop"]
+
+
+@register("single_turn_agent")
+class SingleTurnAgentLoop(AgentLoopBase):
+    async def on_generated(self, token_ids: list[int], ended: bool) -> None:
+        self._append(token_ids, model_made=True)
+        self.assistant_turns += 1
+        self.done = True

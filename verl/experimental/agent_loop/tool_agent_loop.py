@@ -1,5 +1,115 @@
-"""Upstream's `verl.experimental.agent_loop.tool_agent_loop`: agent loops (multi-turn, tool-calling rollouts); not supported by this verl (any name raises NotImplementedError)."""
-from verl._unsupported import stand_in
+"""`tool_agent`: the model may call tools; each call runs, and its response is appended as tool messages in
+the tokenizer's chat template (response_mask 0), then the model continues. Stops at a turn without calls,
+at max_assistant_turns / max_user_turns, or when the response budget is spent."""
+from __future__ import annotations
 
-__verl_unsupported__ = "agent loops (multi-turn, tool-calling rollouts)"
-__getattr__ = stand_in(__name__, __verl_unsupported__)
+import asyncio
+import json
+import logging
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, register
+from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
+from verl.tools.function_tool import FunctionTool, normalize_function_tool_return
+
+__all__ = ["ToolAgentLoop", "tool_message_ids", "truncate_tool_response"]
+
+logger = logging.getLogger(__name__)
+
+_ANCHOR = [{"role": "system", "content": "."}]
+
+
+def truncate_tool_response(text: str, max_length: int, side: str) -> str:
+    """Cut a tool response to `max_length` characters, marking the cut (left: keep the end; right: keep the
+    start; middle: keep both ends)."""
+    if not text or len(text) <= max_length:
+        return text
+    if side == "left":
+        return "(truncated)..." + text[-max_length:]
+    if side == "right":
+        return text[:max_length] + "...(truncated)"
+    if side == "middle":
+        half = max_length // 2
+        return text[:half] + "...(truncated)..." + (text[-half:] if half else "")
+    raise ValueError(f"actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side={side!r}: use left, "
+                     "middle or right")
+
+
+def tool_message_ids(tokenizer, contents: list[str]) -> list[int]:
+    """The tokens of tool messages as the chat template writes them after a finished assistant turn, ending
+    with the prompt for the next assistant turn: the template's text for anchor+tools minus that for the
+    anchor alone (so a default system prompt the template would add is not repeated)."""
+    messages = [{"role": "tool", "content": c} for c in contents]
+    base = tokenizer.apply_chat_template(_ANCHOR, tokenize=False)
+    full = tokenizer.apply_chat_template(_ANCHOR + messages, add_generation_prompt=True, tokenize=False)
+    if not full.startswith(base):
+        raise ValueError("the tokenizer's chat template does not render tool messages after the conversation "
+                         "without changing it; multi-turn tool rollouts need a template that appends them")
+    return tokenizer.encode(full[len(base):], add_special_tokens=False)
+
+
+@register("tool_agent")
+class ToolAgentLoop(AgentLoopBase):
+    def __init__(self, rollout_config, tokenizer, tools: dict, response_length: int):
+        super().__init__(rollout_config, tokenizer, tools, response_length)
+        mt = rollout_config.multi_turn
+        self.max_assistant_turns = mt.get("max_assistant_turns")
+        self.max_user_turns = mt.get("max_user_turns")
+        self.max_parallel_calls = int(mt.get("max_parallel_calls", 1))
+        self.max_tool_response_length = int(mt.get("max_tool_response_length", 256))
+        self.truncate_side = mt.get("tool_response_truncate_side", "middle")
+        self.parser = ToolParser.get_tool_parser(mt.get("format", "hermes"), tokenizer)
+        self.tool_calls_made = 0
+        self.tool_rewards: list[float] = []
+
+    async def on_generated(self, token_ids: list[int], ended: bool) -> None:
+        self._append(token_ids, model_made=True)
+        self.assistant_turns += 1
+        if not ended or self.remaining <= 0:
+            self.done = True
+            return
+        if self.max_assistant_turns and self.assistant_turns >= self.max_assistant_turns:
+            self.done = True
+            return
+        if self.max_user_turns and self.user_turns >= self.max_user_turns:
+            self.done = True
+            return
+        _, calls = await self.parser.extract_tool_calls(list(token_ids))
+        if not calls:
+            self.done = True
+            return
+        calls = calls[: self.max_parallel_calls]
+        texts = await asyncio.gather(*(self._call_tool(call) for call in calls))
+        self._append(tool_message_ids(self.tokenizer, list(texts)), model_made=False)
+        self.user_turns += 1
+        if self.remaining <= 0:
+            self.done = True
+
+    async def _call_tool(self, call: FunctionCall) -> str:
+        """The tool's (truncated) text response; an unknown tool or bad arguments answer with an error text,
+        as the model would see from a real service."""
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return f"Error: unknown tool {call.name!r}"
+        try:
+            arguments = json.loads(call.arguments)
+        except json.JSONDecodeError:
+            return f"Error: arguments of {call.name!r} are not JSON"
+        if isinstance(tool, FunctionTool):   # stateless: called with the arguments alone
+            response, reward, _ = normalize_function_tool_return(await tool.call(arguments))
+        else:
+            row_kwargs = (self.kwargs.get("tools_kwargs") or {}).get(call.name, {}) or {}
+            instance_id, _ = await tool.create(create_kwargs=row_kwargs.get("create_kwargs", {}) or {})
+            try:
+                response, reward, _ = await tool.execute(instance_id, arguments,
+                                                         **(row_kwargs.get("execute_kwargs") or {}))
+            finally:
+                await tool.release(instance_id, **(row_kwargs.get("release_kwargs") or {}))
+        self.tool_calls_made += 1
+        self.tool_rewards.append(float(reward))
+        text = response.text if hasattr(response, "text") else str(response)
+        return truncate_tool_response(text or "", self.max_tool_response_length, self.truncate_side)
+
+    def output(self):
+        out = super().output()
+        out.metrics = {"tool_calls": self.tool_calls_made, "tool_reward": sum(self.tool_rewards)}
+        return out

@@ -67,6 +67,9 @@ def compute_data_metrics(batch, use_critic: bool = True) -> dict[str, float]:
     metrics["response_length/clip_ratio"] = (response_length == max_response_length).float().mean().item()
     metrics.update(_stats("prompt_length", prompt_length))
     metrics["prompt_length/clip_ratio"] = (prompt_length == max_prompt_length).float().mean().item()
+    if "__num_turns__" in batch.non_tensor_batch:   # multi-turn rollouts: prompt + assistant + tool turns
+        turns = np.asarray(batch.non_tensor_batch["__num_turns__"], dtype=np.float64)
+        metrics.update({"num_turns/min": turns.min(), "num_turns/max": turns.max(), "num_turns/mean": turns.mean()})
     return metrics
 
 

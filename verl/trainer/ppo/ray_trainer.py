@@ -619,7 +619,7 @@ class RayPPOTrainer:
         """Move what the rollout needs (prompt tensors, raw prompt ids) out of the batch."""
         tensor_keys = [k for k in ("input_ids", "attention_mask", "position_ids") if k in batch.batch]
         non_tensor_keys = [k for k in ("raw_prompt_ids", "raw_prompt", "multi_modal_data", "tools_kwargs",
-                                       "interaction_kwargs") if k in batch.non_tensor_batch]
+                                       "interaction_kwargs", "agent_name") if k in batch.non_tensor_batch]
         return batch.pop(batch_keys=tensor_keys, non_tensor_batch_keys=non_tensor_keys)
 
     def _greedy_baseline_rewards(self, batch: DataProto, gen_batch: DataProto) -> torch.Tensor:

@@ -187,7 +187,8 @@ class VLLMRollout(BaseRollout):
             self.llm.wake_up()
             self._asleep = False
         start = time.perf_counter()
-        self.push_weights()
+        if not meta.get("weights_unchanged", False):   # a multi-turn rollout's later turns: same weights
+            self.push_weights()
         push_s = time.perf_counter() - start
         try:
             outputs = self.llm.generate(requests, params, use_tqdm=False)
