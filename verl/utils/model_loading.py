@@ -21,6 +21,38 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     return hf_tokenizer(resolve_model_path(path), trust_remote_code=trust_remote_code)
 
 
+def is_vision_language(path: str) -> bool:
+    """Whether the model folder's config.json describes a vision-language model (it has a vision_config)."""
+    import json
+    import os
+
+    config_file = os.path.join(resolve_model_path(path), "config.json")
+    if not os.path.isfile(config_file):
+        return False
+    with open(config_file) as f:
+        return "vision_config" in json.load(f)
+
+
+def load_processor(path: str, trust_remote_code: bool = False):
+    """A vision-language model's processor with its `rope_index` (the model's multimodal position ids),
+    or None for a text-only model. A VL model whose processor does not load is an error."""
+    from verl.utils.dataset.vision_utils import rope_index_for
+    from verl.utils.tokenizer import hf_processor
+
+    if not is_vision_language(path):
+        return None
+    folder = resolve_model_path(path)
+    processor = hf_processor(folder, trust_remote_code=trust_remote_code)
+    if processor is None:
+        raise ValueError(f"{path} is a vision-language model but its processor does not load (it needs "
+                         "preprocessor_config.json beside the tokenizer)")
+    processor.rope_index = rope_index_for(folder, trust_remote_code=trust_remote_code)
+    if processor.rope_index is None:
+        raise NotImplementedError(f"{path}: vision-language models without get_rope_index (Qwen2/2.5-VL style "
+                                  "multimodal positions) are not supported")
+    return processor
+
+
 def import_model_code(path: str, trust_remote_code: bool = False) -> None:
     """Import what `build_model` will import for `path`, loading no weights: transformers' auto classes
     and the architecture's modelling module (which brings in transformers' modelling and generation

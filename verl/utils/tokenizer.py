@@ -47,7 +47,12 @@ def hf_processor(name_or_path, **kwargs):
     from transformers import AutoProcessor, PreTrainedTokenizerBase
 
     try:
-        processor = AutoProcessor.from_pretrained(name_or_path, **kwargs)
+        try:
+            processor = AutoProcessor.from_pretrained(name_or_path, **kwargs)
+        except ImportError as err:
+            if "torchvision" not in str(err).lower():
+                raise
+            processor = _image_processor_only(name_or_path, **kwargs)
     except Exception as err:   # noqa: BLE001 - any loading failure means "no processor" here
         warnings.warn(f"no processor loaded from {name_or_path!r} ({type(err).__name__}: {err}); "
                       "treating the model as text-only", stacklevel=2)
@@ -55,3 +60,47 @@ def hf_processor(name_or_path, **kwargs):
     if isinstance(processor, PreTrainedTokenizerBase) or "Processor" not in type(processor).__name__:
         return None
     return processor
+
+
+def _image_processor_only(name_or_path, **kwargs):
+    """The folder's processor for images, built without its video processor.
+
+    transformers constructs Qwen-VL processors only with torchvision installed, because their video
+    processor needs it, even when no video is ever passed. Without torchvision the tokenizer, the image
+    processor and the chat template are loaded one by one and joined in the processor class, whose type
+    check is relaxed for the missing video processor alone (videos then fail inside transformers)."""
+    import json
+    import os
+
+    import transformers
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    from verl.utils.fs import resolve_model_path
+
+    folder = resolve_model_path(name_or_path)
+    name = None
+    for file in ("processor_config.json", "preprocessor_config.json"):
+        path = os.path.join(folder, file)
+        if os.path.isfile(path):
+            with open(path) as f:
+                name = name or json.load(f).get("processor_class")
+    base = getattr(transformers, name, None) if name else None
+    if base is None or "video_processor" not in base.get_attributes():
+        raise ImportError(f"{name_or_path}: processor {name!r} needs torchvision")
+
+    class ImageOnly(base):
+        def check_argument_for_proper_class(self, argument_name, argument):
+            if argument_name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    ImageOnly.__name__ = ImageOnly.__qualname__ = base.__name__
+    template = None
+    template_file = os.path.join(folder, "chat_template.jinja")
+    if os.path.isfile(template_file):
+        with open(template_file) as f:
+            template = f.read()
+    parts = {"tokenizer": AutoTokenizer.from_pretrained(folder, **kwargs),
+             "image_processor": AutoImageProcessor.from_pretrained(folder, **kwargs), "video_processor": None}
+    args = {attr: parts[attr] for attr in base.get_attributes()}
+    return ImageOnly(**args, chat_template=template or getattr(args["tokenizer"], "chat_template", None))
