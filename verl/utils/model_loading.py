@@ -103,6 +103,7 @@ def build_model(
         from transformers import (
             AutoConfig,
             AutoModelForCausalLM,
+            AutoModelForImageTextToText,
             AutoModelForTokenClassification,
         )
 
@@ -118,7 +119,12 @@ def build_model(
         config.classifier_dropout = 0.0
         if hasattr(config, "hidden_dropout"):
             config.hidden_dropout = 0.0
-    auto_cls = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
+    vision = getattr(config, "vision_config", None) is not None
+    if value_head and vision:
+        raise NotImplementedError("a critic (value head) on a vision-language model is not built; use a "
+                                  "critic-free estimator (algorithm.adv_estimator=grpo/rloo/reinforce_plus_plus)")
+    auto_cls = (AutoModelForTokenClassification if value_head
+                else AutoModelForImageTextToText if vision else AutoModelForCausalLM)
     # Weights missing from the checkpoint (the critic's score head) are drawn at random: seed them so
     # every rank, and every run, starts from the same values.
     with torch.random.fork_rng(devices=[]):
