@@ -151,6 +151,22 @@ def build_model(
     return model
 
 
+def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:
+    """A VL model's vision encoder (transformers names it `visual` in Qwen-VL), or None."""
+    inner = getattr(model, "model", model)
+    return getattr(inner, "visual", None) or getattr(model, "visual", None)
+
+
+def freeze_vision_tower(model: torch.nn.Module) -> None:
+    """`actor.freeze_vision_tower`: the whole encoder (its patch merger included) keeps its weights and
+    only the decoder trains; the encoder's parameters get neither gradients nor optimizer state."""
+    tower = vision_tower(model)
+    if tower is None:
+        raise ValueError(f"actor_rollout_ref.actor.freeze_vision_tower=True, but {type(model).__name__} has no "
+                         "vision tower; set it False for a text-only model")
+    tower.requires_grad_(False)
+
+
 def storage_dtype(role_plan: RolePlan, train: bool) -> str:
     """The dtype the loaded weights are stored in: `frozen_dtype` for weights that never train (a
     model loaded without training, or a LoRA base), else `param_dtype`."""

@@ -26,7 +26,7 @@ from verl.single_controller.base.worker import Worker
 from verl.utils import frozen_weights, fsdp_utils, layer_compile, lora
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.flops import training_flops
-from verl.utils.model_loading import build_model, import_model_code, load_tokenizer
+from verl.utils.model_loading import build_model, freeze_vision_tower, import_model_code, load_tokenizer
 from verl.utils.startup import Laps
 from verl.utils.torch_functional import (
     get_constant_schedule_with_warmup,
@@ -422,6 +422,8 @@ class ActorRolloutRefWorker(Worker):
             override_config=model_cfg.get("override_config") or {},
             train=train,
         )
+        if train and planned.name == "actor" and self.config.actor.get("freeze_vision_tower", False):
+            freeze_vision_tower(module)
         if planned.role_plan.lora_rank > 0:
             module = lora.add_adapters(module, model_cfg, planned.role_plan.lora_rank, planned.param_dtype)
         elif model_cfg.get("lora_adapter_path") and planned.name == "actor":
