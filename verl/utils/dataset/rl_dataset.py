@@ -278,10 +278,10 @@ class RLHFDataset(Dataset):
         row["input_ids"] = input_ids[0]
         row["attention_mask"] = attention_mask[0]
         row["position_ids"] = compute_position_id_with_mask(attention_mask)[0]
-        if self.processor is not None:
-            self._add_multi_modal(row, encoded, images, input_ids[0], attention_mask[0], index)
         # The prompt as the rollout engine sees it: the kept tokens, without padding.
         row["raw_prompt_ids"] = input_ids[0][attention_mask[0].bool()].tolist()
+        if self.processor is not None:
+            self._add_multi_modal(row, encoded, images, input_ids[0], attention_mask[0], index)
         if self.return_raw_chat:
             row["raw_prompt"] = messages
         if self.return_full_prompt:
@@ -309,6 +309,8 @@ class RLHFDataset(Dataset):
         grid = encoded.get("image_grid_thw")
         row["position_ids"] = self.processor.rope_index(input_ids, attention_mask, token_types, grid)
         row["multi_modal_data"] = {"image": images}
+        # vLLM widens each image span itself: it gets the prompt as rendered, one image pad per image (upstream's).
+        row["raw_prompt_ids"] = self.tokenizer(encoded["text"], add_special_tokens=False)["input_ids"]
         if self.return_multi_modal_inputs:
             row["multi_modal_inputs"] = {k: encoded[k] for k in ("pixel_values", "image_grid_thw") if k in encoded}
 
