@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import warnings
 
-__all__ = ["hf_processor", "hf_tokenizer"]
+__all__ = ["PROCESSOR_FILES", "copy_processor_files", "hf_processor", "hf_tokenizer"]
+
+# A multimodal processor's own files beside the tokenizer's (image/video settings, its class, the chat
+# template transformers 5 keeps apart from tokenizer_config.json).
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json",
+                   "chat_template.jinja", "chat_template.json")
 
 # gemma-2-2b-it ships two end-of-turn candidates; generation must stop at <end_of_turn> (id 107),
 # otherwise responses run on past the turn and RL rewards the wrong text.
@@ -104,3 +109,22 @@ def _image_processor_only(name_or_path, **kwargs):
              "image_processor": AutoImageProcessor.from_pretrained(folder, **kwargs), "video_processor": None}
     args = {attr: parts[attr] for attr in base.get_attributes()}
     return ImageOnly(**args, chat_template=template or getattr(args["tokenizer"], "chat_template", None))
+
+
+def copy_processor_files(source: str, folder: str) -> list[str]:
+    """Copy the model folder `source`'s processor files (PROCESSOR_FILES, where present) into `folder`, so
+    a checkpoint's huggingface/ folder, and the model merged from it, load with the model's processor.
+    Copied rather than re-saved: saving a Qwen-VL processor needs torchvision (see hf_processor)."""
+    import os
+    import shutil
+
+    from verl.utils.fs import resolve_model_path
+
+    source = resolve_model_path(source)
+    copied = []
+    for name in PROCESSOR_FILES:
+        path = os.path.join(source, name)
+        if os.path.isfile(path):
+            shutil.copyfile(path, os.path.join(folder, name))
+            copied.append(name)
+    return copied

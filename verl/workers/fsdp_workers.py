@@ -69,6 +69,14 @@ class _TokenizerOnUse:
     def __len__(self) -> int:
         return len(_process_tokenizer(*self._source))
 
+    def save_pretrained(self, folder: str):
+        """The tokenizer's files and, for a multimodal model, its processor's (a checkpoint's huggingface/)."""
+        from verl.utils.tokenizer import copy_processor_files
+
+        saved = _process_tokenizer(*self._source).save_pretrained(folder)
+        copy_processor_files(self._source[0], folder)
+        return saved
+
 
 _MODEL_CODE_LOCK = threading.Lock()   # colocated roles share a process: their imports run one after the other
 
