@@ -29,7 +29,7 @@ def setup(tmp_path_factory):
     dataset = create_rl_dataset(str(data / "train.parquet"), config, load_tokenizer(model_dir),
                                 load_processor(model_dir))
     plan = cpu_plan(model_dir, data__max_prompt_length=MAX_PROMPT, data__max_response_length=RESPONSE,
-                    actor_rollout_ref__model__use_remove_padding="auto")
+                    actor_rollout_ref__model__use_remove_padding="auto", algorithm__adv_estimator="grpo")
     return model_dir, dataset, plan
 
 
@@ -51,7 +51,7 @@ def _with_image(dataset, index, image):
 @pytest.mark.parametrize("device", ["cpu", "h200", "p40"])
 def test_plan_decides_the_vision_tower(setup, device):
     model_dir, _, _ = setup
-    plan = cpu_plan(model_dir, device=device, data__max_prompt_length=MAX_PROMPT,
+    plan = cpu_plan(model_dir, device=device, data__max_prompt_length=MAX_PROMPT, algorithm__adv_estimator="grpo",
                     actor_rollout_ref__model__use_remove_padding="auto",
                     actor_rollout_ref__actor__freeze_vision_tower=device == "p40")
     for role in (plan.actor, plan.ref):
@@ -62,6 +62,16 @@ def test_plan_decides_the_vision_tower(setup, device):
     assert plan.reasons["vision.frozen"].startswith("actor.freeze_vision_tower=True" if device == "p40"
                                                     else "the tower trains")
     assert "tower parameters counted" in plan.reasons["vision.memory"]
+    assert not plan.rollout.cuda_graphs and plan.rollout.compile_backend is None
+    assert "vision-language model" in plan.reasons["rollout.cuda_graphs"]
+
+
+def test_a_critic_on_a_vl_model_is_refused_by_the_plan(setup):
+    from verl.compat.decider import PlanError
+
+    model_dir, _, _ = setup
+    with pytest.raises(PlanError, match=r"critic \(value head\) on a vision-language model .*adv_estimator=grpo"):
+        cpu_plan(model_dir, algorithm__adv_estimator="gae", data__max_prompt_length=MAX_PROMPT)
 
 
 def test_vision_rules_replace_packing_and_fork_kernels(setup):

@@ -65,6 +65,11 @@ def decide_vision(d, config: Any, roles: dict, vision: VisionSpec | None, prompt
     """The VL rules over the decided roles (unchanged for a text-only model); each decision is noted."""
     if vision is None:
         return roles
+    if "critic" in roles:
+        from verl.compat.decider import PlanError
+
+        raise PlanError("a critic (value head) on a vision-language model is not built; use a critic-free "
+                        "estimator: algorithm.adv_estimator=grpo (or rloo, reinforce_plus_plus, remax)")
     arr = "actor_rollout_ref"
     out = {}
     for name, role in roles.items():
@@ -96,6 +101,18 @@ def decide_vision(d, config: Any, roles: dict, vision: VisionSpec | None, prompt
            f"data.max_prompt_length; a {prompt_length}-token prompt of image tokens holds {act_gb:.3f} GiB of "
            "tower activations per sequence in an update micro-batch (not in the fit's activation term)")
     return out
+
+
+def decide_vision_rollout(d, rollout, vision: VisionSpec | None):
+    """The built-in engine generates a VL model through the model's own forward (the pixels enter at the
+    prefill), so its static decoder, and with it CUDA graphs and the compiled decode step, are off."""
+    if vision is None or rollout.name != "hf":
+        return rollout
+    why = ("vision-language model: the built-in engine calls the model's own forward (image features at the "
+           "prefill), not the static decoder")
+    d.note("rollout.cuda_graphs", False, why)
+    d.note("rollout.compile_backend", None, why)
+    return replace(rollout, cuda_graphs=False, compile_backend=None)
 
 
 def _bytes(dtype: str) -> int:

@@ -62,10 +62,15 @@ def build_tiny_vl_model_dir(
     vision_hidden_size: int = 32,
     vision_depth: int = 1,
     vision_heads: int = 2,
+    vision_intermediate_size: int | None = None,
+    mrope_section: list[int] | None = None,
     max_position_embeddings: int = 2048,
     seed: int = 0,
 ) -> str:
-    """Write tokenizer, processor, config and random weights of a small Qwen2.5-VL model; return `out_dir`."""
+    """Write tokenizer, processor, config and random weights of a Qwen2.5-VL model; return `out_dir`.
+
+    Small by default; `QWEN25_VL_3B` holds the keyword arguments of Qwen2.5-VL-3B's shape (random weights,
+    this small tokenizer) for GPU runs that need the real model's size."""
     import torch
     from transformers import (GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration,
                               Qwen2_5_VLProcessor)
@@ -77,7 +82,7 @@ def build_tiny_vl_model_dir(
     head_dim = hidden_size // num_heads
     # mrope splits each head's rotary half into (temporal, height, width) sections.
     quarter = head_dim // 2 // 4
-    sections = [head_dim // 2 - 2 * quarter, quarter, quarter]
+    sections = mrope_section or [head_dim // 2 - 2 * quarter, quarter, quarter]
     config = Qwen2_5_VLConfig(
         text_config={
             "vocab_size": len(tokenizer), "hidden_size": hidden_size, "intermediate_size": intermediate_size,
@@ -88,9 +93,10 @@ def build_tiny_vl_model_dir(
             "bos_token_id": None, "tie_word_embeddings": True,
         },
         vision_config={
-            "depth": vision_depth, "hidden_size": vision_hidden_size, "intermediate_size": 2 * vision_hidden_size,
+            "depth": vision_depth, "hidden_size": vision_hidden_size, "intermediate_size": vision_intermediate_size or 2 * vision_hidden_size,
             "num_heads": vision_heads, "out_hidden_size": hidden_size, "patch_size": 14, "spatial_merge_size": 2,
-            "temporal_patch_size": 2, "window_size": 56, "fullatt_block_indexes": [vision_depth - 1],
+            "temporal_patch_size": 2, "window_size": 112,
+            "fullatt_block_indexes": list(range(min(vision_depth, 8) - 1, vision_depth, 8)),
         },
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
@@ -120,6 +126,12 @@ def build_tiny_vl_model_dir(
     return out_dir
 
 
+# Qwen2.5-VL-3B-Instruct's shape (its config.json); the vocabulary is this tokenizer's.
+QWEN25_VL_3B = {"hidden_size": 2048, "num_layers": 36, "num_heads": 16, "num_kv_heads": 2, "intermediate_size": 11008,
+                "vision_hidden_size": 1280, "vision_depth": 32, "vision_heads": 16, "vision_intermediate_size": 3420,
+                "mrope_section": [16, 24, 24], "max_position_embeddings": 128000}
+
+
 def tiny_images(count: int, size: int = 56, seed: int = 0) -> list:
     """`count` PIL RGB images of random blocks, different from one another."""
     import numpy as np
@@ -131,3 +143,13 @@ def tiny_images(count: int, size: int = 56, seed: int = 0) -> list:
         blocks = rng.integers(0, 256, size=(size // 14, size // 14, 3), dtype=np.uint8)
         images.append(Image.fromarray(np.kron(blocks, np.ones((14, 14, 1), dtype=np.uint8))))
     return images
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Build a Qwen2.5-VL-architecture model + tokenizer + processor.")
+    parser.add_argument("out_dir")
+    parser.add_argument("--shape", choices=["tiny", "qwen2.5-vl-3b"], default="tiny")
+    args = parser.parse_args()
+    print(build_tiny_vl_model_dir(args.out_dir, **(QWEN25_VL_3B if args.shape == "qwen2.5-vl-3b" else {})))
