@@ -172,3 +172,39 @@ def test_update_trains_the_tower_unless_frozen(setup):
         actor.update_policy(out)
         moved = any(not torch.equal(b, p) for b, p in zip(before, vision_tower(model).parameters()))
         assert moved is not frozen
+
+
+def test_numerics_guard_runs_a_vl_batch_with_its_pixels(setup, monkeypatch):
+    """The fp16 guard forwards VL rows as the actor does: (4, 1, seq) positions and the row's own pixels."""
+    from verl.compat import numerics
+
+    model_dir, dataset, plan = setup
+    model = build_model(model_dir, plan.actor, train=True)
+    batch = _batch([dataset[0], dataset[1]])
+    inputs = {k: batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    inputs["multi_modal_inputs"] = batch.non_tensor_batch["multi_modal_inputs"]
+    seen = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda **kw: seen.append(kw) or forward(**kw))
+    ok, reason = numerics.check_half_precision(model, numerics.guard_sample(inputs), "float16")
+    assert ok, reason
+    assert len(seen) == 4 and all(kw["position_ids"].shape[:2] == (4, 1) for kw in seen)
+    torch.testing.assert_close(seen[0]["pixel_values"], inputs["multi_modal_inputs"][0]["pixel_values"])
+    torch.testing.assert_close(seen[2]["pixel_values"], inputs["multi_modal_inputs"][1]["pixel_values"])
+
+
+def test_vllm_requests_carry_the_images_and_the_raw_prompt(setup):
+    """What the vLLM engine hands `LLM.generate` for image prompts (vLLM itself is not installed here):
+    upstream's pair of the rendered prompt (one image pad per image, which vLLM widens) and the images."""
+    from verl.workers.rollout.vllm_rollout import VLLMRollout
+
+    _, dataset, _ = setup
+    rows = [dataset[0], dataset[1]]
+    requests = VLLMRollout._requests(_batch(rows))
+    for request, row in zip(requests, rows):
+        assert request["prompt_token_ids"] == row["raw_prompt_ids"]
+        assert request["multi_modal_data"]["image"][0] is row["multi_modal_data"]["image"][0]
+    text_only = _batch(rows)
+    text_only.non_tensor_batch.pop("multi_modal_data")
+    mask = rows[0]["attention_mask"].bool()
+    assert VLLMRollout._requests(text_only)[0] == {"prompt_token_ids": rows[0]["input_ids"][mask].tolist()}

@@ -289,7 +289,7 @@ def _same_row_count_on_every_rank(sample: dict) -> dict:
     if int(most) == rows:
         return sample
     index = torch.arange(int(most), device=most.device) % rows
-    return {k: v[index] for k, v in sample.items()}
+    return {k: [v[i] for i in index.tolist()] if isinstance(v, list) else v[index] for k, v in sample.items()}
 
 
 def _agreed_verdict(ok: bool, reason: str) -> tuple[bool, str]:
@@ -346,7 +346,10 @@ def _mfu(role: str, module, plan, compute_dtype: torch.dtype, data: DataProto, e
 
 
 def _model_inputs(data: DataProto) -> dict:
-    return {k: data.batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    inputs = {k: data.batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    if "multi_modal_inputs" in data.non_tensor_batch:   # a VL batch: the numerics guard checks the tower too
+        inputs["multi_modal_inputs"] = data.non_tensor_batch["multi_modal_inputs"]
+    return inputs
 
 
 def _gathered_for_forward(module, role_plan):
