@@ -434,7 +434,7 @@ def _checked_datasets(config, tokenizer, processor=None):
                 dataset = create_rl_dataset(data[key], data, tokenizer, processor, is_train=is_train, max_samples=limit)
                 if hasattr(dataset, "check_prompt_lengths"):  # a custom data.custom_cls need not have it
                     dataset.check_prompt_lengths()
-            except (ValueError, KeyError, TypeError, OSError) as err:
+            except (ValueError, KeyError, TypeError, OSError, NotImplementedError) as err:
                 problems.append(f"data.{key}: {err.args[0] if err.args else err}")
                 continue
             if len(dataset) == 0:

@@ -74,7 +74,11 @@ class RLHFDataset(Dataset):
     def __init__(self, data_files, tokenizer, config, processor=None, max_samples: int = -1):
         self.processor = processor
         self.image_key = config.get("image_key", "images")
-        self.return_multi_modal_inputs = config.get("return_multi_modal_inputs", True)
+        if processor is not None and not config.get("return_multi_modal_inputs", True):
+            raise NotImplementedError(
+                "data.return_multi_modal_inputs=False (pixels recomputed in the workers, upstream's agent loop) "
+                "is not built: the workers read each row's pixel inputs from the batch; set it True"
+            )
         if processor is not None and getattr(processor, "rope_index", None) is None:
             raise ValueError(
                 f"{type(processor).__name__} came without the model's multimodal position ids; load it with "
@@ -311,8 +315,7 @@ class RLHFDataset(Dataset):
         row["multi_modal_data"] = {"image": images}
         # vLLM widens each image span itself: it gets the prompt as rendered, one image pad per image (upstream's).
         row["raw_prompt_ids"] = self.tokenizer(encoded["text"], add_special_tokens=False)["input_ids"]
-        if self.return_multi_modal_inputs:
-            row["multi_modal_inputs"] = {k: encoded[k] for k in ("pixel_values", "image_grid_thw") if k in encoded}
+        row["multi_modal_inputs"] = {k: encoded[k] for k in ("pixel_values", "image_grid_thw") if k in encoded}
 
 
 def create_rl_dataset(data_paths, data_config, tokenizer, processor=None, is_train: bool = True, max_samples=None):

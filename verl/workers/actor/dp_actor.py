@@ -37,8 +37,8 @@ def model_inputs(data: DataProto, keys) -> tuple[dict, object]:
     tensors = {k: data.batch[k] for k in keys}
     images = data.non_tensor_batch.get("multi_modal_inputs")
     if images is None and data.batch["position_ids"].dim() == 3:
-        raise KeyError("the batch has (batch, 4, seq) multimodal position ids but no multi_modal_inputs; keep "
-                       "data.return_multi_modal_inputs=True so the pixel inputs reach the model")
+        raise KeyError("the batch has (batch, 4, seq) multimodal position ids but no multi_modal_inputs (the "
+                       "pixel inputs RLHFDataset puts in every image row); a custom data.custom_cls must add them")
     if images is not None:
         tensors[ROW] = torch.arange(len(data), device=data.batch["input_ids"].device)
     return tensors, images
