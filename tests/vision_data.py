@@ -40,23 +40,23 @@ def tiny_vl_model(out_dir) -> str:
     return build_tiny_vl_model_dir(str(out_dir), corpus_texts=corpus, vocab_size=1024, seed=0)
 
 
-def write_hub_copy(folder, rows_per_split: int = 8, seed: int = 0) -> Path:
+def write_hub_copy(folder, rows_per_split: int = 8, seed: int = 0, image_size: int = 56) -> Path:
     """A geometry3k-shaped copy of the hub repository in `folder`, one random image per problem."""
     from verl.utils.tiny_vl_model import tiny_images
 
     data = Path(folder) / "data"
     data.mkdir(parents=True, exist_ok=True)
     for offset, split in enumerate(("train", "validation", "test")):
-        images = tiny_images(rows_per_split, seed=seed + offset)
+        images = tiny_images(rows_per_split, size=image_size, seed=seed + offset)
         records = [{"problem": PROBLEMS[i % len(PROBLEMS)], "answer": str(i),
                     "images": [{"bytes": png_bytes(images[i]), "path": None}]} for i in range(rows_per_split)]
         pq.write_table(pa.Table.from_pylist(records), data / f"{split}-00000-of-00001.parquet")
     return Path(folder)
 
 
-def geo3k_parquet(tmp_dir, rows_per_split: int = 8) -> Path:
+def geo3k_parquet(tmp_dir, rows_per_split: int = 8, image_size: int = 56) -> Path:
     """train.parquet / test.parquet written by the stock preprocessing script from a local copy."""
-    source = write_hub_copy(Path(tmp_dir) / "geometry3k", rows_per_split)
+    source = write_hub_copy(Path(tmp_dir) / "geometry3k", rows_per_split, image_size=image_size)
     out = Path(tmp_dir) / "geo3k"
     subprocess.run([sys.executable, "examples/data_preprocess/geo3k.py", "--local_dataset_path", str(source),
                     "--local_save_dir", str(out)], cwd=REPO_ROOT, check=True, timeout=120)

@@ -130,3 +130,25 @@ def test_model_spec_counts_the_vision_tower(model_dir):
     model = AutoModelForImageTextToText.from_pretrained(model_dir)
     assert spec.vision.params == sum(p.numel() for p in model.model.visual.parameters())
     assert spec.num_params == sum(p.numel() for p in model.parameters())
+
+
+def test_model_spec_of_qwen25_vl_3b_hub_config_counts_every_weight():
+    """The hub's flat config.json layout (text keys at the top, vision_config nested), counted against the
+    model transformers builds from it (on the meta device: no memory)."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from verl.compat.model_spec import ModelSpec
+
+    hub = {"model_type": "qwen2_5_vl", "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+           "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
+           "max_position_embeddings": 128000, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+           "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
+                             "num_heads": 16, "in_chans": 3, "out_hidden_size": 2048, "patch_size": 14,
+                             "spatial_merge_size": 2, "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31],
+                             "tokens_per_second": 2, "temporal_patch_size": 2}}
+    spec = ModelSpec.from_hf_config(hub)
+    with torch.device("meta"):
+        model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**hub))
+    assert spec.num_params == sum(p.numel() for p in model.parameters())
+    assert spec.vision.params == sum(p.numel() for p in model.model.visual.parameters())
+    assert spec.hidden_size == 2048 and spec.num_layers == 36 and spec.vocab_size == 151936

@@ -64,6 +64,7 @@ def build_tiny_vl_model_dir(
     vision_heads: int = 2,
     vision_intermediate_size: int | None = None,
     mrope_section: list[int] | None = None,
+    max_pixels: int = 224 * 224,
     max_position_embeddings: int = 2048,
     seed: int = 0,
 ) -> str:
@@ -109,8 +110,8 @@ def build_tiny_vl_model_dir(
     finally:
         torch.random.set_rng_state(generator_state)
     model.save_pretrained(out_dir)
-    # Small images stay small: at most 16x16 patches (64 image tokens) per image.
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=224 * 224, patch_size=14,
+    # By default small images stay small: at most 16x16 patches (64 image tokens) per image.
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=max_pixels, patch_size=14,
                                                temporal_patch_size=2, merge_size=2)
     # The processor's own files, written part by part: transformers builds a Qwen2_5_VLProcessor only with
     # torchvision installed (see verl.utils.tokenizer.hf_processor), and these tests must not need it.
@@ -129,7 +130,7 @@ def build_tiny_vl_model_dir(
 # Qwen2.5-VL-3B-Instruct's shape (its config.json); the vocabulary is this tokenizer's.
 QWEN25_VL_3B = {"hidden_size": 2048, "num_layers": 36, "num_heads": 16, "num_kv_heads": 2, "intermediate_size": 11008,
                 "vision_hidden_size": 1280, "vision_depth": 32, "vision_heads": 16, "vision_intermediate_size": 3420,
-                "mrope_section": [16, 24, 24], "max_position_embeddings": 128000}
+                "mrope_section": [16, 24, 24], "max_position_embeddings": 128000, "max_pixels": 12845056}
 
 
 def tiny_images(count: int, size: int = 56, seed: int = 0) -> list:
