@@ -127,6 +127,9 @@ def test_changing_the_image_changes_the_log_probs(setup):
     # one micro-batch of two rows equals two micro-batches of one: each row gets its own pixels
     meta["micro_batch_size"] = 2
     torch.testing.assert_close(log_probs([dataset[0], dataset[1]]), same, rtol=0, atol=1e-5)
+    # token-budget micro-batches (the GPU plans' use_dynamic_bsz) regroup rows; pixels follow them
+    meta.update(use_dynamic_bsz=True, max_token_len=MAX_PROMPT + RESPONSE)
+    torch.testing.assert_close(log_probs([dataset[0], dataset[1]]), same, rtol=0, atol=1e-5)
 
 
 def test_builtin_engine_greedy_equals_transformers_generate(setup):

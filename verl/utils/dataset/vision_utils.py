@@ -94,12 +94,12 @@ class RopeIndex:
 
 def rope_index_for(name_or_path, **kwargs) -> RopeIndex | None:
     """The RopeIndex of the model at `name_or_path`, or None when its class has no multimodal positions."""
-    from transformers import AutoConfig
+    import transformers
     from transformers.models.auto import modeling_auto
 
-    config = AutoConfig.from_pretrained(name_or_path, **kwargs)
+    config = transformers.AutoConfig.from_pretrained(name_or_path, **kwargs)
     name = modeling_auto.MODEL_MAPPING_NAMES.get(config.model_type)
-    model_class = getattr(__import__("transformers", fromlist=[name]), name, None) if name else None
+    model_class = getattr(transformers, name, None) if name else None
     if model_class is None or not hasattr(model_class, "get_rope_index"):
         return None
     return RopeIndex(model_class, config)
