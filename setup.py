@@ -66,7 +66,11 @@ EXTRAS_REQUIRE = {
     # QLoRA's 4-bit base (actor_rollout_ref.model.load_in_4bit) and AdamW8bit; the compat plan uses them only
     # where bitsandbytes' own support table covers the device (verl.compat.decider.bitsandbytes_missing).
     "bnb": ["bitsandbytes>=0.45"],
-    "test": ["pytest>=7", "pytest-timeout>=2", "mathruler>=0.1", "pylatexenc>=2.10", "peft>=0.14"],
+    # Vision-language models (Qwen2/2.5-VL): images decode and the model's image processor runs with Pillow.
+    # 9.1: Image.Resampling, which transformers' image processors use.
+    "vision": ["pillow>=9.1"],
+    "test": ["pytest>=7", "pytest-timeout>=2", "mathruler>=0.1", "pylatexenc>=2.10", "peft>=0.14", "pillow>=9.1",
+             "bitsandbytes>=0.45"],
 }
 
 setup(

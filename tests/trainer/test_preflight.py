@@ -70,13 +70,15 @@ def test_overlong_prompts_and_an_empty_set_are_found_before_training(tokenizer, 
     pd.DataFrame([_row("short?"), _row(" ".join(f"w{i}" for i in range(60))), _row("x " * 50)]).to_parquet(train)
     empty = tmp_path / "test.parquet"
     pd.DataFrame([_row("a")]).iloc[:0].to_parquet(empty)
+    with pytest.raises(InputError) as err:       # the cheap file checks come first, and stop before tokenizing
+        _checked_datasets(_config(str(train), str(empty)), tokenizer)
+    assert "data.val_files: the data set is empty" in str(err.value)
+    pd.DataFrame([_row("a")]).to_parquet(empty)
     with pytest.raises(InputError) as err:
         _checked_datasets(_config(str(train), str(empty)), tokenizer)
     message = str(err.value)
     assert "2 prompt(s) are over data.max_prompt_length=32" in message and "row 1 of" in message
     assert "filter_overlong_prompts=True" in message
-    assert "data.val_files: the data set is empty" in message
-    # the same files pass once over-long prompts are filtered and the validation set has rows
-    pd.DataFrame([_row("a")]).to_parquet(empty)
+    # the same files pass once over-long prompts are filtered
     train_set, val_set = _checked_datasets(_config(str(train), str(empty), filter_overlong_prompts=True), tokenizer)
     assert len(train_set) == 1 and len(val_set) == 1

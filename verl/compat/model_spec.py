@@ -4,12 +4,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
+
+from verl.compat.vision import VisionSpec
 
 # model_type -> (bias on q/k/v, bias on o, per-head q/k norms); others follow `attention_bias`.
 _ATTENTION_LAYOUT = {
     "qwen2": (True, False, False),
+    "qwen2_vl": (True, False, False), "qwen2_vl_text": (True, False, False),
+    "qwen2_5_vl": (True, False, False), "qwen2_5_vl_text": (True, False, False),
     "qwen3": (None, None, True),
 }
 
@@ -50,6 +54,7 @@ class ModelSpec:
     tie_word_embeddings: bool
     max_position_embeddings: int
     model_type: str = ""
+    vision: VisionSpec | None = None   # a vision-language model's vision tower (its params are in num_params)
 
     @property
     def lm_head_params(self) -> int:
@@ -82,6 +87,15 @@ class ModelSpec:
     def from_hf_config(cls, cfg: Any) -> ModelSpec:
         """From a transformers `PretrainedConfig` or a config.json dict."""
         get = cfg.get if isinstance(cfg, Mapping) else (lambda k, d=None: getattr(cfg, k, d))
+        vision_cfg = get("vision_config")
+        if vision_cfg is not None:   # a VL model: the LM (nested or flat, as hub configs are) plus its tower
+            text = get("text_config") if get("text_config") is not None and get("hidden_size") is None else {
+                k: v for k, v in (cfg.items() if isinstance(cfg, Mapping) else cfg.to_dict().items())
+                if k != "vision_config"}
+            lm = cls.from_hf_config(text)
+            vget = vision_cfg.get if isinstance(vision_cfg, Mapping) else (lambda k, d=None: getattr(vision_cfg, k, d))
+            tower = VisionSpec.from_hf_config(vget)
+            return replace(lm, num_params=lm.num_params + tower.params, vision=tower)
         if get("text_config") is not None and get("hidden_size") is None:
             return cls.from_hf_config(get("text_config"))   # multimodal wrapper: plan the LM
         hidden = int(get("hidden_size"))

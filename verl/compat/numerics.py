@@ -46,6 +46,7 @@ LOGPROB_CHUNK = 128
 whatever the sequence length."""
 
 _INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
+_IMAGES = "multi_modal_inputs"   # per row: a VL model's pixel_values / image_grid_thw
 
 
 def _has_real_pair(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -61,7 +62,10 @@ def guard_sample(batch: Mapping, rows: int = GUARD_ROWS) -> dict[str, torch.Tens
     if usable.numel() == 0:
         raise ValueError("The batch has no pair of consecutive real tokens to compare.")
     index = usable.to(batch["attention_mask"].device)
-    return {k: batch[k][index] for k in _INPUT_KEYS if k in batch.keys() and batch[k] is not None}  # noqa: SIM118
+    sample = {k: batch[k][index] for k in _INPUT_KEYS if k in batch.keys() and batch[k] is not None}  # noqa: SIM118
+    if _IMAGES in batch.keys():   # noqa: SIM118 - a VL batch: the rows' pixel inputs, so the tower is checked too
+        sample[_IMAGES] = [batch[_IMAGES][i] for i in usable.tolist()]
+    return sample
 
 
 def _reduce(logits: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,11 +178,16 @@ def _real_span(row: Mapping, index: int) -> dict[str, torch.Tensor]:
         positions = torch.arange(mask.shape[-1], device=mask.device)
     else:
         positions = positions[index]
-    return {
+    positions = positions[..., first:last].unsqueeze(0)
+    inputs = {
         "input_ids": row["input_ids"][index, first:last].unsqueeze(0),
         "attention_mask": mask[first:last].unsqueeze(0),
-        "position_ids": positions[..., first:last].unsqueeze(0),
+        # a VL model's (1, 4, seq) positions go in as (4, 1, seq), with the row's pixels
+        "position_ids": positions.transpose(0, 1) if positions.dim() == 3 else positions,
     }
+    if row.get(_IMAGES) is not None:
+        inputs.update({k: v.to(mask.device) for k, v in (row[_IMAGES][index] or {}).items()})
+    return inputs
 
 
 @torch.no_grad()
@@ -200,7 +209,7 @@ def check_half_precision(model: torch.nn.Module, batch: Mapping, compute_dtype: 
     if any(p.dtype != torch.float32 for p in params):
         raise ValueError("check_half_precision needs the model's float32 master weights; got "
                          f"{sorted({str(p.dtype) for p in params})}.")
-    rows = {k: batch[k] for k in _INPUT_KEYS if k in batch.keys() and batch[k] is not None}  # noqa: SIM118
+    rows = {k: batch[k] for k in (*_INPUT_KEYS, _IMAGES) if k in batch.keys() and batch[k] is not None}  # noqa: SIM118
     # The inputs' device, not the weights': offloaded FSDP shards live in host memory between passes.
     device = rows["input_ids"].device
     tally: _Tally | None = None

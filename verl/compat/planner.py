@@ -26,6 +26,7 @@ from verl.compat.profile import DeviceProfile, SoftwareInfo
 from verl.compat.reward_model import add_reward_model
 from verl.compat.wrapping import wraps_in_fsdp
 from verl.compat.settings import AUTO
+from verl.compat.vision import decide_vision, decide_vision_rollout
 from verl.compat.throughput import UPSTREAM_TOKEN_BUDGET, decide_dynamic_bsz, decide_fused_optimizer, dynamic_auto
 
 __all__ = ["MAX_ROLLOUT_MICRO_BATCH", "PlanError", "make_plan"]
@@ -431,9 +432,12 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     glob = _decide_globals(d, config)
     roles_cfg = _role_configs(config)
     roles, ref_in_actor = decide_adapters(d, config, _decide_roles(d, config, roles_cfg))
+    roles = decide_vision(d, config, roles, model.vision if model is not None else None,
+                          int(_get(config, "data.max_prompt_length", 512)))
     rollout, rollout_asked = _decide_rollout(d, config, roles["actor"].compute_dtype,
                                              roles["actor"].attn_implementation)
     rollout = _decide_compiled_decode(d, rollout, glob["torch_compile"])
+    rollout = decide_vision_rollout(d, rollout, model.vision if model is not None else None)
     _decide_cast_on_gather(d, roles, rollout.dtype)
     _warn_vllm_only_keys(d, config, rollout.name)
     inp = _fit_inputs(d, config, roles_cfg, roles, rollout, rollout_asked, model, glob["torch_compile"], ref_in_actor)

@@ -79,10 +79,14 @@ class FSDPModelMerger:
         self.config = config
         self.adapter = None   # a LoRA checkpoint's adapters (lora_merge.Adapters), once merged_model ran
 
-    def _auto_class(self, value_model: bool):
-        from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    def _auto_class(self, value_model: bool, hf_config=None):
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForTokenClassification
 
-        return AutoModelForTokenClassification if value_model else AutoModelForCausalLM
+        if value_model:
+            return AutoModelForTokenClassification
+        # a vision-language checkpoint (its processor files travel with the other non-weight files)
+        return AutoModelForImageTextToText if getattr(hf_config, "vision_config", None) is not None \
+            else AutoModelForCausalLM
 
     def merged_model(self):
         """The model of huggingface/config.json holding the merged weights (built on meta, then assigned)."""
@@ -97,7 +101,9 @@ class FSDPModelMerger:
         value_model = _is_value_model(shards[0], self.config.is_value_model)
         if value_model:
             hf_config.num_labels = 1
-        auto_cls = self._auto_class(value_model)
+        if adapters is not None and hasattr(hf_config, "quantization_config"):
+            del hf_config.quantization_config   # a QLoRA base: the merged weights are dense
+        auto_cls = self._auto_class(value_model, hf_config)
         dtype = next(iter(shards[0].values())).dtype
         with torch.device("meta"):
             model = auto_cls.from_config(hf_config, trust_remote_code=self.config.trust_remote_code, dtype=dtype)

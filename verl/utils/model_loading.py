@@ -21,6 +21,38 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     return hf_tokenizer(resolve_model_path(path), trust_remote_code=trust_remote_code)
 
 
+def is_vision_language(path: str) -> bool:
+    """Whether the model folder's config.json describes a vision-language model (it has a vision_config)."""
+    import json
+    import os
+
+    config_file = os.path.join(resolve_model_path(path), "config.json")
+    if not os.path.isfile(config_file):
+        return False
+    with open(config_file) as f:
+        return "vision_config" in json.load(f)
+
+
+def load_processor(path: str, trust_remote_code: bool = False):
+    """A vision-language model's processor with its `rope_index` (the model's multimodal position ids),
+    or None for a text-only model. A VL model whose processor does not load is an error."""
+    from verl.utils.dataset.vision_utils import rope_index_for
+    from verl.utils.tokenizer import hf_processor
+
+    if not is_vision_language(path):
+        return None
+    folder = resolve_model_path(path)
+    processor = hf_processor(folder, trust_remote_code=trust_remote_code)
+    if processor is None:
+        raise ValueError(f"{path} is a vision-language model but its processor does not load (it needs "
+                         "preprocessor_config.json beside the tokenizer)")
+    processor.rope_index = rope_index_for(folder, trust_remote_code=trust_remote_code)
+    if processor.rope_index is None:
+        raise NotImplementedError(f"{path}: vision-language models without get_rope_index (Qwen2/2.5-VL style "
+                                  "multimodal positions) are not supported")
+    return processor
+
+
 def import_model_code(path: str, trust_remote_code: bool = False) -> None:
     """Import what `build_model` will import for `path`, loading no weights: transformers' auto classes
     and the architecture's modelling module (which brings in transformers' modelling and generation
@@ -71,6 +103,7 @@ def build_model(
         from transformers import (
             AutoConfig,
             AutoModelForCausalLM,
+            AutoModelForImageTextToText,
             AutoModelForTokenClassification,
         )
 
@@ -86,7 +119,12 @@ def build_model(
         config.classifier_dropout = 0.0
         if hasattr(config, "hidden_dropout"):
             config.hidden_dropout = 0.0
-    auto_cls = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
+    vision = getattr(config, "vision_config", None) is not None
+    if value_head and vision:
+        raise NotImplementedError("a critic (value head) on a vision-language model is not built; use a "
+                                  "critic-free estimator (algorithm.adv_estimator=grpo/rloo/reinforce_plus_plus)")
+    auto_cls = (AutoModelForTokenClassification if value_head
+                else AutoModelForImageTextToText if vision else AutoModelForCausalLM)
     # Weights missing from the checkpoint (the critic's score head) are drawn at random: seed them so
     # every rank, and every run, starts from the same values.
     with torch.random.fork_rng(devices=[]):
@@ -111,6 +149,22 @@ def build_model(
     if not train:
         model.requires_grad_(False)
     return model
+
+
+def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:
+    """A VL model's vision encoder (transformers names it `visual` in Qwen-VL), or None."""
+    inner = getattr(model, "model", model)
+    return getattr(inner, "visual", None) or getattr(model, "visual", None)
+
+
+def freeze_vision_tower(model: torch.nn.Module) -> None:
+    """`actor.freeze_vision_tower`: the whole encoder (its patch merger included) keeps its weights and
+    only the decoder trains; the encoder's parameters get neither gradients nor optimizer state."""
+    tower = vision_tower(model)
+    if tower is None:
+        raise ValueError(f"actor_rollout_ref.actor.freeze_vision_tower=True, but {type(model).__name__} has no "
+                         "vision tower; set it False for a text-only model")
+    tower.requires_grad_(False)
 
 
 def storage_dtype(role_plan: RolePlan, train: bool) -> str:

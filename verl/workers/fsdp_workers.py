@@ -26,7 +26,7 @@ from verl.single_controller.base.worker import Worker
 from verl.utils import frozen_weights, fsdp_utils, layer_compile, lora
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.flops import training_flops
-from verl.utils.model_loading import build_model, import_model_code, load_tokenizer
+from verl.utils.model_loading import build_model, freeze_vision_tower, import_model_code, load_tokenizer
 from verl.utils.startup import Laps
 from verl.utils.torch_functional import (
     get_constant_schedule_with_warmup,
@@ -68,6 +68,14 @@ class _TokenizerOnUse:
 
     def __len__(self) -> int:
         return len(_process_tokenizer(*self._source))
+
+    def save_pretrained(self, folder: str):
+        """The tokenizer's files and, for a multimodal model, its processor's (a checkpoint's huggingface/)."""
+        from verl.utils.tokenizer import copy_processor_files
+
+        saved = _process_tokenizer(*self._source).save_pretrained(folder)
+        copy_processor_files(self._source[0], folder)
+        return saved
 
 
 _MODEL_CODE_LOCK = threading.Lock()   # colocated roles share a process: their imports run one after the other
@@ -281,7 +289,7 @@ def _same_row_count_on_every_rank(sample: dict) -> dict:
     if int(most) == rows:
         return sample
     index = torch.arange(int(most), device=most.device) % rows
-    return {k: v[index] for k, v in sample.items()}
+    return {k: [v[i] for i in index.tolist()] if isinstance(v, list) else v[index] for k, v in sample.items()}
 
 
 def _agreed_verdict(ok: bool, reason: str) -> tuple[bool, str]:
@@ -338,7 +346,10 @@ def _mfu(role: str, module, plan, compute_dtype: torch.dtype, data: DataProto, e
 
 
 def _model_inputs(data: DataProto) -> dict:
-    return {k: data.batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    inputs = {k: data.batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    if "multi_modal_inputs" in data.non_tensor_batch:   # a VL batch: the numerics guard checks the tower too
+        inputs["multi_modal_inputs"] = data.non_tensor_batch["multi_modal_inputs"]
+    return inputs
 
 
 def _gathered_for_forward(module, role_plan):
@@ -422,6 +433,8 @@ class ActorRolloutRefWorker(Worker):
             override_config=model_cfg.get("override_config") or {},
             train=train,
         )
+        if train and planned.name == "actor" and self.config.actor.get("freeze_vision_tower", False):
+            freeze_vision_tower(module)
         if planned.role_plan.lora_rank > 0:
             module = lora.add_adapters(module, model_cfg, planned.role_plan.lora_rank, planned.param_dtype)
         elif model_cfg.get("lora_adapter_path") and planned.name == "actor":

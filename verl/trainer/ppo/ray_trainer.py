@@ -620,7 +620,11 @@ class RayPPOTrainer:
         tensor_keys = [k for k in ("input_ids", "attention_mask", "position_ids") if k in batch.batch]
         non_tensor_keys = [k for k in ("raw_prompt_ids", "raw_prompt", "multi_modal_data", "tools_kwargs",
                                        "interaction_kwargs", "agent_name") if k in batch.non_tensor_batch]
-        return batch.pop(batch_keys=tensor_keys, non_tensor_batch_keys=non_tensor_keys)
+        gen_batch = batch.pop(batch_keys=tensor_keys, non_tensor_batch_keys=non_tensor_keys)
+        if "multi_modal_inputs" in batch.non_tensor_batch:  # shared: the built-in engine's prefill and the
+            # log-prob passes both read the pixels, and the engine hands none back
+            gen_batch.non_tensor_batch["multi_modal_inputs"] = batch.non_tensor_batch["multi_modal_inputs"]
+        return gen_batch
 
     def _greedy_baseline_rewards(self, batch: DataProto, gen_batch: DataProto) -> torch.Tensor:
         """ReMax's baseline: the reward of one greedy response per prompt (sequence sums, one per prompt)."""

@@ -350,7 +350,7 @@ def build_inputs(config) -> dict:
     from verl.trainer.ppo.reward import load_reward_manager
     from verl.trainer.preflight import InputError, input_problems
     from verl.utils.dataset.rl_dataset import create_rl_sampler
-    from verl.utils.model_loading import load_tokenizer
+    from verl.utils.model_loading import load_processor, load_tokenizer
 
     lap = Laps()
     model_cfg = config.actor_rollout_ref.model
@@ -363,6 +363,12 @@ def build_inputs(config) -> dict:
     except Exception as err:  # noqa: BLE001 - whatever transformers raises, the user's fix is this key
         problems.append(f"actor_rollout_ref.model.{key}={model_cfg.get(key)}: the tokenizer does not load "
                         f"({type(err).__name__}: {_first_line(err)})")
+    processor = None
+    if tokenizer is not None:
+        try:
+            processor = load_processor(model_cfg.path, trust_remote_code=model_cfg.get("trust_remote_code", False))
+        except (ValueError, NotImplementedError) as err:
+            problems.append(f"actor_rollout_ref.model.path={model_cfg.path}: {err}")
     lap("tokenizer")
     reward_kwargs = OmegaConf.select(config, "reward_model.reward_kwargs", default=None) or {}
     reward_kwargs = OmegaConf.to_container(reward_kwargs, resolve=True) if OmegaConf.is_config(reward_kwargs) else dict(reward_kwargs)
@@ -374,10 +380,10 @@ def build_inputs(config) -> dict:
     lap("reward")
     if problems:
         raise InputError(input_problems(config) + problems)
-    train_dataset, val_dataset = _checked_datasets(config, tokenizer)
+    train_dataset, val_dataset = _checked_datasets(config, tokenizer, processor)
     train_sampler = create_rl_sampler(config.data, train_dataset)
     lap("datasets")
-    return {"tokenizer": tokenizer, "reward_fn": reward_fn, "val_reward_fn": val_reward_fn,
+    return {"tokenizer": tokenizer, "processor": processor, "reward_fn": reward_fn, "val_reward_fn": val_reward_fn,
             "train_dataset": train_dataset, "val_dataset": val_dataset, "train_sampler": train_sampler,
             "seconds": lap.seconds}
 
@@ -400,6 +406,7 @@ def build_trainer(config, plan, inputs: dict | None = None, layout=None, worker_
         return RayPPOTrainer(
             config=config,
             tokenizer=inputs["tokenizer"],
+            processor=inputs.get("processor"),
             role_worker_mapping=roles,
             resource_pool_manager=pools,
             reward_fn=inputs["reward_fn"],
@@ -415,7 +422,7 @@ def build_trainer(config, plan, inputs: dict | None = None, layout=None, worker_
         raise InputError([str(err)]) from err
 
 
-def _checked_datasets(config, tokenizer):
+def _checked_datasets(config, tokenizer, processor=None):
     """The train and validation sets; every problem with them (and with the logger) in one InputError."""
     from verl.trainer.preflight import InputError, input_problems
     from verl.utils.dataset.rl_dataset import create_rl_dataset
@@ -427,10 +434,10 @@ def _checked_datasets(config, tokenizer):
         for key, is_train in (("train_files", True), ("val_files", False)):
             limit = data.get("train_max_samples" if is_train else "val_max_samples", -1)
             try:
-                dataset = create_rl_dataset(data[key], data, tokenizer, None, is_train=is_train, max_samples=limit)
+                dataset = create_rl_dataset(data[key], data, tokenizer, processor, is_train=is_train, max_samples=limit)
                 if hasattr(dataset, "check_prompt_lengths"):  # a custom data.custom_cls need not have it
                     dataset.check_prompt_lengths()
-            except (ValueError, KeyError, TypeError, OSError) as err:
+            except (ValueError, KeyError, TypeError, OSError, NotImplementedError) as err:
                 problems.append(f"data.{key}: {err.args[0] if err.args else err}")
                 continue
             if len(dataset) == 0:

@@ -72,9 +72,17 @@ class RLHFDataset(Dataset):
     """
 
     def __init__(self, data_files, tokenizer, config, processor=None, max_samples: int = -1):
-        if processor is not None:
+        self.processor = processor
+        self.image_key = config.get("image_key", "images")
+        if processor is not None and not config.get("return_multi_modal_inputs", True):
             raise NotImplementedError(
-                "multimodal processors are not supported by this RLHFDataset; use a text-only model"
+                "data.return_multi_modal_inputs=False (pixels recomputed in the workers, upstream's agent loop) "
+                "is not built: the workers read each row's pixel inputs from the batch; set it True"
+            )
+        if processor is not None and getattr(processor, "rope_index", None) is None:
+            raise ValueError(
+                f"{type(processor).__name__} came without the model's multimodal position ids; load it with "
+                "verl.utils.model_loading.load_processor(model path)"
             )
         self.data_files = [data_files] if isinstance(data_files, str) else [str(f) for f in data_files]
         self.tokenizer = tokenizer
@@ -88,7 +96,7 @@ class RLHFDataset(Dataset):
         self.apply_chat_template_kwargs = dict(config.get("apply_chat_template_kwargs") or {})
         if self.truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation={self.truncation!r}; choose one of {TRUNCATION_MODES}")
-        if getattr(tokenizer, "chat_template", None) is None:
+        if getattr(processor or tokenizer, "chat_template", None) is None:
             raise ValueError(
                 f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; prompts are chat "
                 "messages, so the tokenizer needs one (set tokenizer.chat_template, or use an instruct model's)"
@@ -125,6 +133,8 @@ class RLHFDataset(Dataset):
             else:
                 keep = np.arange(max_samples)
             self._select(keep)
+        if self.processor is not None:
+            self.check_images()
         if self.filter_overlong_prompts:
             self._select(np.flatnonzero(self._prompt_lengths() <= self.max_prompt_length))
         print(
@@ -150,6 +160,32 @@ class RLHFDataset(Dataset):
                 "data.truncation=left/right/middle to cut them, or raise data.max_prompt_length."
             )
 
+    def check_images(self) -> None:
+        """Raise, naming the row, if a row's `<image>` placeholders and its images disagree in number or
+        an image does not decode: found here, before training, rather than at the batch that holds it."""
+        has_images = self.image_key in self.table.column_names
+        prompts = self.table.column(self.prompt_key)
+        images = self.table.column(self.image_key) if has_images else None
+        for start in range(0, len(self), _LENGTH_BATCH):
+            chunk = prompts.slice(start, _LENGTH_BATCH).to_pylist()
+            cells = images.slice(start, _LENGTH_BATCH).to_pylist() if has_images else [None] * len(chunk)
+            for offset, (messages, cell) in enumerate(zip(chunk, cells)):
+                self._row_images(messages, cell, start + offset)
+
+    def _row_images(self, messages, cell, index: int) -> list:
+        """The row's images decoded, after checking they match its placeholders."""
+        from verl.utils.dataset.vision_utils import count_placeholders, load_image
+
+        where = self._where(index)
+        self._check_messages(messages, index)
+        cell = list(cell or [])
+        wanted = count_placeholders(messages)
+        if wanted != len(cell):
+            column = f"column {self.image_key!r} (data.image_key)"
+            raise ValueError(f"{where}: the prompt has {wanted} <image> placeholder(s) but {column} holds "
+                             f"{len(cell)} image(s); give each <image> one image")
+        return [load_image(value, where) for value in cell]
+
     def _select(self, indices: np.ndarray) -> None:
         self.table = self.table.take(pa.array(indices, type=pa.int64()))
         self._origin = self._origin[indices]
@@ -158,16 +194,35 @@ class RLHFDataset(Dataset):
         file_number, row = self._origin[index]
         return f"row {row} of {self.data_files[file_number]}"
 
-    def _render(self, messages, index: int) -> str:
-        """The chat-formatted prompt text, ending where the assistant's answer starts."""
+    def _check_messages(self, messages, index: int) -> None:
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise TypeError(
                 f"{self._where(index)}: column {self.prompt_key!r} must be a list of {{'role', 'content'}} "
                 f"messages, got {type(messages).__name__}: {str(messages)[:200]}"
             )
+
+    def _render(self, messages, index: int, num_images: int = 0) -> str:
+        """The chat-formatted prompt text, ending where the assistant's answer starts. With a processor,
+        each `<image>` becomes an image part that its chat template expands."""
+        self._check_messages(messages, index)
+        if self.processor is not None:
+            from verl.utils.dataset.vision_utils import structured_messages
+
+            messages = structured_messages(messages, num_images, self._where(index))
+            return self.processor.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False, **self.apply_chat_template_kwargs
+            )
         return self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False, **self.apply_chat_template_kwargs
         )
+
+    def _encode(self, messages, images: list, index: int) -> dict:
+        """The processor's output for one row: input_ids (1, seq) with image tokens expanded, and with
+        images pixel_values, image_grid_thw and mm_token_type_ids."""
+        text = self._render(messages, index, len(images))
+        if not images:
+            return {"text": text, **self.processor(text=[text], return_tensors="pt")}
+        return {"text": text, **self.processor(text=[text], images=images, return_tensors="pt")}
 
     def _prompt_lengths(self) -> np.ndarray:
         """Token count of every chat-formatted prompt, tokenised in batches (the fast tokenizer is threaded).
@@ -177,6 +232,14 @@ class RLHFDataset(Dataset):
         lengths = np.empty(len(self), dtype=np.int64)
         prompts = self.table.column(self.prompt_key)
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if self.processor is not None:  # image tokens count: each row goes through the processor
+            has_images = self.image_key in self.table.column_names
+            for index in range(len(self)):
+                messages = prompts.slice(index, 1).to_pylist()[0]
+                cell = self.table.column(self.image_key).slice(index, 1).to_pylist()[0] if has_images else None
+                lengths[index] = self._encode(messages, self._row_images(messages, cell, index), index)[
+                    "input_ids"].shape[-1]
+            return lengths
         for start in range(0, len(self), _LENGTH_BATCH):
             chunk = prompts.slice(start, _LENGTH_BATCH).to_pylist()
             texts = [self._render(messages, start + offset) for offset, messages in enumerate(chunk)]
@@ -195,8 +258,13 @@ class RLHFDataset(Dataset):
     def __getitem__(self, index: int) -> dict:
         row = self.table.slice(index, 1).to_pylist()[0]
         messages = row.pop(self.prompt_key)
-        text = self._render(messages, index)
-        ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        if self.processor is not None:
+            images = self._row_images(messages, row.pop(self.image_key, None), index)
+            encoded = self._encode(messages, images, index)
+            text, ids = encoded["text"], encoded["input_ids"]
+        else:
+            text = self._render(messages, index)
+            ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
         if ids.shape[-1] > self.max_prompt_length and self.truncation == "error":
             raise ValueError(
                 f"{self._where(index)}: the prompt is {ids.shape[-1]} tokens, over data.max_prompt_length="
@@ -216,6 +284,8 @@ class RLHFDataset(Dataset):
         row["position_ids"] = compute_position_id_with_mask(attention_mask)[0]
         # The prompt as the rollout engine sees it: the kept tokens, without padding.
         row["raw_prompt_ids"] = input_ids[0][attention_mask[0].bool()].tolist()
+        if self.processor is not None:
+            self._add_multi_modal(row, encoded, images, input_ids[0], attention_mask[0], index)
         if self.return_raw_chat:
             row["raw_prompt"] = messages
         if self.return_full_prompt:
@@ -228,6 +298,24 @@ class RLHFDataset(Dataset):
         row["tools_kwargs"] = extra_info.get("tools_kwargs") or {}
         row["interaction_kwargs"] = extra_info.get("interaction_kwargs") or {}
         return row
+
+
+    def _add_multi_modal(self, row: dict, encoded: dict, images: list, input_ids, attention_mask, index) -> None:
+        """A VL row's extras, under upstream's names: `multi_modal_data` (the images, for vLLM),
+        `multi_modal_inputs` (the processor's pixel tensors, for the model's forward) and (4, seq)
+        position ids (text, then the mrope axes over the image grid)."""
+        image_token_id = self.processor.image_token_id
+        image_tokens = input_ids == image_token_id
+        if int(image_tokens.sum()) != int((encoded["input_ids"] == image_token_id).sum()):
+            raise ValueError(f"{self._where(index)}: data.truncation cut into the image tokens; raise "
+                             "data.max_prompt_length or set data.truncation=error")
+        token_types = image_tokens.long()
+        grid = encoded.get("image_grid_thw")
+        row["position_ids"] = self.processor.rope_index(input_ids, attention_mask, token_types, grid)
+        row["multi_modal_data"] = {"image": images}
+        # vLLM widens each image span itself: it gets the prompt as rendered, one image pad per image (upstream's).
+        row["raw_prompt_ids"] = self.tokenizer(encoded["text"], add_special_tokens=False)["input_ids"]
+        row["multi_modal_inputs"] = {k: encoded[k] for k in ("pixel_values", "image_grid_thw") if k in encoded}
 
 
 def create_rl_dataset(data_paths, data_config, tokenizer, processor=None, is_train: bool = True, max_samples=None):

@@ -26,6 +26,38 @@ from verl.utils.torch_functional import (compiled_log_prob_kernels, logprobs_and
 logger = logging.getLogger(__name__)
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
+ROW = "row_index"  # each row's place in the batch: micro-batches find their rows' pixel inputs by it
+
+
+def model_inputs(data: DataProto, keys) -> tuple[dict, object]:
+    """The batch tensors under `keys`, and the rows' `multi_modal_inputs` (None for text-only data).
+
+    With images, a `row_index` column rides along through shuffling and micro-batching, so each
+    micro-batch can gather its own rows' pixel tensors (see `image_kwargs`)."""
+    tensors = {k: data.batch[k] for k in keys}
+    images = data.non_tensor_batch.get("multi_modal_inputs")
+    if images is None and data.batch["position_ids"].dim() == 3:
+        raise KeyError("the batch has (batch, 4, seq) multimodal position ids but no multi_modal_inputs (the "
+                       "pixel inputs RLHFDataset puts in every image row); a custom data.custom_cls must add them")
+    if images is not None:
+        tensors[ROW] = torch.arange(len(data), device=data.batch["input_ids"].device)
+    return tensors, images
+
+
+def image_kwargs(micro_batch: dict, images, device) -> dict:
+    """pixel_values / image_grid_thw of a micro-batch's rows, in row order (empty without images)."""
+    if images is None:
+        return {}
+    from verl.utils.dataset.vision_utils import concat_multi_modal_inputs
+
+    joined = concat_multi_modal_inputs([images[i] for i in micro_batch[ROW].tolist()])
+    return {k: v.to(device) for k, v in joined.items()}
+
+
+def model_positions(position_ids: torch.Tensor) -> torch.Tensor:
+    """Position ids as the model takes them: (batch, seq), or a VL model's (4, batch, seq) from the
+    batch's (batch, 4, seq)."""
+    return position_ids.transpose(0, 1) if position_ids.dim() == 3 else position_ids
 
 
 class Precision:
@@ -97,13 +129,13 @@ class DataParallelPPOActor:
     # ------------------------------------------------------------------ forward
 
     def _forward_micro_batch(self, micro_batch: dict, temperature: float, calculate_entropy: bool,
-                             window: tuple[int, int] | None = None):
+                             window: tuple[int, int] | None = None, images=None):
         """(log_probs, entropy or None) of the response tokens, both (batch, response_length) float32.
 
         `window` ([start, end) columns from `padding_windows`) drops columns that are padding in every
-        row. Response padding slots come back as 0.
+        row. Response padding slots come back as 0. `images` are the batch's multi_modal_inputs rows.
         """
-        if self.use_remove_padding:
+        if self.use_remove_padding and images is None:
             return self._forward_packed(micro_batch, temperature, calculate_entropy)
         responses = micro_batch["responses"]
         response_length = responses.shape[-1]
@@ -113,11 +145,12 @@ class DataParallelPPOActor:
         columns = slice(start, end)
         # The last kept prompt column predicts the first response token: keep kept + 1 outputs.
         kwargs = {"logits_to_keep": kept + 1} if self._logits_to_keep else {}
+        kwargs.update(image_kwargs(micro_batch, images, micro_batch["input_ids"].device))
         with self.precision.autocast():
             output = self.actor_module(
                 input_ids=micro_batch["input_ids"][:, columns],
                 attention_mask=model_attention_mask(self.actor_module, micro_batch["attention_mask"][:, columns]),
-                position_ids=micro_batch["position_ids"][:, columns],
+                position_ids=model_positions(micro_batch["position_ids"][..., columns]),
                 use_cache=False,
                 **kwargs,
             )
@@ -166,9 +199,9 @@ class DataParallelPPOActor:
                                       padded_response_length=padded)
         return make_micro_batches(tensors, micro_batch_size=micro_batch_size)
 
-    def _windows(self, micro_batches: list[dict]) -> list:
+    def _windows(self, micro_batches: list[dict], images=None) -> list:
         """Padding-free column windows of the micro-batches (packed rows have no padding to drop)."""
-        if self.use_remove_padding:
+        if self.use_remove_padding and images is None:
             return [None] * len(micro_batches)
         return padding_windows([mb["attention_mask"] for mb in micro_batches], micro_batches[0]["responses"].shape[-1])
 
@@ -180,14 +213,14 @@ class DataParallelPPOActor:
         """
         self.actor_module.eval()
         meta = data.meta_info
-        tensors = {k: data.batch[k] for k in MODEL_INPUTS}
+        tensors, images = model_inputs(data, MODEL_INPUTS)
         micro_batches, partitions = self._micro_batches(
             tensors, meta.get("micro_batch_size"), bool(meta.get("use_dynamic_bsz", False)), meta.get("max_token_len")
         )
         log_probs, entropies = [], []
-        for micro_batch, window in zip(micro_batches, self._windows(micro_batches)):
+        for micro_batch, window in zip(micro_batches, self._windows(micro_batches, images)):
             lp, ent = self._forward_micro_batch(micro_batch, float(meta.get("temperature", 1.0)), calculate_entropy,
-                                                window)
+                                                window, images)
             log_probs.append(lp)
             entropies.append(ent)
         log_probs = restore_dynamic_batch(torch.cat(log_probs), partitions)
@@ -205,7 +238,7 @@ class DataParallelPPOActor:
         size = int(self.config.ppo_mini_batch_size)
         return [{k: v[s : s + size] for k, v in tensors.items()} for s in range(0, n, size)]
 
-    def _micro_loss(self, micro_batch: dict, temperature: float, batch_info: dict, window=None):
+    def _micro_loss(self, micro_batch: dict, temperature: float, batch_info: dict, window=None, images=None):
         """Total loss of one micro-batch (already globally normalised) and its metrics.
 
         Metric values stay on the device (detached tensors) so the micro-batch loop never waits for
@@ -214,7 +247,7 @@ class DataParallelPPOActor:
         cfg = self.config
         entropy_coeff = float(cfg.get("entropy_coeff", 0.0) or 0.0)
         calculate_entropy = entropy_coeff != 0 or bool(cfg.get("calculate_entropy", False))
-        log_prob, entropy = self._forward_micro_batch(micro_batch, temperature, calculate_entropy, window)
+        log_prob, entropy = self._forward_micro_batch(micro_batch, temperature, calculate_entropy, window, images)
         response_mask = micro_batch["response_mask"].to(log_prob.dtype)
         loss_agg_mode = cfg.get("loss_agg_mode", "token-mean")
         agg_kwargs = dict(batch_info, loss_scale_factor=cfg.get("loss_scale_factor", None))
@@ -259,7 +292,7 @@ class DataParallelPPOActor:
             if "ref_log_prob" not in data.batch.keys():
                 raise KeyError("actor.use_kl_loss=True needs 'ref_log_prob' in the batch (run compute_ref_log_prob)")
             keys.append("ref_log_prob")
-        tensors = {k: data.batch[k] for k in keys}
+        tensors, images = model_inputs(data, keys)
         response_length = tensors["responses"].shape[-1]
         tensors["response_mask"] = (
             data.batch["response_mask"] if "response_mask" in data.batch.keys()
@@ -275,8 +308,8 @@ class DataParallelPPOActor:
                     cfg.get("ppo_max_token_len_per_gpu"),
                 )
                 micro_metrics: list[dict] = []
-                for micro_batch, window in zip(micro_batches, self._windows(micro_batches)):
-                    loss, values = self._micro_loss(micro_batch, temperature, batch_info, window)
+                for micro_batch, window in zip(micro_batches, self._windows(micro_batches, images)):
+                    loss, values = self._micro_loss(micro_batch, temperature, batch_info, window, images)
                     scaled = self.precision.scaler.scale(loss) if self.precision.scaler is not None else loss
                     scaled.backward()
                     micro_metrics.append(values)

@@ -31,7 +31,8 @@ def special_tokens(module: nn.Module, meta: dict, engine: str) -> tuple[list[int
 
 def output_tensors(ids, mask, pos, responses, eos_ids, ignore_eos: bool) -> dict[str, torch.Tensor]:
     """Upstream's output keys from the prompts and the right-padded responses: the response mask ends
-    after each row's first EOS (all ones with `ignore_eos`), positions continue the prompt's by 1, 2, ..."""
+    after each row's first EOS (all ones with `ignore_eos`), positions continue the prompt's by 1, 2, ...
+    on every axis ((batch, seq) positions, or a VL model's (batch, 4, seq): text then mrope axes)."""
     if ignore_eos:
         response_mask = torch.ones_like(responses, dtype=mask.dtype)
     else:
@@ -43,7 +44,7 @@ def output_tensors(ids, mask, pos, responses, eos_ids, ignore_eos: bool) -> dict
         "response_mask": response_mask,
         "input_ids": torch.cat([ids, responses], dim=-1),
         "attention_mask": torch.cat([mask, response_mask], dim=-1),
-        "position_ids": torch.cat([pos, pos[:, -1:] + offsets], dim=-1),
+        "position_ids": torch.cat([pos, pos[..., -1:] + offsets], dim=-1),
     }
 
 

@@ -195,6 +195,16 @@ def _is_sharded(module: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in module.parameters())
 
 
+def _image_inputs(prompts: DataProto, device) -> dict:
+    """A chunk's pixel inputs for the model's forward (empty for text-only prompts)."""
+    from verl.utils.dataset.vision_utils import concat_multi_modal_inputs
+
+    rows = prompts.non_tensor_batch.get("multi_modal_inputs")
+    if rows is None:
+        return {}
+    return {k: v.to(device) for k, v in concat_multi_modal_inputs(rows).items()}
+
+
 class HFRollout(BaseRollout):
     """Generate with `module`, the actor's causal LM (plain, FSDP1-wrapped or FSDP2-sharded).
 
@@ -322,22 +332,25 @@ class HFRollout(BaseRollout):
         # no weight-cast cache: a recorded CUDA graph must recompute its casts on every replay
         return torch.autocast(device_type=self._device().type, dtype=dtype, cache_enabled=False)
 
-    def _forward(self, input_ids, attention_mask, position_ids, cache):
-        kwargs = {self._cache_kw: cache, "use_cache": True}
+    def _forward(self, input_ids, attention_mask, position_ids, cache, images: dict | None = None):
+        kwargs = {self._cache_kw: cache, "use_cache": True, **(images or {})}
         if self._keep_kw is not None:
             kwargs[self._keep_kw] = 1  # only the last position's logits are needed
+        if position_ids.dim() == 3:  # a VL model's (batch, 4, seq) positions: the model takes (4, batch, seq)
+            position_ids = position_ids.transpose(0, 1)
         out = self.module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
         new_cache = getattr(out, "cache", None) if self._cache_kw == "cache" else out.past_key_values
         return out.logits[:, -1, :], new_cache
 
-    def _hf_passes(self, ids, mask, pos):
-        """First logits and a next-step function over the HF forward and its growing cache."""
+    def _hf_passes(self, ids, mask, pos, images: dict | None = None):
+        """First logits and a next-step function over the HF forward and its growing cache. `images`
+        (pixel_values, image_grid_thw) go into the prefill only: the cache then holds their features."""
         state = {"mask": mask, "cache": None}
-        logits, state["cache"] = self._forward(ids, mask, pos, None)
+        logits, state["cache"] = self._forward(ids, mask, pos, None, images)
 
         def advance(token, step):
             state["mask"] = torch.cat([state["mask"], torch.ones_like(mask[:, :1])], dim=-1)
-            logits, state["cache"] = self._forward(token.unsqueeze(-1), state["mask"], pos[:, -1:] + step + 1,
+            logits, state["cache"] = self._forward(token.unsqueeze(-1), state["mask"], pos[..., -1:] + step + 1,
                                                    state["cache"])
             return logits
 
@@ -385,8 +398,9 @@ class HFRollout(BaseRollout):
         states, since = [], 0
         keep_states = not ignore_eos and not params.greedy
 
-        if holder is None:
-            logits, advance = self._hf_passes(ids, mask, pos)
+        images = _image_inputs(prompts, device)
+        if holder is None or images:
+            logits, advance = self._hf_passes(ids, mask, pos, images)
         else:
             logits, advance = self._static_passes(holder, ids, mask, pos, response_length)
         for step in range(response_length):
@@ -412,9 +426,9 @@ class HFRollout(BaseRollout):
 
         tensors = output_tensors(ids, mask, pos, responses, eos_ids, ignore_eos)
         tensors = {k: v.to(out_device) for k, v in tensors.items()}
-        return DataProto.from_dict(
-            tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=dict(prompts.meta_info)
-        )
+        # The pixel tensors stay with the caller's batch (it keeps its own copy for the log-prob passes).
+        non_tensors = {k: v for k, v in prompts.non_tensor_batch.items() if k != "multi_modal_inputs"}
+        return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=dict(prompts.meta_info))
 
     def _agreed_passes(self, passes: int) -> int:
         """With sharded weights every forward is a collective, so every rank must run as many passes

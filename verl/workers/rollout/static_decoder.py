@@ -53,6 +53,9 @@ def static_decoding_unsupported(inner: nn.Module) -> str | None:
     """Why this model cannot use the static decoder, or None when it can."""
     cfg = getattr(inner, "config", None)
     family = getattr(cfg, "model_type", None)
+    if getattr(cfg, "vision_config", None) is not None:
+        return ("a vision-language model: image features and multimodal positions enter through the model's "
+                "own forward")
     if family not in _FAMILIES:
         return f"model type {family!r} is not one of {_FAMILIES}"
     base, head = _parts(inner)

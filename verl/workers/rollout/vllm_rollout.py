@@ -24,6 +24,7 @@ from torch import nn
 
 from verl.protocol import DataProto
 from verl.utils.lora import inference_weights
+from verl.utils.model_loading import is_vision_language
 
 from .base import BaseRollout, inner_module, output_tensors, special_tokens
 
@@ -135,6 +136,12 @@ class VLLMRollout(BaseRollout):
             # share of host memory is meant for vLLM alone, so it is handed over as an explicit KV budget.
             kwargs["kv_cache_memory_bytes"] = int(rollout_plan.gpu_memory_utilization * self.plan.memory_limit_gb
                                                   * 2**30)
+        if is_vision_language(kwargs["model"]):
+            # vLLM turns the images into pixels with the model's own HF processor, which needs the tokenizer.
+            kwargs["skip_tokenizer_init"] = False
+            limit = _cfg(cfg, "limit_images")
+            if limit:
+                kwargs["limit_mm_per_prompt"] = {"image": int(limit)}
         kwargs.update(engine_kwargs)
         logger.info("starting vLLM: dtype=%s gpu_memory_utilization=%s enforce_eager=%s sleep_mode=%s",
                     kwargs["dtype"], kwargs["gpu_memory_utilization"], kwargs["enforce_eager"],
@@ -178,7 +185,7 @@ class VLLMRollout(BaseRollout):
         sampling["stop_token_ids"] = eos_ids
 
         ids, mask, pos = (prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
-        requests = [{"prompt_token_ids": row[m.bool()].tolist()} for row, m in zip(ids.cpu(), mask.cpu())]
+        requests = self._requests(prompts)
         seed = meta.get("seed")
         params = [SamplingParams(**sampling, seed=None if seed is None else int(seed) + i)
                   for i in range(len(requests))]
@@ -208,5 +215,17 @@ class VLLMRollout(BaseRollout):
         # The trainer logs these: how many in-memory pushes this engine has taken, and the last one's time.
         meta["metrics"] = {**(meta.get("metrics") or {}), "rollout/weight_pushes": self.weight_pushes,
                            "perf/weight_push_s": push_s}
-        return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=meta)
+        non_tensors = {k: v for k, v in prompts.non_tensor_batch.items() if k != "multi_modal_inputs"}
+        return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)
+
+    @staticmethod
+    def _requests(prompts: DataProto) -> list[dict]:
+        """vLLM's prompts: the unpadded token ids; with images, upstream's pair of the prompt before the
+        processor widened its image spans (`raw_prompt_ids`; vLLM widens them itself) and the images."""
+        ids, mask = prompts.batch["input_ids"].cpu(), prompts.batch["attention_mask"].cpu()
+        images = prompts.non_tensor_batch.get("multi_modal_data")
+        if images is None:
+            return [{"prompt_token_ids": row[m.bool()].tolist()} for row, m in zip(ids, mask)]
+        raw = prompts.non_tensor_batch["raw_prompt_ids"]
+        return [{"prompt_token_ids": list(raw[i]), "multi_modal_data": images[i]} for i in range(len(raw))]
 
