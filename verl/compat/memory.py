@@ -388,6 +388,7 @@ COMPILED_ACTIVATION_SHARE = {2: 0.72, 4: 0.77}
 def _activations(m: ModelSpec, plan: RolePlan, tokens: int, seq_len: int, train: bool,
                  compiled: bool = False) -> dict[str, float]:
     residual = gather_dtype(plan) if train else plan.compute_dtype   # the weights compute in the gather dtype
+    tokens = -(-tokens // plan.sequence_parallel_size)   # Ulysses: each rank holds 1/sp of the sequence
     per_layer = layer_activation_bytes(m, plan.compute_dtype, residual, plan.attn_implementation, seq_len)
     if plan.lora_rank and train:   # each adapted linear layer saves its rank-r intermediate for lora_B
         per_layer += len(m.linear_shapes()) * plan.lora_rank * BYTES[plan.compute_dtype]

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+from verl.utils import ulysses
 from verl.utils.fsdp_utils import global_batch_info, optimizer_step
 from verl.utils.packing import pack, padding_windows, unpack
 from verl.utils.seqlen_balancing import group_to_agree, make_micro_batches, restore_dynamic_batch
@@ -65,19 +66,34 @@ def _reduce_micro_metrics(micro_metrics: list[dict], summed: tuple[str, ...]) ->
     return {name: sum(v) if name in summed else sum(v) / len(v) for name, v in values.items()}
 
 
+def _response_slots(micro_batch: dict, log_probs: torch.Tensor, entropy, end: int):
+    """(batch, response_length) values of a padded micro-batch run up to column `end` (log_probs/entropy
+    hold its first `kept` response slots): padding slots read 0, as in the packed path."""
+    seq_len, response_length = micro_batch["input_ids"].shape[1], micro_batch["responses"].shape[-1]
+    real = micro_batch["attention_mask"][:, seq_len - response_length : end].bool()
+    pad = (0, response_length - real.shape[1])
+    log_probs = torch.nn.functional.pad(log_probs.masked_fill(~real, 0.0), pad)
+    entropy = torch.nn.functional.pad(entropy.masked_fill(~real, 0.0), pad) if entropy is not None else None
+    return log_probs, entropy
+
+
 class DataParallelPPOActor:
     """Policy log-probs and PPO updates for one rank.
 
     `config` is the `actor_rollout_ref.actor` (or `.ref`) config with per-rank batch sizes already
     normalised by the worker. `actor_optimizer` is None for the reference policy.
     `use_remove_padding` (the role plan's) runs each micro-batch as one packed row of real tokens.
+    `sp_group` (Ulysses, `verl.utils.ulysses`): the ranks that split each micro-batch's sequence; they
+    are handed the same rows.
     """
 
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer=None, *, precision: Precision,
                  dp_group=None, use_remove_padding: bool = False, use_torch_compile: bool = False,
-                 compile_backend: str = "inductor"):
+                 compile_backend: str = "inductor", sp_group=None):
         self.config = config
         self.use_remove_padding = use_remove_padding
+        self.sp_group = sp_group
+        self.sp_size = ulysses.group_size(sp_group)
         # The plan's torch_compile: the per-chunk math over the vocabulary (log-sum-exp, the log-prob's
         # gradient, the entropy's statistics) is the elementwise-heavy part here and fuses well: one
         # kernel per chunk and direction, reading the logits in their own dtype.
@@ -103,6 +119,8 @@ class DataParallelPPOActor:
         `window` ([start, end) columns from `padding_windows`) drops columns that are padding in every
         row. Response padding slots come back as 0.
         """
+        if self.sp_group is not None:
+            return self._forward_sequence_parallel(micro_batch, temperature, calculate_entropy, window)
         if self.use_remove_padding:
             return self._forward_packed(micro_batch, temperature, calculate_entropy)
         responses = micro_batch["responses"]
@@ -129,12 +147,57 @@ class DataParallelPPOActor:
         labels = torch.nn.functional.pad(responses[:, :kept], (0, 1))
         log_probs, entropy = self._log_probs(logits, labels, calculate_entropy)
         log_probs, entropy = log_probs[:, :kept], entropy[:, :kept] if entropy is not None else None
-        # Padding slots read 0, as in the packed path, whatever window the micro-batch got.
-        real = micro_batch["attention_mask"][:, seq_len - response_length : end].bool()
-        pad = (0, response_length - kept)
-        log_probs = torch.nn.functional.pad(log_probs.masked_fill(~real, 0.0), pad)
-        entropy = torch.nn.functional.pad(entropy.masked_fill(~real, 0.0), pad) if entropy is not None else None
-        return log_probs, entropy
+        return _response_slots(micro_batch, log_probs, entropy, end)
+
+    def _forward_sequence_parallel(self, micro_batch: dict, temperature: float, calculate_entropy: bool,
+                                   window: tuple[int, int] | None):
+        """As `_forward_micro_batch`, with this rank running 1/sp of the sequence (padded to a multiple of
+        sp). Every local position gets its log-prob against the next token of the whole sequence; the
+        group's slices are gathered and the response's predicting positions read out."""
+        group, sp = self.sp_group, self.sp_size
+        responses = micro_batch["responses"]
+        response_length = responses.shape[-1]
+        if self.use_remove_padding:
+            packed = pack(micro_batch["input_ids"], micro_batch["attention_mask"], micro_batch["position_ids"],
+                          response_length)
+            tokens = packed.input_ids.shape[1]
+            input_ids = ulysses.pad_to_multiple(packed.input_ids, 1, sp)
+            extra = input_ids.shape[1] - tokens   # the padding forms one more sequence of its own
+            position_ids = torch.cat([packed.position_ids, torch.arange(extra, device=input_ids.device)[None]], 1)
+            cu_seq_lens = packed.cu_seq_lens
+            if extra:
+                cu_seq_lens = torch.cat([cu_seq_lens, cu_seq_lens.new_tensor([tokens + extra])])
+            shard = ulysses.sharded(group, cu_seq_lens=cu_seq_lens)
+            kwargs = {"cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens,
+                      "max_length_q": max(packed.max_length, extra), "max_length_k": max(packed.max_length, extra)}
+            mask = None
+        else:
+            seq_len = micro_batch["input_ids"].shape[1]
+            start, end = window or (0, seq_len)
+            columns = slice(start, end)
+            input_ids = ulysses.pad_to_multiple(micro_batch["input_ids"][:, columns], 1, sp)
+            position_ids = ulysses.pad_to_multiple(micro_batch["position_ids"][:, columns], 1, sp)
+            mask = ulysses.pad_to_multiple(micro_batch["attention_mask"][:, columns], 1, sp)
+            shard, kwargs = ulysses.sharded(group, attention_mask=mask), {}
+        labels = ulysses.local_slice(torch.roll(input_ids, -1, dims=1), 1, group)
+        with shard, self.precision.autocast():
+            output = self.actor_module(input_ids=ulysses.local_slice(input_ids, 1, group), attention_mask=None,
+                                       position_ids=ulysses.local_slice(position_ids, 1, group), use_cache=False,
+                                       **kwargs)
+        logits = output.logits
+        if temperature != 1.0:
+            logits = logits / temperature
+        log_probs, entropy = self._log_probs(logits, labels, calculate_entropy)
+        log_probs = ulysses.gather_sequence(log_probs, 1, group)
+        entropy = ulysses.gather_sequence(entropy, 1, group) if entropy is not None else None
+        if self.use_remove_padding:
+            read = lambda values: unpack(values[0, packed.predictor_index], packed)  # noqa: E731
+            return read(log_probs), read(entropy) if entropy is not None else None
+        kept = end - (seq_len - response_length)
+        width = end - start   # position t predicts token t + 1: the kept response's predictors end at width - 1
+        log_probs = log_probs[:, width - kept - 1 : width - 1]
+        entropy = entropy[:, width - kept - 1 : width - 1] if entropy is not None else None
+        return _response_slots(micro_batch, log_probs, entropy, end)
 
     def _forward_packed(self, micro_batch: dict, temperature: float, calculate_entropy: bool):
         """As `_forward_micro_batch`, on one packed row; slots without a real response token are 0."""
@@ -161,6 +224,8 @@ class DataParallelPPOActor:
 
     def _micro_batches(self, tensors: dict, micro_batch_size, use_dynamic_bsz: bool, max_token_len):
         if use_dynamic_bsz:
+            # the token budget is per device: a sequence-parallel group holds sp times as many tokens
+            max_token_len = int(max_token_len) * self.sp_size
             padded = None if self.use_remove_padding else tensors["responses"].shape[-1]
             return make_micro_batches(tensors, max_token_len=max_token_len, dp_group=group_to_agree(self.dp_group),
                                       padded_response_length=padded)
@@ -269,7 +334,7 @@ class DataParallelPPOActor:
         metrics: dict[str, list[float]] = defaultdict(list)
         for _ in range(int(cfg.get("ppo_epochs", 1))):
             for mini_batch in self._mini_batches(tensors):
-                batch_info = global_batch_info(mini_batch["response_mask"], self.dp_group)
+                batch_info = global_batch_info(mini_batch["response_mask"], self.dp_group, self.sp_size)
                 micro_batches, _ = self._micro_batches(
                     mini_batch, cfg.get("ppo_micro_batch_size_per_gpu"), bool(cfg.get("use_dynamic_bsz", False)),
                     cfg.get("ppo_max_token_len_per_gpu"),

@@ -13,6 +13,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_value_loss
+from verl.utils import ulysses
 from verl.utils.fsdp_utils import global_batch_info, optimizer_step
 from verl.utils.packing import pack, padding_windows, unpack
 from verl.utils.seqlen_balancing import group_to_agree, make_micro_batches, restore_dynamic_batch
@@ -26,12 +27,15 @@ class DataParallelPPOCritic:
     """Values and value-loss updates for one rank; `config` is the `critic` config, normalised per rank.
 
     `use_remove_padding` (the role plan's) runs each micro-batch as one packed row of real tokens.
+    `sp_group`: the Ulysses group splitting each micro-batch's sequence (see DataParallelPPOActor).
     """
 
     def __init__(self, config, critic_module: torch.nn.Module, critic_optimizer=None, *, precision: Precision,
-                 dp_group=None, use_remove_padding: bool = False):
+                 dp_group=None, use_remove_padding: bool = False, sp_group=None):
         self.config = config
         self.use_remove_padding = use_remove_padding
+        self.sp_group = sp_group
+        self.sp_size = ulysses.group_size(sp_group)
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
         self.precision = precision
@@ -45,6 +49,8 @@ class DataParallelPPOCritic:
         response slots past it come back as 0.
         """
         response_length = micro_batch["responses"].shape[-1]
+        if self.sp_group is not None:
+            return self._forward_sequence_parallel(micro_batch, window)
         if self.use_remove_padding:
             packed = pack(micro_batch["input_ids"], micro_batch["attention_mask"], micro_batch["position_ids"],
                           response_length)
@@ -67,6 +73,44 @@ class DataParallelPPOCritic:
         values = output.logits.squeeze(-1).float()[:, -kept - 1 : -1]
         return torch.nn.functional.pad(values, (0, response_length - kept)) if kept < response_length else values
 
+    def _forward_sequence_parallel(self, micro_batch: dict, window: tuple[int, int] | None) -> torch.Tensor:
+        """As `_forward_micro_batch`, each rank of the Ulysses group running 1/sp of the sequence."""
+        group, sp = self.sp_group, self.sp_size
+        response_length = micro_batch["responses"].shape[-1]
+        if self.use_remove_padding:
+            packed = pack(micro_batch["input_ids"], micro_batch["attention_mask"], micro_batch["position_ids"],
+                          response_length)
+            tokens = packed.input_ids.shape[1]
+            input_ids = ulysses.pad_to_multiple(packed.input_ids, 1, sp)
+            extra = input_ids.shape[1] - tokens   # the padding forms one more sequence of its own
+            position_ids = torch.cat([packed.position_ids, torch.arange(extra, device=input_ids.device)[None]], 1)
+            cu_seq_lens = packed.cu_seq_lens
+            if extra:
+                cu_seq_lens = torch.cat([cu_seq_lens, cu_seq_lens.new_tensor([tokens + extra])])
+            shard = ulysses.sharded(group, cu_seq_lens=cu_seq_lens)
+            longest = max(packed.max_length, extra)
+            kwargs = {"cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens,
+                      "max_length_q": longest, "max_length_k": longest}
+        else:
+            seq_len = micro_batch["input_ids"].shape[1]
+            start, end = window or (0, seq_len)
+            columns = slice(start, end)
+            input_ids = ulysses.pad_to_multiple(micro_batch["input_ids"][:, columns], 1, sp)
+            position_ids = ulysses.pad_to_multiple(micro_batch["position_ids"][:, columns], 1, sp)
+            mask = ulysses.pad_to_multiple(micro_batch["attention_mask"][:, columns], 1, sp)
+            shard, kwargs = ulysses.sharded(group, attention_mask=mask), {}
+        with shard, self.precision.autocast():
+            output = self.critic_module(input_ids=ulysses.local_slice(input_ids, 1, group), attention_mask=None,
+                                        position_ids=ulysses.local_slice(position_ids, 1, group), use_cache=False,
+                                        **kwargs)
+        values = ulysses.gather_sequence(output.logits[..., 0].float(), 1, group)
+        if self.use_remove_padding:
+            return unpack(values[0, packed.predictor_index], packed)
+        kept = end - (seq_len - response_length)
+        width = end - start
+        values = values[:, width - kept - 1 : width - 1]
+        return torch.nn.functional.pad(values, (0, response_length - kept)) if kept < response_length else values
+
     def _windows(self, micro_batches: list[dict]) -> list:
         if self.use_remove_padding:
             return [None] * len(micro_batches)
@@ -74,6 +118,7 @@ class DataParallelPPOCritic:
 
     def _micro_batches(self, tensors: dict, micro_batch_size, max_token_len):
         if self.config.get("use_dynamic_bsz", False):
+            max_token_len = int(max_token_len) * self.sp_size   # per device: an SP group holds sp times as many
             padded = None if self.use_remove_padding else tensors["responses"].shape[-1]
             return make_micro_batches(tensors, max_token_len=max_token_len, dp_group=group_to_agree(self.dp_group),
                                       padded_response_length=padded)
@@ -113,7 +158,7 @@ class DataParallelPPOCritic:
             size = int(cfg.ppo_mini_batch_size)
             for start in range(0, n, size):
                 mini_batch = {k: v[start : start + size] for k, v in shuffled.items()}
-                batch_info = global_batch_info(mini_batch["response_mask"], self.dp_group)
+                batch_info = global_batch_info(mini_batch["response_mask"], self.dp_group, self.sp_size)
                 micro_batches, _ = self._micro_batches(
                     mini_batch, cfg.get("ppo_micro_batch_size_per_gpu"), cfg.get("ppo_max_token_len_per_gpu")
                 )
