@@ -70,3 +70,81 @@ def test_sequence_parallel_size_two_equals_size_one(model_dirs, pair, model, var
         # both ranks of the group hold the same rows and report the whole group's loss
         mean = [sum(r[f"{name.split('/')[0]}_metrics"][name][i] for r in ranks) / 2 for i in range(len(value))]
         assert mean == pytest.approx(value, rel=1e-5), name
+
+
+# ------------------------------------------------------------------------------ plan and config checks
+
+
+def _qwen05_plan(sp: int, gpus: int = 2, heads_ok: bool = True, **extra):
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "compat"))
+    from test_planner import PLAIN, QWEN05, config
+
+    from verl.compat.catalog import get_profile
+    from verl.compat.planner import make_plan
+
+    cfg = config(64, 1024, 1024, 16, 2, 4, trainer__n_gpus_per_node=gpus, actor_rollout_ref__actor__use_kl_loss=True,
+                 actor_rollout_ref__actor__ulysses_sequence_parallel_size=sp, critic__ulysses_sequence_parallel_size=sp,
+                 **extra)
+    return make_plan(get_profile("h200"), cfg, PLAIN, QWEN05)
+
+
+def test_plan_carries_the_size_and_divides_activations_per_device():
+    """The planner's role plans carry sp (the reference's follows the actor's, as upstream), its reasons
+    name Ulysses, and the memory model's activations (and LM-head / value rows) per device are 1/sp."""
+    one, two = _qwen05_plan(1), _qwen05_plan(2)
+    assert [r.sequence_parallel_size for r in (two.actor, two.ref, two.critic)] == [2, 2, 2]
+    assert [r.sequence_parallel_size for r in (one.actor, one.ref, one.critic)] == [1, 1, 1]
+    assert any("Ulysses" in why and "activations per device / 2" in why for why in two.reasons.values())
+    assert two.actor.micro_batch_size_per_gpu == one.actor.micro_batch_size_per_gpu
+    compared = 0
+    for phase, terms in one.memory["phases"].items():
+        for name, gb in terms.items():
+            if name.startswith("activations") or name == "values":
+                assert two.memory["phases"][phase][name] == pytest.approx(gb / 2, rel=1e-3, abs=1e-4), (phase, name)   # GiB, 4 decimals
+                compared += 1
+    assert compared >= 3
+
+
+def test_plan_refuses_a_size_that_divides_neither_ranks_nor_heads():
+    from verl.compat.planner import PlanError
+
+    with pytest.raises(PlanError, match=r"actor_rollout_ref.actor.ulysses_sequence_parallel_size=3 must be a "
+                                        r"positive divisor of the ranks .* = 2"):
+        _qwen05_plan(3)
+    # Qwen2.5-0.5B has 14 attention heads: 4 ranks cannot share them evenly
+    with pytest.raises(PlanError, match=r"ulysses_sequence_parallel_size=4 must divide the model's "
+                                        r"num_attention_heads \(14\)"):
+        _qwen05_plan(4, gpus=4)
+
+
+def test_worker_refuses_a_model_whose_heads_the_size_does_not_divide(model_dirs):
+    from transformers import AutoModelForCausalLM
+
+    from verl.utils import ulysses
+
+    model = AutoModelForCausalLM.from_pretrained(model_dirs["kv2"])   # 4 heads
+    with pytest.raises(ValueError, match=r"critic.ulysses_sequence_parallel_size=3 must divide the model's "
+                                         r"num_attention_heads \(4\)"):
+        ulysses.install(model, 3, "critic.ulysses_sequence_parallel_size")
+
+
+def test_config_check_accepts_ulysses_and_names_a_bad_size():
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "trainer"))
+    from omegaconf import OmegaConf
+    from test_config import QUICKSTART_PPO
+
+    from verl.trainer.config_check import ConfigError, load_config, validate
+
+    base = load_config(QUICKSTART_PPO)
+
+    def changed(*dotlist):
+        return OmegaConf.merge(base, OmegaConf.from_dotlist(["trainer.n_gpus_per_node=2", *dotlist]))
+
+    assert validate(changed("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                            "critic.ulysses_sequence_parallel_size=2")) == []
+    for key in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"):
+        with pytest.raises(ConfigError, match=rf"{key}.ulysses_sequence_parallel_size=3 must divide "
+                                              r"trainer.n_gpus_per_node × trainer.nnodes = 2"):
+            validate(changed(f"{key}.ulysses_sequence_parallel_size=3"))
+    with pytest.raises(ConfigError, match=r"critic.ulysses_sequence_parallel_size=0 must be a positive integer"):
+        validate(changed("critic.ulysses_sequence_parallel_size=0"))

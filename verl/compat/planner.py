@@ -125,6 +125,17 @@ def _decide_role(d: _Decider, config: Any, rc: _RoleConfig, compute_default: str
                     **numerics)
 
 
+def _check_ulysses_heads(roles: dict[str, RolePlan], model: ModelSpec | None) -> None:
+    """Each rank of a Ulysses group attends with 1/sp of the heads (key/value heads are repeated when sp
+    does not divide them); the critic's own model is checked when its worker loads it."""
+    for name in ("actor", "ref"):
+        role = roles.get(name)
+        if model is None or role is None or model.num_heads % role.sequence_parallel_size == 0:
+            continue
+        raise PlanError(f"actor_rollout_ref.{name}.ulysses_sequence_parallel_size={role.sequence_parallel_size} "
+                        f"must divide the model's num_attention_heads ({model.num_heads})")
+
+
 def _decide_ulysses(d: _Decider, config: Any, rc: _RoleConfig) -> int:
     """Ulysses sequence parallelism: the role's `ulysses_sequence_parallel_size` (the reference's defaults
     to the actor's, as upstream), which must divide the ranks."""
@@ -452,6 +463,7 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     rollout, rollout_asked = _decide_rollout(d, config, roles["actor"].compute_dtype,
                                              roles["actor"].attn_implementation)
     rollout = _decide_compiled_decode(d, rollout, glob["torch_compile"])
+    _check_ulysses_heads(roles, model)
     _decide_cast_on_gather(d, roles, rollout.dtype)
     _warn_vllm_only_keys(d, config, rollout.name)
     inp = _fit_inputs(d, config, roles_cfg, roles, rollout, rollout_asked, model, glob["torch_compile"], ref_in_actor)
