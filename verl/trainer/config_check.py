@@ -379,11 +379,13 @@ def _check_batches(cfg, errors: list[str], warnings: list[str]) -> None:
                           f"divide evenly over {n_devices} devices; pick a mini-batch that makes it so.")
             continue
         # with Ulysses the ranks of a sequence-parallel group share their rows: data-parallel size = devices / sp
-        dp = n_devices // _ulysses_size(cfg, section, n_devices)
+        sp = _ulysses_size(cfg, section, n_devices)
+        dp = n_devices // sp
         per_device = mini_samples // dp
         per_gpu = _explicit(cfg, f"{section}.ppo_micro_batch_size_per_gpu")
         if _positive_int(per_gpu) and per_device % per_gpu:
-            errors.append(f"Each data-parallel rank gets {per_device} responses per {role} mini-batch "
+            who = "Each device" if sp == 1 else f"Each sequence-parallel group ({sp} devices)"
+            errors.append(f"{who} gets {per_device} responses per {role} mini-batch "
                           f"({mini} × {n} / {dp}), not a multiple of {section}."
                           f"ppo_micro_batch_size_per_gpu={per_gpu}. Use a divisor of {per_device}.")
         mbs = _explicit(cfg, f"{section}.ppo_micro_batch_size")
