@@ -56,7 +56,8 @@ def test_ulysses_two_ranks_match_data_parallel(copy_task, tmp_path):
     ulysses = ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
                "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2", "critic.ulysses_sequence_parallel_size=2"]
     base = [a for a in command(copy_task, 2) if not a.startswith("trainer.total_training_steps")]
-    base += ["trainer.total_training_steps=2", "actor_rollout_ref.actor.use_kl_loss=True"]
+    base += ["trainer.total_training_steps=2", "actor_rollout_ref.actor.use_kl_loss=True",
+             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"]
     runs = {}
     for sp, extra in ((1, []), (2, ulysses)):
         proc, steps = run_main_ppo(base + extra, log_path=tmp_path / f"sp{sp}.jsonl")
