@@ -2,7 +2,8 @@
 for the size-1 reference).
 
 Usage: RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. python ulysses_runner.py OUT_PT SP MODEL_DIR:VARIANT ...
-VARIANT is `<attention>-<padded|packed>`. For each, on this rank's share of a fixed batch (the share the
+VARIANT is `<attention>-<padded|packed>[-budget]` (`budget`: token-budgeted micro-batches, 20 tokens per
+device, which a sequence-parallel group of sp devices spends as 20 x sp). For each, on this rank's share of a fixed batch (the share the
 worker group would hand it): the actor's log-probs and entropies, one actor update's gradients, the
 reference's log-probs, the critic's values and one critic update's gradients.
 """
@@ -63,13 +64,17 @@ class ExchangeCounter:
 
 def run_variant(model_dir: str, variant: str, sp: int, counter: ExchangeCounter) -> dict:
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    attn, layout = variant.split("-")
+    attn, layout, *budget = variant.split("-")
     plan = _plan(model_dir, sp, attn, layout == "packed")
     data = ppo_batch(batch_size=8).chunk(world)[rank]
     out = {}
 
     # ppo_mini_batch_size 4 prompts x rollout.n 2 = the whole batch in one optimizer step
-    config = actor_rollout_ref_config(model_dir, ppo_mini_batch_size=4, entropy_coeff=0.01, grad_clip=1e6)
+    dynamic = dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=20) if budget else {}
+    config = actor_rollout_ref_config(model_dir, ppo_mini_batch_size=4, entropy_coeff=0.01, grad_clip=1e6, **dynamic)
+    if budget:
+        config.rollout.update(log_prob_use_dynamic_bsz=True, log_prob_max_token_len_per_gpu=20)
+        config.ref.update(log_prob_use_dynamic_bsz=True, log_prob_max_token_len_per_gpu=20)
     actor = ActorRolloutRefWorker(config, role="actor", plan=plan)
     actor.init_model()
     counter.phase = "log_probs"
@@ -88,7 +93,8 @@ def run_variant(model_dir: str, variant: str, sp: int, counter: ExchangeCounter)
     counter.phase = "ref_log_prob"
     out["ref_log_prob"] = ref.compute_ref_log_prob(data).batch["ref_log_prob"]
 
-    critic = CriticWorker(critic_config(model_dir, ppo_mini_batch_size=4, grad_clip=1e6), plan=plan)
+    critic_budget = dict(dynamic, forward_max_token_len_per_gpu=20) if budget else {}
+    critic = CriticWorker(critic_config(model_dir, ppo_mini_batch_size=4, grad_clip=1e6, **critic_budget), plan=plan)
     critic.init_model()
     counter.phase = "values"
     values = critic.compute_values(data).batch["values"]
