@@ -5,7 +5,8 @@ attention exchanges heads for sequence (all-to-all: gloo has it in torch 2.13). 
 entropies, reference log-probs, critic values and the gradients of one actor and one critic update
 equal one rank's without sequence parallelism, for padded and packed (use_remove_padding) micro-batches,
 with SDPA, eager (one key/value head: repeated to 2 before the exchange) and torch_varlen (its CPU
-reference kernel), and with token-budgeted micro-batches (a group spends sp x the per-device budget). Tolerance: float32, 1e-5 relative / 1e-6 absolute (only the order of the
+reference kernel), with token-budgeted micro-batches (a group spends sp x the per-device budget) and with
+gradient checkpointing (the recomputation inside backward runs split too). Tolerance: float32, 1e-5 relative / 1e-6 absolute (only the order of the
 reductions inside attention and the gradient sum changes).
 """
 import os
@@ -20,7 +21,8 @@ sys.path.insert(0, HERE)
 from worker_setup import run_ranks, tiny_model  # noqa: E402
 
 VARIANTS = [("kv2", "sdpa-padded"), ("kv2", "sdpa-packed"), ("kv1", "eager-padded"), ("kv2", "torch_varlen-packed"),
-            ("kv2", "sdpa-packed-budget"), ("kv2", "sdpa-padded-budget")]
+            ("kv2", "sdpa-packed-budget"), ("kv2", "sdpa-padded-budget"), ("kv2", "sdpa-padded-checkpointed"),
+            ("kv1", "eager-packed-checkpointed")]
 TOL = dict(rtol=1e-5, atol=1e-6)
 
 

@@ -2,8 +2,9 @@
 for the size-1 reference).
 
 Usage: RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. python ulysses_runner.py OUT_PT SP MODEL_DIR:VARIANT ...
-VARIANT is `<attention>-<padded|packed>[-budget]` (`budget`: token-budgeted micro-batches, 20 tokens per
-device, which a sequence-parallel group of sp devices spends as 20 x sp). For each, on this rank's share of a fixed batch (the share the
+VARIANT is `<attention>-<padded|packed>[-budget|-checkpointed]` (`budget`: token-budgeted micro-batches, 20
+tokens per device, which a sequence-parallel group of sp devices spends as 20 x sp; `checkpointed`: gradient
+checkpointing, whose recomputation runs inside backward). For each, on this rank's share of a fixed batch (the share the
 worker group would hand it): the actor's log-probs and entropies, one actor update's gradients, the
 reference's log-probs, the critic's values and one critic update's gradients.
 """
@@ -37,13 +38,14 @@ def use_varlen_reference_kernel() -> None:
     varlen_attention.register_varlen_attention()
 
 
-def _plan(model_dir: str, sp: int, attn: str, packed: bool):
+def _plan(model_dir: str, sp: int, attn: str, packed: bool, checkpointed: bool):
     """The planner's plan for this world size and sp, with the attention kernel and layout under test."""
     plan = cpu_plan(model_dir, **{key: sp for key in SP_KEYS})
     for role in ("actor", "ref", "critic"):
         role_plan = getattr(plan, role)
         assert role_plan.sequence_parallel_size == sp, (role, role_plan)
-        setattr(plan, role, dataclasses.replace(role_plan, attn_implementation=attn, use_remove_padding=packed))
+        setattr(plan, role, dataclasses.replace(role_plan, attn_implementation=attn, use_remove_padding=packed,
+                                                gradient_checkpointing=checkpointed))
     return plan
 
 
@@ -64,8 +66,9 @@ class ExchangeCounter:
 
 def run_variant(model_dir: str, variant: str, sp: int, counter: ExchangeCounter) -> dict:
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    attn, layout, *budget = variant.split("-")
-    plan = _plan(model_dir, sp, attn, layout == "packed")
+    attn, layout, *option = variant.split("-")
+    budget = option == ["budget"]
+    plan = _plan(model_dir, sp, attn, layout == "packed", option == ["checkpointed"])
     data = ppo_batch(batch_size=8).chunk(world)[rank]
     out = {}
 

@@ -18,11 +18,9 @@ count and `sp`), which keeps each query head paired with its key/value head.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import sys
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -141,31 +139,37 @@ def share_rows(data, group):
 # ---------------------------------------------------------------------------------- the attention
 
 
-@dataclass
-class _Shard:
-    group: object
-    attention_mask: torch.Tensor | None = None   # padded batch: (batch, seq) of the whole sequence
-    cu_seq_lens: torch.Tensor | None = None      # packed row: sequence boundaries, int32 (sequences + 1,)
+class Shard:
+    """The whole sequence's attention layout for model calls on sequence slices of `group`: a padded
+    batch's 2D `attention_mask`, or a packed row's `cu_seq_lens`. A context manager that can be entered
+    again: gradient checkpointing recomputes layers inside backward, which must run in it too."""
+
+    def __init__(self, group, attention_mask: torch.Tensor | None = None, cu_seq_lens: torch.Tensor | None = None):
+        if (attention_mask is None) == (cu_seq_lens is None):
+            raise ValueError("a Shard takes either a padded batch's attention_mask or a packed row's cu_seq_lens")
+        self.group, self.attention_mask, self.cu_seq_lens = group, attention_mask, cu_seq_lens
+        self._previous: list = []
+
+    def __enter__(self):
+        global _ACTIVE
+        self._previous.append(_ACTIVE)
+        _ACTIVE = self
+        return self
+
+    def __exit__(self, *exc):
+        global _ACTIVE
+        _ACTIVE = self._previous.pop()
 
 
-_ACTIVE: _Shard | None = None
+_ACTIVE: Shard | None = None
 
 
-@contextlib.contextmanager
-def sharded(group, attention_mask: torch.Tensor | None = None, cu_seq_lens: torch.Tensor | None = None):
-    """Model calls inside run on sequence slices of `group`; give the whole sequence's 2D
-    `attention_mask` (padded batch) or `cu_seq_lens` (one packed row)."""
-    global _ACTIVE
-    if (attention_mask is None) == (cu_seq_lens is None):
-        raise ValueError("sharded() takes either a padded batch's attention_mask or a packed row's cu_seq_lens")
-    previous, _ACTIVE = _ACTIVE, _Shard(group, attention_mask, cu_seq_lens)
-    try:
-        yield
-    finally:
-        _ACTIVE = previous
+def sharded(group, attention_mask: torch.Tensor | None = None, cu_seq_lens: torch.Tensor | None = None) -> Shard:
+    """Model calls inside run on sequence slices of `group` (see `Shard`)."""
+    return Shard(group, attention_mask, cu_seq_lens)
 
 
-def _keep_mask(shard: _Shard, seq: int, device) -> torch.Tensor:
+def _keep_mask(shard: Shard, seq: int, device) -> torch.Tensor:
     """(batch, 1, seq, seq) bool: causal, within a sequence; a query with no key keeps itself (no NaN)."""
     column = torch.arange(seq, device=device)
     causal = column[None, :] <= column[:, None]
@@ -178,7 +182,7 @@ def _keep_mask(shard: _Shard, seq: int, device) -> torch.Tensor:
     return (keep | torch.eye(seq, dtype=torch.bool, device=device))[:, None]
 
 
-def _kernel_mask(shard: _Shard, inner: str, seq: int, dtype: torch.dtype, device):
+def _kernel_mask(shard: Shard, inner: str, seq: int, dtype: torch.dtype, device):
     """The mask `inner` takes for the whole sequence: variable-length kernels read a packed row's
     boundaries from the call's keyword arguments and a padded batch's 2D mask; the others a 4D mask
     (eager: additive)."""

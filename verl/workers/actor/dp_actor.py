@@ -94,6 +94,7 @@ class DataParallelPPOActor:
         self.use_remove_padding = use_remove_padding
         self.sp_group = sp_group
         self.sp_size = ulysses.group_size(sp_group)
+        self._last_shard = None   # the last split forward's layout, re-entered for its backward
         # The plan's torch_compile: the per-chunk math over the vocabulary (log-sum-exp, the log-prob's
         # gradient, the entropy's statistics) is the elementwise-heavy part here and fuses well: one
         # kernel per chunk and direction, reading the logits in their own dtype.
@@ -180,6 +181,7 @@ class DataParallelPPOActor:
             mask = ulysses.pad_to_multiple(micro_batch["attention_mask"][:, columns], 1, sp)
             shard, kwargs = ulysses.sharded(group, attention_mask=mask), {}
         labels = ulysses.local_slice(torch.roll(input_ids, -1, dims=1), 1, group)
+        self._last_shard = shard
         with shard, self.precision.autocast():
             output = self.actor_module(input_ids=ulysses.local_slice(input_ids, 1, group), attention_mask=None,
                                        position_ids=ulysses.local_slice(position_ids, 1, group), use_cache=False,
@@ -230,6 +232,10 @@ class DataParallelPPOActor:
             return make_micro_batches(tensors, max_token_len=max_token_len, dp_group=group_to_agree(self.dp_group),
                                       padded_response_length=padded)
         return make_micro_batches(tensors, micro_batch_size=micro_batch_size)
+
+    def _backward_layout(self):
+        """The last split forward's layout for its backward (gradient checkpointing recomputes layers there)."""
+        return self._last_shard if self._last_shard is not None else contextlib.nullcontext()
 
     def _windows(self, micro_batches: list[dict]) -> list:
         """Padding-free column windows of the micro-batches (packed rows have no padding to drop)."""
@@ -343,7 +349,8 @@ class DataParallelPPOActor:
                 for micro_batch, window in zip(micro_batches, self._windows(micro_batches)):
                     loss, values = self._micro_loss(micro_batch, temperature, batch_info, window)
                     scaled = self.precision.scaler.scale(loss) if self.precision.scaler is not None else loss
-                    scaled.backward()
+                    with self._backward_layout():
+                        scaled.backward()
                     micro_metrics.append(values)
                 grad_norm, stepped = optimizer_step(
                     self.actor_optimizer, self.actor_module.parameters(), cfg.get("grad_clip"), self.precision.scaler

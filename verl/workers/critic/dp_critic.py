@@ -6,6 +6,7 @@ Values and losses are computed in float32 and normalised over the global mini-ba
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import defaultdict
 
@@ -36,6 +37,7 @@ class DataParallelPPOCritic:
         self.use_remove_padding = use_remove_padding
         self.sp_group = sp_group
         self.sp_size = ulysses.group_size(sp_group)
+        self._last_shard = None   # the last split forward's layout, re-entered for its backward
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
         self.precision = precision
@@ -99,6 +101,7 @@ class DataParallelPPOCritic:
             position_ids = ulysses.pad_to_multiple(micro_batch["position_ids"][:, columns], 1, sp)
             mask = ulysses.pad_to_multiple(micro_batch["attention_mask"][:, columns], 1, sp)
             shard, kwargs = ulysses.sharded(group, attention_mask=mask), {}
+        self._last_shard = shard
         with shard, self.precision.autocast():
             output = self.critic_module(input_ids=ulysses.local_slice(input_ids, 1, group), attention_mask=None,
                                         position_ids=ulysses.local_slice(position_ids, 1, group), use_cache=False,
@@ -110,6 +113,10 @@ class DataParallelPPOCritic:
         width = end - start
         values = values[:, width - kept - 1 : width - 1]
         return torch.nn.functional.pad(values, (0, response_length - kept)) if kept < response_length else values
+
+    def _backward_layout(self):
+        """The last split forward's layout for its backward (gradient checkpointing recomputes layers there)."""
+        return self._last_shard if self._last_shard is not None else contextlib.nullcontext()
 
     def _windows(self, micro_batches: list[dict]) -> list:
         if self.use_remove_padding:
@@ -177,7 +184,8 @@ class DataParallelPPOCritic:
                         **batch_info,
                     )
                     scaled = self.precision.scaler.scale(vf_loss) if self.precision.scaler is not None else vf_loss
-                    scaled.backward()
+                    with self._backward_layout():
+                        scaled.backward()
                     # Kept on the device: read once per mini-batch, not once per micro-batch.
                     micro_metrics.append({"critic/vf_loss": vf_loss.detach(), "critic/vf_clipfrac": vf_clipfrac,
                                           "critic/vpred_mean": masked_mean(vpreds.detach(), mask)})
