@@ -21,9 +21,12 @@ from __future__ import annotations
 import functools
 import math
 import sys
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from verl.utils.packing import PackedBatch, pack
 
 PREFIX = "ulysses_"
 
@@ -134,6 +137,70 @@ def share_rows(data, group):
     dist.all_gather_object(parts, data, group=group)
     start = sum(len(p) for p in parts[: dist.get_rank(group)])
     return DataProto.concat(parts), slice(start, start + len(data))
+
+
+# ------------------------------------------------------------------------------- the model's inputs
+
+
+@dataclass
+class SplitMicroBatch:
+    """One micro-batch laid out for a split forward: the whole (padded) sequence, the layout its attention
+    needs, and where the response's predicting positions are in the gathered outputs."""
+
+    input_ids: torch.Tensor        # (rows, length): length a multiple of sp; one packed row, or padded rows
+    position_ids: torch.Tensor
+    shard: Shard
+    flash_kwargs: dict             # a packed row's boundaries for variable-length kernels
+    packed: PackedBatch | None     # the packed row's mapping back to response slots
+    columns: slice | None          # padded rows: gathered columns that predict the kept response tokens
+    end: int | None                # padded rows: the window's end column in the micro-batch
+
+    def model_inputs(self) -> dict:
+        """This rank's slice, as the model's keyword arguments (no mask: the shard supplies it)."""
+        group = self.shard.group
+        return dict(input_ids=local_slice(self.input_ids, 1, group), attention_mask=None,
+                    position_ids=local_slice(self.position_ids, 1, group), use_cache=False, **self.flash_kwargs)
+
+    def next_tokens(self) -> torch.Tensor:
+        """The token each local position predicts, from the whole sequence."""
+        return local_slice(torch.roll(self.input_ids, -1, dims=1), 1, self.shard.group)
+
+    def response_outputs(self, local: torch.Tensor) -> torch.Tensor:
+        """Per-position outputs of this rank -> the group's, at the response's predicting positions:
+        (predictions,) for a packed row, (rows, kept) for padded rows. Differentiable."""
+        whole = gather_sequence(local, 1, self.shard.group)
+        return whole[0, self.packed.predictor_index] if self.packed is not None else whole[:, self.columns]
+
+
+def split_micro_batch(micro_batch: dict, window: tuple[int, int] | None, packed: bool, group) -> SplitMicroBatch:
+    """Lay out a (rows, seq) micro-batch whose last `responses` columns are the response for a split
+    forward: packed into one row (`packed`), or its `window` of padded rows; padded on the right to a
+    multiple of the group size (a packed row's padding forms one more sequence of its own)."""
+    sp = dist.get_world_size(group)
+    response_length = micro_batch["responses"].shape[-1]
+    if packed:
+        row = pack(micro_batch["input_ids"], micro_batch["attention_mask"], micro_batch["position_ids"],
+                   response_length)
+        tokens = row.input_ids.shape[1]
+        input_ids = pad_to_multiple(row.input_ids, 1, sp)
+        extra = input_ids.shape[1] - tokens
+        position_ids = torch.cat([row.position_ids, torch.arange(extra, device=input_ids.device)[None]], 1)
+        cu_seq_lens = row.cu_seq_lens
+        if extra:
+            cu_seq_lens = torch.cat([cu_seq_lens, cu_seq_lens.new_tensor([tokens + extra])])
+        longest = max(row.max_length, extra)
+        kwargs = {"cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens,
+                  "max_length_q": longest, "max_length_k": longest}
+        return SplitMicroBatch(input_ids, position_ids, sharded(group, cu_seq_lens=cu_seq_lens), kwargs, row,
+                               None, None)
+    seq_len = micro_batch["input_ids"].shape[1]
+    start, end = window or (0, seq_len)
+    kept = end - (seq_len - response_length)   # response columns inside the window
+    width = end - start                        # position t predicts token t + 1
+    mask = pad_to_multiple(micro_batch["attention_mask"][:, start:end], 1, sp)
+    return SplitMicroBatch(pad_to_multiple(micro_batch["input_ids"][:, start:end], 1, sp),
+                           pad_to_multiple(micro_batch["position_ids"][:, start:end], 1, sp),
+                           sharded(group, attention_mask=mask), {}, None, slice(width - kept - 1, width - 1), end)
 
 
 # ---------------------------------------------------------------------------------- the attention

@@ -152,54 +152,22 @@ class DataParallelPPOActor:
 
     def _forward_sequence_parallel(self, micro_batch: dict, temperature: float, calculate_entropy: bool,
                                    window: tuple[int, int] | None):
-        """As `_forward_micro_batch`, with this rank running 1/sp of the sequence (padded to a multiple of
-        sp). Every local position gets its log-prob against the next token of the whole sequence; the
-        group's slices are gathered and the response's predicting positions read out."""
-        group, sp = self.sp_group, self.sp_size
-        responses = micro_batch["responses"]
-        response_length = responses.shape[-1]
-        if self.use_remove_padding:
-            packed = pack(micro_batch["input_ids"], micro_batch["attention_mask"], micro_batch["position_ids"],
-                          response_length)
-            tokens = packed.input_ids.shape[1]
-            input_ids = ulysses.pad_to_multiple(packed.input_ids, 1, sp)
-            extra = input_ids.shape[1] - tokens   # the padding forms one more sequence of its own
-            position_ids = torch.cat([packed.position_ids, torch.arange(extra, device=input_ids.device)[None]], 1)
-            cu_seq_lens = packed.cu_seq_lens
-            if extra:
-                cu_seq_lens = torch.cat([cu_seq_lens, cu_seq_lens.new_tensor([tokens + extra])])
-            shard = ulysses.sharded(group, cu_seq_lens=cu_seq_lens)
-            kwargs = {"cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens,
-                      "max_length_q": max(packed.max_length, extra), "max_length_k": max(packed.max_length, extra)}
-            mask = None
-        else:
-            seq_len = micro_batch["input_ids"].shape[1]
-            start, end = window or (0, seq_len)
-            columns = slice(start, end)
-            input_ids = ulysses.pad_to_multiple(micro_batch["input_ids"][:, columns], 1, sp)
-            position_ids = ulysses.pad_to_multiple(micro_batch["position_ids"][:, columns], 1, sp)
-            mask = ulysses.pad_to_multiple(micro_batch["attention_mask"][:, columns], 1, sp)
-            shard, kwargs = ulysses.sharded(group, attention_mask=mask), {}
-        labels = ulysses.local_slice(torch.roll(input_ids, -1, dims=1), 1, group)
-        self._last_shard = shard
-        with shard, self.precision.autocast():
-            output = self.actor_module(input_ids=ulysses.local_slice(input_ids, 1, group), attention_mask=None,
-                                       position_ids=ulysses.local_slice(position_ids, 1, group), use_cache=False,
-                                       **kwargs)
+        """As `_forward_micro_batch`, with this rank running 1/sp of the sequence (`verl.utils.ulysses`).
+        Every local position gets its log-prob against the next token of the whole sequence; the group's
+        slices are gathered and the response's predicting positions read out."""
+        split = ulysses.split_micro_batch(micro_batch, window, self.use_remove_padding, self.sp_group)
+        self._last_shard = split.shard
+        with split.shard, self.precision.autocast():
+            output = self.actor_module(**split.model_inputs())
         logits = output.logits
         if temperature != 1.0:
             logits = logits / temperature
-        log_probs, entropy = self._log_probs(logits, labels, calculate_entropy)
-        log_probs = ulysses.gather_sequence(log_probs, 1, group)
-        entropy = ulysses.gather_sequence(entropy, 1, group) if entropy is not None else None
-        if self.use_remove_padding:
-            read = lambda values: unpack(values[0, packed.predictor_index], packed)  # noqa: E731
-            return read(log_probs), read(entropy) if entropy is not None else None
-        kept = end - (seq_len - response_length)
-        width = end - start   # position t predicts token t + 1: the kept response's predictors end at width - 1
-        log_probs = log_probs[:, width - kept - 1 : width - 1]
-        entropy = entropy[:, width - kept - 1 : width - 1] if entropy is not None else None
-        return _response_slots(micro_batch, log_probs, entropy, end)
+        log_probs, entropy = self._log_probs(logits, split.next_tokens(), calculate_entropy)
+        log_probs = split.response_outputs(log_probs)
+        entropy = split.response_outputs(entropy) if entropy is not None else None
+        if split.packed is not None:
+            return unpack(log_probs, split.packed), unpack(entropy, split.packed) if entropy is not None else None
+        return _response_slots(micro_batch, log_probs, entropy, split.end)
 
     def _forward_packed(self, micro_batch: dict, temperature: float, calculate_entropy: bool):
         """As `_forward_micro_batch`, on one packed row; slots without a real response token are 0."""

@@ -77,42 +77,14 @@ class DataParallelPPOCritic:
 
     def _forward_sequence_parallel(self, micro_batch: dict, window: tuple[int, int] | None) -> torch.Tensor:
         """As `_forward_micro_batch`, each rank of the Ulysses group running 1/sp of the sequence."""
-        group, sp = self.sp_group, self.sp_size
-        response_length = micro_batch["responses"].shape[-1]
-        if self.use_remove_padding:
-            packed = pack(micro_batch["input_ids"], micro_batch["attention_mask"], micro_batch["position_ids"],
-                          response_length)
-            tokens = packed.input_ids.shape[1]
-            input_ids = ulysses.pad_to_multiple(packed.input_ids, 1, sp)
-            extra = input_ids.shape[1] - tokens   # the padding forms one more sequence of its own
-            position_ids = torch.cat([packed.position_ids, torch.arange(extra, device=input_ids.device)[None]], 1)
-            cu_seq_lens = packed.cu_seq_lens
-            if extra:
-                cu_seq_lens = torch.cat([cu_seq_lens, cu_seq_lens.new_tensor([tokens + extra])])
-            shard = ulysses.sharded(group, cu_seq_lens=cu_seq_lens)
-            longest = max(packed.max_length, extra)
-            kwargs = {"cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens,
-                      "max_length_q": longest, "max_length_k": longest}
-        else:
-            seq_len = micro_batch["input_ids"].shape[1]
-            start, end = window or (0, seq_len)
-            columns = slice(start, end)
-            input_ids = ulysses.pad_to_multiple(micro_batch["input_ids"][:, columns], 1, sp)
-            position_ids = ulysses.pad_to_multiple(micro_batch["position_ids"][:, columns], 1, sp)
-            mask = ulysses.pad_to_multiple(micro_batch["attention_mask"][:, columns], 1, sp)
-            shard, kwargs = ulysses.sharded(group, attention_mask=mask), {}
-        self._last_shard = shard
-        with shard, self.precision.autocast():
-            output = self.critic_module(input_ids=ulysses.local_slice(input_ids, 1, group), attention_mask=None,
-                                        position_ids=ulysses.local_slice(position_ids, 1, group), use_cache=False,
-                                        **kwargs)
-        values = ulysses.gather_sequence(output.logits[..., 0].float(), 1, group)
-        if self.use_remove_padding:
-            return unpack(values[0, packed.predictor_index], packed)
-        kept = end - (seq_len - response_length)
-        width = end - start
-        values = values[:, width - kept - 1 : width - 1]
-        return torch.nn.functional.pad(values, (0, response_length - kept)) if kept < response_length else values
+        split = ulysses.split_micro_batch(micro_batch, window, self.use_remove_padding, self.sp_group)
+        self._last_shard = split.shard
+        with split.shard, self.precision.autocast():
+            output = self.critic_module(**split.model_inputs())
+        values = split.response_outputs(output.logits[..., 0].float())
+        if split.packed is not None:
+            return unpack(values, split.packed)
+        return torch.nn.functional.pad(values, (0, micro_batch["responses"].shape[-1] - values.shape[1]))
 
     def _backward_layout(self):
         """The last split forward's layout for its backward (gradient checkpointing recomputes layers there)."""
