@@ -46,3 +46,28 @@ def test_two_cpu_workers_match_one(copy_task, tmp_path):
             assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), (step, key)
         assert two["actor/pg_loss"] == pytest.approx(one["actor/pg_loss"], abs=1e-5), step
     assert runs[1][1]["actor/grad_norm"] > 0.1  # the compared updates are real, not zero
+
+
+@pytest.mark.slow
+def test_ulysses_two_ranks_match_data_parallel(copy_task, tmp_path):
+    """main_ppo on 2 CPU workers with Ulysses size 2 for actor, reference and critic (one sequence-parallel
+    group, data-parallel size 1) trains like 2 data-parallel workers: 2 steps, same tolerances as above.
+    The plan printed at start names the sequence-parallel size."""
+    ulysses = ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+               "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2", "critic.ulysses_sequence_parallel_size=2"]
+    base = [a for a in command(copy_task, 2) if not a.startswith("trainer.total_training_steps")]
+    base += ["trainer.total_training_steps=2", "actor_rollout_ref.actor.use_kl_loss=True",
+             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"]
+    runs = {}
+    for sp, extra in ((1, []), (2, ulysses)):
+        proc, steps = run_main_ppo(base + extra, log_path=tmp_path / f"sp{sp}.jsonl")
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        runs[sp] = steps
+    assert "sequence_parallel_size" in proc.stdout and "Ulysses" in proc.stdout
+    assert sorted(runs[1]) == sorted(runs[2]) == [1, 2]
+    for step in (1, 2):
+        one, two = runs[1][step], runs[2][step]
+        for key in (*RELATIVE, "actor/kl_loss"):
+            assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), (step, key)
+        assert two["actor/pg_loss"] == pytest.approx(one["actor/pg_loss"], abs=1e-5), step
+    assert runs[1][1]["actor/grad_norm"] > 0.1

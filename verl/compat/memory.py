@@ -385,9 +385,17 @@ def _tokens(plan: RolePlan, wl: Workload, role: str, forward: bool) -> tuple[int
 COMPILED_ACTIVATION_SHARE = {2: 0.72, 4: 0.77}
 
 
+def _head_rows(plan: RolePlan, tokens: int, response_tokens: int) -> tuple[int, int]:
+    """(token rows, rows through the LM head) of one rank: under Ulysses each rank runs 1/sp of the
+    tokens and takes the head's output at all of them (log-probs are gathered over the group after)."""
+    sp = plan.sequence_parallel_size
+    return (tokens, response_tokens) if sp == 1 else (-(-tokens // sp), -(-tokens // sp))
+
+
 def _activations(m: ModelSpec, plan: RolePlan, tokens: int, seq_len: int, train: bool,
                  compiled: bool = False) -> dict[str, float]:
     residual = gather_dtype(plan) if train else plan.compute_dtype   # the weights compute in the gather dtype
+    tokens = -(-tokens // plan.sequence_parallel_size)   # Ulysses: each rank holds 1/sp of the sequence
     per_layer = layer_activation_bytes(m, plan.compute_dtype, residual, plan.attn_implementation, seq_len)
     if plan.lora_rank and train:   # each adapted linear layer saves its rank-r intermediate for lora_B
         per_layer += len(m.linear_shapes()) * plan.lora_rank * BYTES[plan.compute_dtype]
@@ -458,6 +466,7 @@ def _forward_phase(s: _Step, name: str) -> dict[str, float]:
     terms[f"{name}.compute_copy"] = _compute_copy(spec, role, role.plan.compute_dtype, compiled=s.compiled_layers)
     tokens, resp, _ = _tokens(role.plan, s.wl, name, forward=True)
     terms.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=False))
+    tokens, resp = _head_rows(role.plan, tokens, resp)
     if name == "critic":
         terms["values"] = tokens * spec.hidden_size * 4
     else:
@@ -510,6 +519,7 @@ def _forward_end(s: _Step, name: str, rows: int, grads: float) -> dict[str, floa
     terms = {f"{name}.grads": grads,
              f"{name}.compute_copy": _compute_copy(spec, role, role.plan.compute_dtype, train=True)}
     terms.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=True, compiled=s.compiled_layers))
+    tokens, resp = _head_rows(role.plan, tokens, resp)
     if name == "critic":
         terms["values"] = tokens * spec.hidden_size * 4 * 2
     else:

@@ -53,6 +53,9 @@ class RolePlan:
     frozen_dtype: str | None = None
     base_quantization: str | None = None   # "nf4": the frozen base is stored 4-bit by bitsandbytes (QLoRA)
     optimizer_8bit: bool = False           # AdamW moments kept in 8 bits (bitsandbytes)
+    # Ulysses (`<role>.ulysses_sequence_parallel_size`): ranks splitting each micro-batch's sequence, so
+    # each holds 1/sp of its activations; the data-parallel size is the ranks / sp
+    sequence_parallel_size: int = 1
 
 
 @dataclass

@@ -122,7 +122,39 @@ def _decide_role(d: _Decider, config: Any, rc: _RoleConfig, compute_default: str
 
     return RolePlan(param_dtype=param, compute_dtype=compute, attn_implementation=attn,
                     use_remove_padding=rmpad, gradient_checkpointing=False, param_offload=False,
-                    optimizer_offload=False, **numerics)
+                    optimizer_offload=False, sequence_parallel_size=_decide_ulysses(d, config, rc),
+                    **numerics)
+
+
+def _check_ulysses_heads(roles: dict[str, RolePlan], model: ModelSpec | None) -> None:
+    """Each rank of a Ulysses group attends with 1/sp of the heads (key/value heads are repeated when sp
+    does not divide them); the critic's own model is checked when its worker loads it."""
+    for name in ("actor", "ref"):
+        role = roles.get(name)
+        if model is None or role is None or model.num_heads % role.sequence_parallel_size == 0:
+            continue
+        raise PlanError(f"actor_rollout_ref.{name}.ulysses_sequence_parallel_size={role.sequence_parallel_size} "
+                        f"must divide the model's num_attention_heads ({model.num_heads})")
+
+
+def _decide_ulysses(d: _Decider, config: Any, rc: _RoleConfig) -> int:
+    """Ulysses sequence parallelism: the role's `ulysses_sequence_parallel_size` (the reference's defaults
+    to the actor's, as upstream), which must divide the ranks."""
+    key = f"{rc.prefix}.ulysses_sequence_parallel_size"
+    asked = _get(config, key, None)
+    if asked in (None, AUTO) and rc.name == "ref":
+        key, asked = "actor_rollout_ref.actor.ulysses_sequence_parallel_size", \
+            _get(config, "actor_rollout_ref.actor.ulysses_sequence_parallel_size", None)
+    sp = 1 if asked in (None, AUTO) else int(asked)
+    ranks = int(_get(config, "trainer.n_gpus_per_node", 1) or 1) * int(_get(config, "trainer.nnodes", 1) or 1)
+    if sp < 1 or ranks % sp:
+        raise PlanError(f"{key}={sp} must be a positive divisor of the ranks (trainer.n_gpus_per_node x "
+                        f"trainer.nnodes = {ranks})")
+    if sp == 1:
+        return 1
+    return d.note(f"{rc.name}.sequence_parallel_size", sp,
+                  f"set by the user ({key}): each micro-batch's sequence split over {sp} ranks (Ulysses), "
+                  f"activations per device / {sp}, data-parallel size {ranks // sp}")
 
 
 def _decide_compute(d: _Decider, config: Any, rc: _RoleConfig, fsdp: tuple, default: str) -> str:
@@ -438,6 +470,7 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
                                              roles["actor"].attn_implementation)
     rollout = _decide_compiled_decode(d, rollout, glob["torch_compile"])
     rollout = decide_vision_rollout(d, rollout, model.vision if model is not None else None)
+    _check_ulysses_heads(roles, model)
     _decide_cast_on_gather(d, roles, rollout.dtype)
     _warn_vllm_only_keys(d, config, rollout.name)
     inp = _fit_inputs(d, config, roles_cfg, roles, rollout, rollout_asked, model, glob["torch_compile"], ref_in_actor)

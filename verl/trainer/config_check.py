@@ -379,11 +379,15 @@ def _check_batches(cfg, errors: list[str], warnings: list[str]) -> None:
             errors.append(f"{section}.ppo_mini_batch_size × rollout.n = {mini} × {n} = {mini_samples} must "
                           f"divide evenly over {n_devices} devices; pick a mini-batch that makes it so.")
             continue
-        per_device = mini_samples // n_devices
+        # with Ulysses the ranks of a sequence-parallel group share their rows: data-parallel size = devices / sp
+        sp = _ulysses_size(cfg, section, n_devices)
+        dp = n_devices // sp
+        per_device = mini_samples // dp
         per_gpu = _explicit(cfg, f"{section}.ppo_micro_batch_size_per_gpu")
         if _positive_int(per_gpu) and per_device % per_gpu:
-            errors.append(f"Each device gets {per_device} responses per {role} mini-batch "
-                          f"({mini} × {n} / {n_devices}), not a multiple of {section}."
+            who = "Each device" if sp == 1 else f"Each sequence-parallel group ({sp} devices)"
+            errors.append(f"{who} gets {per_device} responses per {role} mini-batch "
+                          f"({mini} × {n} / {dp}), not a multiple of {section}."
                           f"ppo_micro_batch_size_per_gpu={per_gpu}. Use a divisor of {per_device}.")
         mbs = _explicit(cfg, f"{section}.ppo_micro_batch_size")
         if _positive_int(mbs):
@@ -398,6 +402,31 @@ def _check_batches(cfg, errors: list[str], warnings: list[str]) -> None:
         if need_reference_policy(cfg):
             _one_micro_batch(cfg, "actor_rollout_ref.ref", "log_prob_micro_batch_size", errors)
         _one_micro_batch(cfg, "actor_rollout_ref.rollout", "log_prob_micro_batch_size", errors)
+
+
+ULYSSES_KEYS = ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+                "actor_rollout_ref.ref.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size")
+
+
+def _ulysses_size(cfg, section: str, n_devices: int) -> int:
+    """The section's valid Ulysses size (1 where unset or invalid: `_check_ulysses` reports those)."""
+    value = _get(cfg, f"{section}.ulysses_sequence_parallel_size")
+    return value if _positive_int(value) and n_devices % value == 0 else 1
+
+
+def _check_ulysses(cfg, errors: list[str]) -> None:
+    """Ulysses sizes are positive divisors of the devices (the heads are checked against the model by
+    the planner)."""
+    n_devices = (_get(cfg, "trainer.n_gpus_per_node") or 0) * (_get(cfg, "trainer.nnodes") or 0)
+    for key in ULYSSES_KEYS:
+        value = _get(cfg, key)
+        if value is None:
+            continue
+        if not _positive_int(value):
+            errors.append(f"{key}={value!r} must be a positive integer (1 = no sequence parallelism).")
+        elif _positive_int(n_devices) and n_devices % value:
+            errors.append(f"{key}={value} must divide trainer.n_gpus_per_node × trainer.nnodes = {n_devices}: "
+                          "each sequence-parallel group is that many ranks.")
 
 
 def _gcd(a: int, b: int) -> int:
@@ -594,9 +623,6 @@ _UNSUPPORTED = (
     ("actor_rollout_ref.model.lora.rank", lambda v: isinstance(v, int) and v > 0,
      "Megatron's LoRA block (FSDP LoRA: actor_rollout_ref.model.lora_rank)"),
     ("actor_rollout_ref.model.use_liger", bool, "Liger kernels"),
-    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", lambda v: v not in (1, None),
-     "Ulysses sequence parallelism"),
-    ("critic.ulysses_sequence_parallel_size", lambda v: v not in (1, None), "Ulysses sequence parallelism"),
     ("trainer.v1.trainer_mode", lambda v: v != "sync", "asynchronous trainers"),
 )
 _SWITCH_LEAF = re.compile(r"^(enable|enabled|enable_.*)$")
@@ -673,6 +699,7 @@ def validate(cfg: DictConfig) -> list[str]:
     _check_choices(cfg, errors, warnings)
     _check_ranges(cfg, errors)
     _check_unsupported(cfg, errors, warnings)
+    _check_ulysses(cfg, errors)
     _check_reward_model(cfg, errors)
     batch_errors: list[str] = []
     _check_batches(cfg, batch_errors, warnings)

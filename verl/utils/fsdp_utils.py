@@ -387,23 +387,26 @@ def memory_metrics(device_type: str) -> dict[str, float]:
     return metrics
 
 
-def global_batch_info(response_mask: torch.Tensor, dp_group=None) -> dict[str, int]:
+def global_batch_info(response_mask: torch.Tensor, dp_group=None, sp_size: int = 1) -> dict[str, int]:
     """Denominators of the loss over the whole data-parallel mini-batch.
 
     Each micro-batch loss is normalised by the token (or sequence) count of the *global* mini-batch
     and multiplied by the data-parallel size (gradient reduction averages over ranks), so the
     accumulated gradient does not depend on how the mini-batch is cut into micro-batches or ranks.
+    With Ulysses (`sp_size` > 1) the ranks of a sequence-parallel group hold the same rows: they are
+    counted once, and the data-parallel size is the group's ranks / sp.
     """
     counts = torch.tensor(
         [int(response_mask.sum().item()), int((response_mask.sum(dim=-1) > 0).sum().item())], dtype=torch.long
     )
-    dp_size = 1
+    ranks = 1
     if dist.is_initialized():
-        dp_size = dist.get_world_size(dp_group)
-        if dp_size > 1:
+        ranks = dist.get_world_size(dp_group)
+        if ranks > 1:
             dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=dp_group)
+    counts = counts // sp_size
     return {
-        "dp_size": dp_size,
+        "dp_size": max(ranks // sp_size, 1),
         "batch_num_tokens": max(int(counts[0]), 1),
         "global_batch_size": max(int(counts[1]), 1),
     }

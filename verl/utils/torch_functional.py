@@ -268,10 +268,14 @@ def model_attention_mask(module: torch.nn.Module, attention_mask: torch.Tensor) 
     multiple of 64 (torch 2.11, pytorch/pytorch#196678), so every bf16 optimizer step would skip on a
     non-finite grad norm. Attending to itself changes no real
     position's output (real queries never see padding keys) and no gradient (nothing reads a padding
-    position's output). Other attention implementations get the 2D mask unchanged.
+    position's output). Other attention implementations get the 2D mask unchanged. A Ulysses wrapper
+    (`verl.utils.ulysses`), called unsplit, hands the mask to the kernel it wraps.
     """
+    from verl.utils.ulysses import inner_implementation
+
     config = getattr(module, "config", None)
-    if getattr(config, "_attn_implementation", None) not in ("sdpa", "torch_varlen"):   # the latter pads via SDPA
+    attn = inner_implementation(getattr(config, "_attn_implementation", None))
+    if attn not in ("sdpa", "torch_varlen"):   # the latter pads via SDPA
         return attention_mask
     seq = attention_mask.shape[-1]
     key_real = attention_mask.bool()[:, None, None, :]

@@ -23,7 +23,7 @@ from verl.compat.throughput import peak_flops
 from verl.protocol import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.base.worker import Worker
-from verl.utils import frozen_weights, fsdp_utils, layer_compile, lora
+from verl.utils import frozen_weights, fsdp_utils, layer_compile, lora, ulysses
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.flops import training_flops
 from verl.utils.model_loading import build_model, freeze_vision_tower, import_model_code, load_tokenizer
@@ -38,6 +38,10 @@ from verl.workers.critic.dp_critic import DataParallelPPOCritic
 logger = logging.getLogger(__name__)
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+# the Ulysses setting behind each role's sequence-parallel size (named in errors)
+_SP_KEYS = {"actor": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+            "ref": "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+            "critic": "critic.ulysses_sequence_parallel_size"}
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -392,7 +396,13 @@ class ActorRolloutRefWorker(Worker):
         self._is_ref = role in ("ref", "actor_rollout_ref")
         self._actor_model = self._ref_model = None
         self._plan_updates: list[dict] = []
-        _, self.dp_size = fsdp_utils.init_distributed(plan.dist_backend)
+        _, world = fsdp_utils.init_distributed(plan.dist_backend)
+        # Ulysses groups (None without sequence parallelism); data-parallel size = ranks / sp
+        self._actor_sp = ulysses.sequence_parallel_group(plan.actor.sequence_parallel_size, _SP_KEYS["actor"])
+        self._ref_sp = ulysses.sequence_parallel_group((plan.ref or plan.actor).sequence_parallel_size,
+                                                       _SP_KEYS["ref"])
+        self.dp_size = world // ulysses.group_size(self._actor_sp)
+        self._ref_dp_size = world // ulysses.group_size(self._ref_sp)
         self.config = _copy_config(config)
         self._normalize_batch_sizes()
         self._model_code = _ModelCodeImport(self.config.model)
@@ -416,7 +426,7 @@ class ActorRolloutRefWorker(Worker):
         if self._is_ref:
             r = cfg.ref
             _fill(r, "log_prob_use_dynamic_bsz", ref_plan.use_dynamic_bsz)
-            _per_rank(r, "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", dp,
+            _per_rank(r, "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", self._ref_dp_size,
                       ref_plan.forward_micro_batch_size_per_gpu or ref_plan.micro_batch_size_per_gpu)
             _fill(r, "log_prob_max_token_len_per_gpu",
                   ref_plan.forward_max_token_len_per_gpu or ref_plan.max_token_len_per_gpu)
@@ -440,6 +450,7 @@ class ActorRolloutRefWorker(Worker):
         elif model_cfg.get("lora_adapter_path") and planned.name == "actor":
             raise ValueError("actor_rollout_ref.model.lora_adapter_path is set but lora_rank is 0: set "
                              "actor_rollout_ref.model.lora_rank to the adapter's rank to continue training it")
+        ulysses.install(module, planned.role_plan.sequence_parallel_size, _SP_KEYS[planned.name])
         laps(f"{planned.name}_load")
         module = planned.shard(module, compile_layers)
         laps(f"{planned.name}_shard")
@@ -479,7 +490,7 @@ class ActorRolloutRefWorker(Worker):
                                               precision=self._actor_model.precision,
                                               use_remove_padding=self.plan.actor.use_remove_padding,
                                               use_torch_compile=self.plan.torch_compile,
-                                              compile_backend=layer_compile.BACKEND)
+                                              compile_backend=layer_compile.BACKEND, sp_group=self._actor_sp)
             if self._is_actor:
                 self.checkpoint_manager = _checkpoint_manager(self._actor_model, self.actor_module,
                                                               self.actor_optimizer, self.actor_lr_scheduler,
@@ -508,7 +519,7 @@ class ActorRolloutRefWorker(Worker):
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module, precision=self._ref_model.precision,
                                                    use_remove_padding=self._ref_model.role_plan.use_remove_padding,
                                                    use_torch_compile=self.plan.torch_compile,
-                                                   compile_backend=layer_compile.BACKEND)
+                                                   compile_backend=layer_compile.BACKEND, sp_group=self._ref_sp)
         return laps.seconds
 
     def _build_rollout(self):
@@ -567,10 +578,11 @@ class ActorRolloutRefWorker(Worker):
         """old_log_probs and entropys of the responses under the current actor."""
         if self.actor is None:
             raise RuntimeError(f"role {self.role!r} holds no actor weights; compute_log_prob needs actor or rollout")
+        data, rows = ulysses.share_rows(data, self._actor_sp)
         log_probs, entropys, meta = self._score(data, self.config.rollout, self._actor_model, self.actor_module,
                                                 self.actor, self.plan.actor, "old_log_prob", entropy=True)
         meta["temperature"] = float(self.config.rollout.get("temperature", 1.0))
-        return _output(meta, old_log_probs=log_probs.cpu(), entropys=entropys.cpu())
+        return _output(meta, old_log_probs=log_probs[rows].cpu(), entropys=entropys[rows].cpu())
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -578,6 +590,7 @@ class ActorRolloutRefWorker(Worker):
         the plan serves it from the LoRA actor (`ref_in_actor`), the actor with its adapters disabled."""
         if self.ref_policy is None:
             raise RuntimeError(f"role {self.role!r} has no reference policy; use ref or actor_rollout_ref")
+        data, rows = ulysses.share_rows(data, self._actor_sp if self.plan.ref_in_actor else self._ref_sp)
         if self.plan.ref_in_actor:
             with lora.adapters_disabled(self.actor_module):
                 log_probs, _, meta = self._score(data, self.config.ref, self._actor_model, self.actor_module,
@@ -585,7 +598,7 @@ class ActorRolloutRefWorker(Worker):
         else:
             log_probs, _, meta = self._score(data, self.config.ref, self._ref_model, self.ref_module,
                                              self.ref_policy, self.plan.ref, "ref", entropy=False)
-        return _output(meta, ref_log_prob=log_probs.cpu())
+        return _output(meta, ref_log_prob=log_probs[rows].cpu())
 
     def _score(self, data: DataProto, cfg, planned: _PlannedModel, module, policy, role_plan, phase: str,
                entropy: bool):
@@ -607,14 +620,15 @@ class ActorRolloutRefWorker(Worker):
         """PPO epochs over the batch; metrics in meta_info["metrics"] with upstream's names."""
         if not self._is_actor:
             raise RuntimeError(f"role {self.role!r} is not an actor")
-        data = data.to(self.device)
+        own = data   # this rank's rows: its share of the model FLOPs
+        data = ulysses.share_rows(data, self._actor_sp)[0].to(self.device)
         data.meta_info.setdefault("temperature", float(self.config.rollout.get("temperature", 1.0)))
         self._guard(self._actor_model, self.actor_module, data)
         start = time.perf_counter()
         with fsdp_utils.phase_peak(self.plan.device_type, "update_actor") as peaks:
             metrics = self.actor.update_policy(data)
         metrics.update(peaks)
-        metrics.update(_mfu("actor", self.actor_module, self.plan, self._actor_model.compute_dtype, data,
+        metrics.update(_mfu("actor", self.actor_module, self.plan, self._actor_model.compute_dtype, own,
                             int(self.config.actor.get("ppo_epochs", 1)), time.perf_counter() - start, lm_head=True))
         metrics["actor/lr"] = self.actor_lr_scheduler.get_last_lr()[0]
         self.actor_lr_scheduler.step()
@@ -660,7 +674,9 @@ class CriticWorker(Worker):
         self.device = apply_in_process(plan, self.device_index)
         self.plan = plan
         self._plan_updates: list[dict] = []
-        _, self.dp_size = fsdp_utils.init_distributed(plan.dist_backend)
+        _, world = fsdp_utils.init_distributed(plan.dist_backend)
+        self._sp = ulysses.sequence_parallel_group(plan.critic.sequence_parallel_size, _SP_KEYS["critic"])
+        self.dp_size = world // ulysses.group_size(self._sp)
         self.config = _copy_config(config)
         c, p, dp = self.config, plan.critic, self.dp_size
         _fill(c, "use_dynamic_bsz", p.use_dynamic_bsz)
@@ -689,6 +705,7 @@ class CriticWorker(Worker):
         self._critic_model = _PlannedModel("critic", self.plan.critic, self.plan.device_type)
         module = build_model(model_cfg.path, self.plan.critic, value_head=True, trust_remote_code=trust,
                              override_config=model_cfg.get("override_config") or {}, train=True)
+        ulysses.install(module, self.plan.critic.sequence_parallel_size, _SP_KEYS["critic"])
         laps("critic_load")
         self.critic_module = self._critic_model.shard(module, compile_layers=self.plan.torch_compile)
         laps("critic_shard")
@@ -698,7 +715,8 @@ class CriticWorker(Worker):
         laps("critic_optimizer")
         self.critic = DataParallelPPOCritic(self.config, self.critic_module, self.critic_optimizer,
                                             precision=self._critic_model.precision,
-                                            use_remove_padding=self.plan.critic.use_remove_padding)
+                                            use_remove_padding=self.plan.critic.use_remove_padding,
+                                            sp_group=self._sp)
         self.checkpoint_manager = _checkpoint_manager(self._critic_model, self.critic_module, self.critic_optimizer,
                                                       self.critic_lr_scheduler, self.tokenizer,
                                                       self.config.get("checkpoint"))
@@ -717,6 +735,7 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
+        data, rows = ulysses.share_rows(data, self._sp)
         data = data.to(self.device)
         data.meta_info["micro_batch_size"] = self.config.forward_micro_batch_size_per_gpu
         data.meta_info["max_token_len"] = self.config.forward_max_token_len_per_gpu
@@ -724,17 +743,18 @@ class CriticWorker(Worker):
         with fsdp_utils.phase_peak(self.plan.device_type, "values") as peaks, \
                 _gathered_for_forward(self.critic_module, self.plan.critic):
             values = self.critic.compute_values(data)
-        return _output(self._meta(peaks), values=values.cpu())
+        return _output(self._meta(peaks), values=values[rows].cpu())
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
-        data = data.to(self.device)
+        own = data   # this rank's rows: its share of the model FLOPs
+        data = ulysses.share_rows(data, self._sp)[0].to(self.device)
         self._guard(data)
         start = time.perf_counter()
         with fsdp_utils.phase_peak(self.plan.device_type, "update_critic") as peaks:
             metrics = self.critic.update_critic(data)
         metrics.update(peaks)
-        metrics.update(_mfu("critic", self.critic_module, self.plan, self._critic_model.compute_dtype, data,
+        metrics.update(_mfu("critic", self.critic_module, self.plan, self._critic_model.compute_dtype, own,
                             int(self.config.get("ppo_epochs", 1)), time.perf_counter() - start, lm_head=False))
         metrics["critic/lr"] = self.critic_lr_scheduler.get_last_lr()[0]
         self.critic_lr_scheduler.step()

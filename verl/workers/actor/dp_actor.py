@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+from verl.utils import ulysses
 from verl.utils.fsdp_utils import global_batch_info, optimizer_step
 from verl.utils.packing import pack, padding_windows, unpack
 from verl.utils.seqlen_balancing import group_to_agree, make_micro_batches, restore_dynamic_batch
@@ -97,19 +98,35 @@ def _reduce_micro_metrics(micro_metrics: list[dict], summed: tuple[str, ...]) ->
     return {name: sum(v) if name in summed else sum(v) / len(v) for name, v in values.items()}
 
 
+def _response_slots(micro_batch: dict, log_probs: torch.Tensor, entropy, end: int):
+    """(batch, response_length) values of a padded micro-batch run up to column `end` (log_probs/entropy
+    hold its first `kept` response slots): padding slots read 0, as in the packed path."""
+    seq_len, response_length = micro_batch["input_ids"].shape[1], micro_batch["responses"].shape[-1]
+    real = micro_batch["attention_mask"][:, seq_len - response_length : end].bool()
+    pad = (0, response_length - real.shape[1])
+    log_probs = torch.nn.functional.pad(log_probs.masked_fill(~real, 0.0), pad)
+    entropy = torch.nn.functional.pad(entropy.masked_fill(~real, 0.0), pad) if entropy is not None else None
+    return log_probs, entropy
+
+
 class DataParallelPPOActor:
     """Policy log-probs and PPO updates for one rank.
 
     `config` is the `actor_rollout_ref.actor` (or `.ref`) config with per-rank batch sizes already
     normalised by the worker. `actor_optimizer` is None for the reference policy.
     `use_remove_padding` (the role plan's) runs each micro-batch as one packed row of real tokens.
+    `sp_group` (Ulysses, `verl.utils.ulysses`): the ranks that split each micro-batch's sequence; they
+    are handed the same rows.
     """
 
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer=None, *, precision: Precision,
                  dp_group=None, use_remove_padding: bool = False, use_torch_compile: bool = False,
-                 compile_backend: str = "inductor"):
+                 compile_backend: str = "inductor", sp_group=None):
         self.config = config
         self.use_remove_padding = use_remove_padding
+        self.sp_group = sp_group
+        self.sp_size = ulysses.group_size(sp_group)
+        self._last_shard = None   # the last split forward's layout, re-entered for its backward
         # The plan's torch_compile: the per-chunk math over the vocabulary (log-sum-exp, the log-prob's
         # gradient, the entropy's statistics) is the elementwise-heavy part here and fuses well: one
         # kernel per chunk and direction, reading the logits in their own dtype.
@@ -135,6 +152,8 @@ class DataParallelPPOActor:
         `window` ([start, end) columns from `padding_windows`) drops columns that are padding in every
         row. Response padding slots come back as 0. `images` are the batch's multi_modal_inputs rows.
         """
+        if self.sp_group is not None:
+            return self._forward_sequence_parallel(micro_batch, temperature, calculate_entropy, window)
         if self.use_remove_padding and images is None:
             return self._forward_packed(micro_batch, temperature, calculate_entropy)
         responses = micro_batch["responses"]
@@ -162,12 +181,26 @@ class DataParallelPPOActor:
         labels = torch.nn.functional.pad(responses[:, :kept], (0, 1))
         log_probs, entropy = self._log_probs(logits, labels, calculate_entropy)
         log_probs, entropy = log_probs[:, :kept], entropy[:, :kept] if entropy is not None else None
-        # Padding slots read 0, as in the packed path, whatever window the micro-batch got.
-        real = micro_batch["attention_mask"][:, seq_len - response_length : end].bool()
-        pad = (0, response_length - kept)
-        log_probs = torch.nn.functional.pad(log_probs.masked_fill(~real, 0.0), pad)
-        entropy = torch.nn.functional.pad(entropy.masked_fill(~real, 0.0), pad) if entropy is not None else None
-        return log_probs, entropy
+        return _response_slots(micro_batch, log_probs, entropy, end)
+
+    def _forward_sequence_parallel(self, micro_batch: dict, temperature: float, calculate_entropy: bool,
+                                   window: tuple[int, int] | None):
+        """As `_forward_micro_batch`, with this rank running 1/sp of the sequence (`verl.utils.ulysses`).
+        Every local position gets its log-prob against the next token of the whole sequence; the group's
+        slices are gathered and the response's predicting positions read out."""
+        split = ulysses.split_micro_batch(micro_batch, window, self.use_remove_padding, self.sp_group)
+        self._last_shard = split.shard
+        with split.shard, self.precision.autocast():
+            output = self.actor_module(**split.model_inputs())
+        logits = output.logits
+        if temperature != 1.0:
+            logits = logits / temperature
+        log_probs, entropy = self._log_probs(logits, split.next_tokens(), calculate_entropy)
+        log_probs = split.response_outputs(log_probs)
+        entropy = split.response_outputs(entropy) if entropy is not None else None
+        if split.packed is not None:
+            return unpack(log_probs, split.packed), unpack(entropy, split.packed) if entropy is not None else None
+        return _response_slots(micro_batch, log_probs, entropy, split.end)
 
     def _forward_packed(self, micro_batch: dict, temperature: float, calculate_entropy: bool):
         """As `_forward_micro_batch`, on one packed row; slots without a real response token are 0."""
@@ -194,10 +227,16 @@ class DataParallelPPOActor:
 
     def _micro_batches(self, tensors: dict, micro_batch_size, use_dynamic_bsz: bool, max_token_len):
         if use_dynamic_bsz:
+            # the token budget is per device: a sequence-parallel group holds sp times as many tokens
+            max_token_len = int(max_token_len) * self.sp_size
             padded = None if self.use_remove_padding else tensors["responses"].shape[-1]
             return make_micro_batches(tensors, max_token_len=max_token_len, dp_group=group_to_agree(self.dp_group),
                                       padded_response_length=padded)
         return make_micro_batches(tensors, micro_batch_size=micro_batch_size)
+
+    def _backward_layout(self):
+        """The last split forward's layout for its backward (gradient checkpointing recomputes layers there)."""
+        return self._last_shard if self._last_shard is not None else contextlib.nullcontext()
 
     def _windows(self, micro_batches: list[dict], images=None) -> list:
         """Padding-free column windows of the micro-batches (packed rows have no padding to drop)."""
@@ -302,7 +341,7 @@ class DataParallelPPOActor:
         metrics: dict[str, list[float]] = defaultdict(list)
         for _ in range(int(cfg.get("ppo_epochs", 1))):
             for mini_batch in self._mini_batches(tensors):
-                batch_info = global_batch_info(mini_batch["response_mask"], self.dp_group)
+                batch_info = global_batch_info(mini_batch["response_mask"], self.dp_group, self.sp_size)
                 micro_batches, _ = self._micro_batches(
                     mini_batch, cfg.get("ppo_micro_batch_size_per_gpu"), bool(cfg.get("use_dynamic_bsz", False)),
                     cfg.get("ppo_max_token_len_per_gpu"),
@@ -311,7 +350,8 @@ class DataParallelPPOActor:
                 for micro_batch, window in zip(micro_batches, self._windows(micro_batches, images)):
                     loss, values = self._micro_loss(micro_batch, temperature, batch_info, window, images)
                     scaled = self.precision.scaler.scale(loss) if self.precision.scaler is not None else loss
-                    scaled.backward()
+                    with self._backward_layout():
+                        scaled.backward()
                     micro_metrics.append(values)
                 grad_norm, stepped = optimizer_step(
                     self.actor_optimizer, self.actor_module.parameters(), cfg.get("grad_clip"), self.precision.scaler

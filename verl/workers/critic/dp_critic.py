@@ -6,6 +6,7 @@ Values and losses are computed in float32 and normalised over the global mini-ba
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import defaultdict
 
@@ -13,6 +14,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_value_loss
+from verl.utils import ulysses
 from verl.utils.fsdp_utils import global_batch_info, optimizer_step
 from verl.utils.packing import pack, padding_windows, unpack
 from verl.utils.seqlen_balancing import group_to_agree, make_micro_batches, restore_dynamic_batch
@@ -26,12 +28,16 @@ class DataParallelPPOCritic:
     """Values and value-loss updates for one rank; `config` is the `critic` config, normalised per rank.
 
     `use_remove_padding` (the role plan's) runs each micro-batch as one packed row of real tokens.
+    `sp_group`: the Ulysses group splitting each micro-batch's sequence (see DataParallelPPOActor).
     """
 
     def __init__(self, config, critic_module: torch.nn.Module, critic_optimizer=None, *, precision: Precision,
-                 dp_group=None, use_remove_padding: bool = False):
+                 dp_group=None, use_remove_padding: bool = False, sp_group=None):
         self.config = config
         self.use_remove_padding = use_remove_padding
+        self.sp_group = sp_group
+        self.sp_size = ulysses.group_size(sp_group)
+        self._last_shard = None   # the last split forward's layout, re-entered for its backward
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
         self.precision = precision
@@ -45,6 +51,8 @@ class DataParallelPPOCritic:
         response slots past it come back as 0.
         """
         response_length = micro_batch["responses"].shape[-1]
+        if self.sp_group is not None:
+            return self._forward_sequence_parallel(micro_batch, window)
         if self.use_remove_padding:
             packed = pack(micro_batch["input_ids"], micro_batch["attention_mask"], micro_batch["position_ids"],
                           response_length)
@@ -67,6 +75,21 @@ class DataParallelPPOCritic:
         values = output.logits.squeeze(-1).float()[:, -kept - 1 : -1]
         return torch.nn.functional.pad(values, (0, response_length - kept)) if kept < response_length else values
 
+    def _forward_sequence_parallel(self, micro_batch: dict, window: tuple[int, int] | None) -> torch.Tensor:
+        """As `_forward_micro_batch`, each rank of the Ulysses group running 1/sp of the sequence."""
+        split = ulysses.split_micro_batch(micro_batch, window, self.use_remove_padding, self.sp_group)
+        self._last_shard = split.shard
+        with split.shard, self.precision.autocast():
+            output = self.critic_module(**split.model_inputs())
+        values = split.response_outputs(output.logits[..., 0].float())
+        if split.packed is not None:
+            return unpack(values, split.packed)
+        return torch.nn.functional.pad(values, (0, micro_batch["responses"].shape[-1] - values.shape[1]))
+
+    def _backward_layout(self):
+        """The last split forward's layout for its backward (gradient checkpointing recomputes layers there)."""
+        return self._last_shard if self._last_shard is not None else contextlib.nullcontext()
+
     def _windows(self, micro_batches: list[dict]) -> list:
         if self.use_remove_padding:
             return [None] * len(micro_batches)
@@ -74,6 +97,7 @@ class DataParallelPPOCritic:
 
     def _micro_batches(self, tensors: dict, micro_batch_size, max_token_len):
         if self.config.get("use_dynamic_bsz", False):
+            max_token_len = int(max_token_len) * self.sp_size   # per device: an SP group holds sp times as many
             padded = None if self.use_remove_padding else tensors["responses"].shape[-1]
             return make_micro_batches(tensors, max_token_len=max_token_len, dp_group=group_to_agree(self.dp_group),
                                       padded_response_length=padded)
@@ -113,7 +137,7 @@ class DataParallelPPOCritic:
             size = int(cfg.ppo_mini_batch_size)
             for start in range(0, n, size):
                 mini_batch = {k: v[start : start + size] for k, v in shuffled.items()}
-                batch_info = global_batch_info(mini_batch["response_mask"], self.dp_group)
+                batch_info = global_batch_info(mini_batch["response_mask"], self.dp_group, self.sp_size)
                 micro_batches, _ = self._micro_batches(
                     mini_batch, cfg.get("ppo_micro_batch_size_per_gpu"), cfg.get("ppo_max_token_len_per_gpu")
                 )
@@ -132,7 +156,8 @@ class DataParallelPPOCritic:
                         **batch_info,
                     )
                     scaled = self.precision.scaler.scale(vf_loss) if self.precision.scaler is not None else vf_loss
-                    scaled.backward()
+                    with self._backward_layout():
+                        scaled.backward()
                     # Kept on the device: read once per mini-batch, not once per micro-batch.
                     micro_metrics.append({"critic/vf_loss": vf_loss.detach(), "critic/vf_clipfrac": vf_clipfrac,
                                           "critic/vpred_mean": masked_mean(vpreds.detach(), mask)})
