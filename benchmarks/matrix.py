@@ -1,21 +1,19 @@
 """The stock `main_ppo` per cell `profile:shape:mode[:algo]` under a simulated device profile (random-weight
-Qwen2.5 shapes 0.5b-7b), with the plan's predicted peak per phase beside the measured one.
+Qwen2.5 shapes 0.5b-7b): the plan's predicted peak per phase beside the measured one.
 
-Modes: `full` (the plan picks dtype, offload, checkpointing, micro-batches), `lora` (rank 32), `qlora` (LoRA on a
-4-bit base), `full8bit` (8-bit AdamW states). Algos: `grpo` (the default; KL loss) or `ppo` (GAE + critic).
-`--settings` picks the run's shape: `scale` (8 prompts x 4 x (256+256), full-length responses, one validation on
-32 prompts at the last step) or `matrix` (the device matrix: 8 prompts (x 2 for GRPO) x (256+128), validations on
-256 prompts every 2 steps). `--cells goals` is the model-scale goals, `--cells devices` every profile x PPO/GRPO.
+Modes: full (the plan picks dtype, offload, checkpointing, micro-batches), lora (rank 32), qlora (LoRA on a 4-bit
+base), full8bit (8-bit AdamW states); algos: grpo (default, KL loss), ppo (GAE + critic). `--settings scale`:
+8 prompts x 4 x (256+256), full-length responses, one validation on 32 prompts at the end; `--settings matrix`
+(the device matrix): 8 prompts (x 2 for GRPO) x (256+128), validations on 256 prompts every 2 steps.
 
-    python benchmarks/matrix.py --cells goals --out DIR
-    python benchmarks/matrix.py --cells devices --settings matrix --jobs 8 --budget-gb 112 --out DIR
-    python benchmarks/matrix.py --cells p40:7b:lora,t4:1.5b:full:ppo --plan-only     # the planner's side, on CPU
+    python benchmarks/matrix.py --cells goals --out DIR                         # the model-scale goals
+    python benchmarks/matrix.py --cells devices --settings matrix --jobs 8 --out DIR    # every profile x PPO/GRPO
+    python benchmarks/matrix.py --cells p40:7b:lora,t4:1.5b:full:ppo --plan-only       # planner only, on CPU
 
-Per cell: the plan (`verl.compat`'s `plan_for` in a child process: refused or not, predicted peak per phase),
-then the run: exit, s/step, update_actor s, the allocator's peak per phase (`perf/max_memory_allocated_gb/*`,
-largest over the steps) and over the run. A phase is right when predicted is within +-15% of measured and
-never under it by more than 3%. Cells run at once (`--jobs`) while their memory caps fit `--budget-gb`.
-Writes matrix.json and prints one table.
+Per cell: the doctor's plan (`python -m verl.compat --json`), then the run: exit, s/step, update_actor s,
+the allocator's peak per phase (largest over the steps) and over the run. A phase is right when predicted is
+within +-15% of measured and never under it by more than 3%. Cells run at once (`--jobs`) while their memory
+caps fit `--budget-gb`. Writes matrix.json, prints one table.
 """
 from __future__ import annotations
 
@@ -87,55 +85,29 @@ def overrides(cell, settings: str, assets: Path, model: Path, steps: int, full_l
             *([f"{ARR}.rollout.n={s['n']}"] if algo == "grpo" else []), *MODES[mode]]
 
 
-def prepare_assets(assets: Path) -> None:
-    """GSM8K parquet files from the jsonl files in `assets/gsm8k` (examples/data_preprocess/gsm8k.py), and the
-    full-length copy in `assets/gsm8k_long` (each question repeated 8 times)."""
-    if not (assets / "gsm8k" / "train.parquet").exists():
-        subprocess.run([sys.executable, str(ROOT / "examples/data_preprocess/gsm8k.py"), "--local_dataset_path",
-                        str(assets / "gsm8k"), "--local_save_dir", str(assets / "gsm8k")], check=True)
-    if not (assets / "gsm8k_long" / "train.parquet").exists():
-        import pandas as pd
-
-        (assets / "gsm8k_long").mkdir(exist_ok=True)
-        for split in ("train", "test"):
-            frame = pd.read_parquet(assets / "gsm8k" / f"{split}.parquet")
-            frame["prompt"] = [[{**m, "content": " ".join([m["content"]] * 8)} for m in p] for p in frame["prompt"]]
-            frame.to_parquet(assets / "gsm8k_long" / f"{split}.parquet")
-
-
-def build_model(models: Path, shape: str, tokenizer: Path) -> Path:
+def build_model(models: Path, shape: str, tokenizer: Path) -> None:
     """The shape's random-weight model under `models` (drawn on the GPU when there is one, saved in half size)."""
-    out = models / f"qwen2.5-{shape}"
-    if not (out / "config.json").exists():
+    if not (models / f"qwen2.5-{shape}" / "config.json").exists():
         import torch
 
-        harness.build_model(str(out), str(tokenizer), shape_name=f"qwen2.5-{shape}", save_dtype="bfloat16",
-                            init_device="cuda" if torch.cuda.is_available() else "cpu")
-    return out
+        harness.build_model(str(models / f"qwen2.5-{shape}"), str(tokenizer), shape_name=f"qwen2.5-{shape}",
+                            save_dtype="bfloat16", init_device="cuda" if torch.cuda.is_available() else "cpu")
 
 
-_PLAN = """import json, sys
-from verl.compat.__main__ import plan_for
-try:
-    _, _, plan = plan_for(sys.argv[3:], device=sys.argv[1], model_spec=sys.argv[2])
-except Exception as err:
-    print(json.dumps({'refused': f'{type(err).__name__}: {err}'})); sys.exit(0)
-m, a = plan.memory, plan.actor
-print(json.dumps({'phases': {k: round(sum(t.values()), 3) for k, t in m.get('phases', {}).items()},
-    'terms': m.get('phases', {}), 'peak_gb': plan.predicted_peak_gb, 'required_gb': m.get('required_gb'),
-    'limit_gb': plan.memory_limit_gb, 'simulated': plan.device.simulated, 'rollout_chunk': plan.rollout.micro_batch_size,
-    'actor': {k: getattr(a, k) for k in ('param_dtype', 'compute_dtype', 'param_offload', 'optimizer_offload',
-    'gradient_checkpointing', 'micro_batch_size_per_gpu', 'lora_rank', 'base_quantization', 'optimizer_8bit')
-    if hasattr(a, k)}}))
-"""
-
-
-def predicted(cell_overrides: list[str], profile: str, shape: str) -> dict:
-    """The planner's answer for a cell, in a child process (each plan composes its own Hydra config)."""
-    proc = subprocess.run([sys.executable, "-c", _PLAN, profile, f"qwen2.5-{shape}", *cell_overrides],
-                          capture_output=True, text=True, cwd=ROOT, env=harness.env(), timeout=300)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    return json.loads(lines[-1]) if lines else {"refused": f"doctor failed: {proc.stderr[-800:]}"}
+def predicted(cell_overrides: list[str], shape: str) -> dict:
+    """The doctor's answer for a cell (`python -m verl.compat --json`; a process per plan, as each composes its own
+    Hydra config): refused with the planner's reason, or the predicted peak per phase and the actor's settings."""
+    proc = subprocess.run([sys.executable, "-m", "verl.compat", "--json", f"--model-spec=qwen2.5-{shape}",
+                           *cell_overrides], capture_output=True, text=True, cwd=ROOT, env=harness.env(), timeout=300)
+    if proc.returncode != 0:
+        return {"refused": proc.stderr.split("no plan for this config:")[-1].strip()[-800:]}
+    plan = json.loads(proc.stdout)
+    m, a = plan["memory"], plan["actor"]
+    return {"phases": {k: v["total_gb"] for k, v in m["phases_total"].items()}, "terms": m["phases"],
+            "peak_gb": plan["predicted_peak_gb"], "required_gb": m["required_gb"], "limit_gb": plan["memory_limit_gb"],
+            "simulated": plan["device"]["simulated"], "rollout_chunk": plan["rollout"]["micro_batch_size"],
+            "actor": {k: a.get(k) for k in ("compute_dtype", "param_offload", "optimizer_offload",
+                                            "gradient_checkpointing", "micro_batch_size_per_gpu", "lora_rank")}}
 
 
 def measured(jsonl: Path, test_freq: int) -> dict:
@@ -243,19 +215,17 @@ def main(argv=None) -> int:
     ap.add_argument("--full-length", action="store_true",
                     help="every prompt at its 256-token limit (the plan's worst case) instead of GSM8K's own lengths")
     ap.add_argument("--plan-only", action="store_true", help="only the planner's answers (no model, no GPU)")
-    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="added to every cell")
     args = ap.parse_args(argv)
     cells, assets, models = parse_cells(args.cells), ROOT / args.assets, Path(args.models)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if not args.plan_only:
-        prepare_assets(assets)
+        harness.prepare_assets(assets)
         for shape in sorted({c[1] for c in cells}):      # one at a time: they share the GPU and the disk
             build_model(models, shape, assets / "tok")
     start = time.time()
-    cmds = [overrides(c, args.settings, assets, models / f"qwen2.5-{c[1]}", args.steps, args.full_length)
-            + args.override for c in cells]
+    cmds = [overrides(c, args.settings, assets, models / f"qwen2.5-{c[1]}", args.steps, args.full_length) for c in cells]
     with ThreadPoolExecutor(4) as pool:
-        plans = list(pool.map(lambda i: predicted(cmds[i], cells[i][0], cells[i][1]), range(len(cells))))
+        plans = list(pool.map(lambda i: predicted(cmds[i], cells[i][1]), range(len(cells))))
     budget = MemoryBudget(args.budget_gb)
     order = sorted(range(len(cells)), key=lambda i: -(plans[i].get("limit_gb") or 0))   # largest first
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:

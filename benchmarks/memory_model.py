@@ -24,7 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
-from worker_harness import ARR, SHAPES, StepPhases, build_workers, stock_overrides, synthetic_step_batch  # noqa: E402
+from harness import ARR, SHAPES  # noqa: E402
+from worker_harness import StepPhases, build_workers, stock_overrides, synthetic_step_batch  # noqa: E402
 
 GiB = 1024 ** 3
 

@@ -21,7 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
-from worker_harness import ARR, PHASES, SHAPES, StepPhases, build_workers, shape, stock_overrides  # noqa: E402
+from harness import ARR, SHAPES, shape  # noqa: E402
+from worker_harness import PHASES, StepPhases, build_workers, stock_overrides  # noqa: E402
 
 # Each setting: its shape, rollout.n and the algorithm's overrides; `tiny`, the shape for the tiny model (CPU).
 SETTINGS = {

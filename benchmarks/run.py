@@ -99,6 +99,7 @@ def main(argv=None) -> int:
     if args.dry_run:
         print("\n".join(f"{name} ({sec} s): {' '.join(cmd)}" for name, (sec, cmd) in steps.items()))
         return 0
+    harness.prepare_assets()
     if args.suite not in ("matrix", "scale"):       # matrix.py builds its own shapes
         harness.ensure_model()
     start, failed = time.time(), []

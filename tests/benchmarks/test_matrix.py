@@ -1,5 +1,5 @@
 """benchmarks/matrix.py's parts that need no GPU: cells, the cells' commands against the real planner (in
-process and through the tool's own `--plan-only` child), the tolerance rule, reading the file logger."""
+process and through the doctor with `--plan-only`), the tolerance rule, reading the file logger."""
 import json
 import sys
 from pathlib import Path
@@ -47,7 +47,7 @@ def test_cell_overrides_compose_and_plan(cell, settings):
 
 
 def test_plan_only_runs_the_planner_per_cell_and_reports_refusals(tmp_path, capsys):
-    """`--plan-only`: the planner's answer per cell, from the tool's child process; 7B in full on a T4 is
+    """`--plan-only`: the doctor's answer per cell (`python -m verl.compat --json`); 7B in full on a T4 is
     refused with the planner's reason, the 0.5B PPO cell gets a plan with every phase the run measures."""
     assert matrix.main(["--cells", "p40:0.5b:full:ppo,t4:7b:full", "--plan-only", "--out", str(tmp_path)]) == 0
     ok, refused = json.loads((tmp_path / "matrix.json").read_text())["cells"]
@@ -56,7 +56,7 @@ def test_plan_only_runs_the_planner_per_cell_and_reports_refusals(tmp_path, caps
     assert set(plan["phases"]) == set(matrix.PHASES.values()) - {"ref"}    # PPO without KL: no reference
     assert plan["simulated"] and plan["required_gb"] <= plan["limit_gb"] and plan["peak_gb"] > 0
     out = capsys.readouterr().out
-    assert "| t4:7b:full:grpo | refused: MemoryShortfall" in out and "| p40:0.5b:full:ppo | " in out
+    assert "| t4:7b:full:grpo | refused: The run does not fit on t4" in out and "| p40:0.5b:full:ppo | " in out
 
 
 def test_tolerance_is_plus_15_and_minus_3_percent():
