@@ -32,12 +32,10 @@ def env(**extra) -> dict:
     return out
 
 
-# ----------------------------------------------------------------------------- the model
-
 def build_model(out: str, tokenizer: str, layers: int | None = None, hidden: int | None = None,
-                shape_name: str = "qwen2.5-0.5b", init_device: str = "cpu", save_dtype: str = "float32") -> str:
+                shape_name: str = "qwen2.5-0.5b", init_device: str | None = "cpu", save_dtype: str = "float32") -> str:
     """Write a random-weight Qwen2.5-shaped model (optionally fewer layers / narrower, for CPU) with the real
-    tokenizer. `init_device="cuda"` draws the weights on the GPU (a 7B in seconds); `save_dtype` halves the files."""
+    tokenizer. `init_device=None` draws the weights on the GPU if any (a 7B in seconds); `save_dtype` halves the files."""
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
@@ -48,16 +46,15 @@ def build_model(out: str, tokenizer: str, layers: int | None = None, hidden: int
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(Path(tokenizer) / name, folder / name)
     tok = AutoTokenizer.from_pretrained(folder)
-    # the built-in spec plus a Qwen2.5 checkpoint's two numerics fields
-    shape = {**BUILTIN_MODELS[shape_name], "rope_theta": 1000000.0, "rms_norm_eps": 1e-6}
-    shape.pop("model_type")
+    shape = {k: v for k, v in BUILTIN_MODELS[shape_name].items() if k != "model_type"}   # + Qwen2.5's numerics
+    shape.update(rope_theta=1000000.0, rms_norm_eps=1e-6)
     shape["num_hidden_layers"] = layers or shape["num_hidden_layers"]
     if hidden is not None:   # heads, KV heads and MLP width shrink with the hidden size
         heads = max(2, hidden // (shape["hidden_size"] // shape["num_attention_heads"]))
         shape.update(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
                      intermediate_size=4 * hidden)
     torch.manual_seed(0)
-    with torch.device(init_device):
+    with torch.device(init_device or ("cuda" if torch.cuda.is_available() else "cpu")):
         model = Qwen2ForCausalLM(Qwen2Config(**shape, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
     model.to(getattr(torch, save_dtype)).save_pretrained(folder)
     print(f"{folder}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params, vocab {shape['vocab_size']}")
@@ -90,8 +87,6 @@ def tiny_model(folder: str) -> str:   # CPU smoke runs of the in-process tools
     return build_tiny_model_dir(folder, hidden_size=64, num_layers=2, intermediate_size=128, num_heads=4,
                                 num_kv_heads=2)
 
-
-# ----------------------------------------------------------------------------- the stock command's settings
 
 def common(assets: str = ASSETS, model: str = MODEL) -> list[str]:
     """The overrides every end-to-end row shares: data, model, learning rates, loggers, no checkpoints."""
@@ -144,8 +139,6 @@ GRPO_ALGO = ["algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=True", f"
              f"{ARR}.actor.kl_loss_type=low_var_kl", f"{ARR}.actor.entropy_coeff=0", "algorithm.use_kl_in_reward=False"]
 GRPO = [*sized(SHAPES["grpo"])[:-1], f"{ARR}.rollout.n=4", *GRPO_ALGO]
 
-
-# ----------------------------------------------------------------------------- one run and its summary
 
 def launch_main_ppo(overrides: list[str], jsonl: Path, log: Path, timeout: float, **env_extra) -> dict:
     """Run `python -m verl.trainer.main_ppo` once: {exit, wall_s, cold_start_to_first_step_s, command}.

@@ -1,19 +1,17 @@
 """The stock `main_ppo` per cell `profile:shape:mode[:algo]` under a simulated device profile (random-weight
-Qwen2.5 shapes 0.5b-7b): the plan's predicted peak per phase beside the measured one.
+Qwen2.5 shapes 0.5b-7b): the doctor's predicted peak per phase (`python -m verl.compat --json`) beside the run's.
 
 Modes: full (the plan picks dtype, offload, checkpointing, micro-batches), lora (rank 32), qlora (LoRA on a 4-bit
 base), full8bit (8-bit AdamW states); algos: grpo (default, KL loss), ppo (GAE + critic). `--settings scale`:
 8 prompts x 4 x (256+256), full-length responses, one validation on 32 prompts at the end; `--settings matrix`
 (the device matrix): 8 prompts (x 2 for GRPO) x (256+128), validations on 256 prompts every 2 steps.
 
-    python benchmarks/matrix.py --cells goals --out DIR                         # the model-scale goals
-    python benchmarks/matrix.py --cells devices --settings matrix --jobs 8 --out DIR    # every profile x PPO/GRPO
-    python benchmarks/matrix.py --cells p40:7b:lora,t4:1.5b:full:ppo --plan-only       # planner only, on CPU
+    python benchmarks/matrix.py --cells goals --jobs 3 --out DIR          # the model-scale goals, 3 at a time
+    python benchmarks/matrix.py --cells devices --settings matrix --plan-only     # every profile x PPO/GRPO, on CPU
 
-Per cell: the doctor's plan (`python -m verl.compat --json`), then the run: exit, s/step, update_actor s,
-the allocator's peak per phase (largest over the steps) and over the run. A phase is right when predicted is
-within +-15% of measured and never under it by more than 3%. Cells run at once (`--jobs`) while their memory
-caps fit `--budget-gb`. Writes matrix.json, prints one table.
+Per run: exit, s/step, update_actor s, the allocator's peak per phase (largest over the steps) and over the run.
+A phase is right when predicted is within +-15% of measured and never under it by more than 3%. Cells run at
+once (`--jobs`) while their memory caps fit `--budget-gb`. Writes matrix.json, prints one table.
 """
 from __future__ import annotations
 
@@ -36,13 +34,13 @@ PROFILES = ("p40", "p100", "v100-16gb", "t4", "rtx3090", "a100-40gb", "h200")
 SHAPES = ("0.5b", "1.5b", "3b", "7b")
 GOALS = ("p40:1.5b:full", "p40:3b:full", "p40:7b:lora", "t4:1.5b:full", "t4:7b:qlora",
          "rtx3090:3b:full", "rtx3090:7b:lora", "a100-40gb:7b:full")
-NAMED = {"goals": GOALS, "devices": tuple(f"{p}:0.5b:full:{a}" for p in PROFILES for a in ("ppo", "grpo"))}
+devices = lambda profiles: ",".join(f"{p}:0.5b:full:{a}" for p in profiles for a in ("ppo", "grpo"))  # noqa: E731
+NAMED = {"goals": ",".join(GOALS), "devices": devices(PROFILES)}   # the device matrix: every profile, PPO and GRPO
 LORA = [f"{ARR}.model.lora_rank=32", f"{ARR}.model.lora_alpha=32"]
 MODES = {"full": [], "lora": LORA, "qlora": [*LORA, f"{ARR}.model.load_in_4bit=true"],
          "full8bit": [f"{ARR}.actor.optim.optimizer_impl=bitsandbytes.optim", f"{ARR}.actor.optim.optimizer=AdamW8bit"]}
 ALGOS = {"ppo": ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=4"],
-         "grpo": ["algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=True", f"{ARR}.actor.kl_loss_coef=0.001",
-                  f"{ARR}.actor.kl_loss_type=low_var_kl"]}
+         "grpo": harness.GRPO_ALGO}
 # GRPO samples per prompt, response tokens, validation prompts, steps between validations (None: the last step)
 SETTINGS = {"scale": dict(n=4, response=256, val=32, test_freq=None, extra=[f"{ARR}.rollout.ignore_eos=True"]),
             "matrix": dict(n=2, response=128, val=256, test_freq=2, extra=[])}
@@ -54,7 +52,7 @@ PHASES = {"gen": "rollout", "old_log_prob": "log_prob", "ref": "ref", "values": 
 def parse_cells(text: str) -> list[tuple[str, str, str, str]]:
     """Comma-separated `profile:shape:mode[:algo]`, `goals` or `devices` -> (profile, shape, mode, algo)."""
     cells = []
-    for name in [c for item in text.split(",") if item for c in NAMED.get(item, (item,))]:
+    for name in [c for item in text.split(",") for c in NAMED.get(item, item).split(",") if c]:
         parts = name.split(":")
         if len(parts) == 3:
             parts.append("grpo")
@@ -85,15 +83,6 @@ def overrides(cell, settings: str, assets: Path, model: Path, steps: int, full_l
             *([f"{ARR}.rollout.n={s['n']}"] if algo == "grpo" else []), *MODES[mode]]
 
 
-def build_model(models: Path, shape: str, tokenizer: Path) -> None:
-    """The shape's random-weight model under `models` (drawn on the GPU when there is one, saved in half size)."""
-    if not (models / f"qwen2.5-{shape}" / "config.json").exists():
-        import torch
-
-        harness.build_model(str(models / f"qwen2.5-{shape}"), str(tokenizer), shape_name=f"qwen2.5-{shape}",
-                            save_dtype="bfloat16", init_device="cuda" if torch.cuda.is_available() else "cpu")
-
-
 def predicted(cell_overrides: list[str], shape: str) -> dict:
     """The doctor's answer for a cell (`python -m verl.compat --json`; a process per plan, as each composes its own
     Hydra config): refused with the planner's reason, or the predicted peak per phase and the actor's settings."""
@@ -111,14 +100,12 @@ def predicted(cell_overrides: list[str], shape: str) -> dict:
 
 
 def measured(jsonl: Path, test_freq: int) -> dict:
-    """From the file logger: s/step, update_actor s, the peak per phase and over the run, and the run's peak
+    """The run's summary (harness.summarize: s/step, the peak per phase, ...), its peak over the run, and its peak
     before the first validation (the allocator's peak never resets: later steps carry the validation's)."""
     s = harness.summarize(jsonl)
-    by_step = [v if isinstance(v, (int, float)) else None for v in s["max_allocated_gb_by_step"]]
-    before, every = [v for v in by_step[:test_freq] if v], [v for v in by_step if v]
-    return {"steps": s["steps"], "s_per_step": s["s_per_step"], "first_step_s": s["first_step_s"],
-            "update_actor_s": s["timing_s"]["update_actor"], "timing_s": s["timing_s"], "peaks": s["phase_peak_gb"],
-            "train_gb": max(before, default=None), "run_peak_gb": max(every, default=None)}
+    by_step = [v if isinstance(v, (int, float)) else 0 for v in s["max_allocated_gb_by_step"]]
+    return {**s, "update_actor_s": s["timing_s"]["update_actor"], "peaks": s["phase_peak_gb"],
+            "train_gb": max(by_step[:test_freq], default=0) or None, "run_peak_gb": max(by_step, default=0) or None}
 
 
 def judge(pred: dict, meas: dict) -> dict:
@@ -155,8 +142,7 @@ def run_cell(cell, cell_overrides: list[str], plan: dict, args, budget: MemoryBu
     row, name, out = {"cell": ":".join(cell), "plan": plan}, "_".join(cell), Path(args.out)
     if args.plan_only or "refused" in plan:
         return row
-    need = plan["limit_gb"] if plan.get("simulated") else (plan.get("required_gb") or args.budget_gb) + 4
-    need = min(need, args.budget_gb)
+    need = min(plan["limit_gb"] if plan["simulated"] else plan["required_gb"] + 4, args.budget_gb)
     budget.take(need)
     try:   # each run starts its own Ray instance: a private temp dir keeps parallel ones apart
         run = harness.launch_main_ppo(cell_overrides, out / f"{name}.jsonl", out / f"{name}.log", args.timeout,
@@ -177,7 +163,7 @@ def run_cell(cell, cell_overrides: list[str], plan: dict, args, budget: MemoryBu
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown, one line per cell; GiB; a phase off the rule is marked `(off)`."""
+    """Markdown, one line per cell; GiB; a phase off the rule is marked `off`."""
     lines = ["| cell | plan | exit | s/step | update_actor s | run peak pred / meas | phase pred / meas (diff) |",
              "|---|---|---|---|---|---|---|"]
     f = lambda v: f"{v:.2f}" if isinstance(v, (int, float)) else "-"  # noqa: E731
@@ -220,8 +206,9 @@ def main(argv=None) -> int:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if not args.plan_only:
         harness.prepare_assets(assets)
-        for shape in sorted({c[1] for c in cells}):      # one at a time: they share the GPU and the disk
-            build_model(models, shape, assets / "tok")
+        for shape in sorted({c[1] for c in cells}):   # one at a time, drawn on the GPU if any, saved in half size
+            harness.ensure_model(str(models / f"qwen2.5-{shape}"), str(assets), shape_name=f"qwen2.5-{shape}",
+                                 save_dtype="bfloat16", init_device=None)
     start = time.time()
     cmds = [overrides(c, args.settings, assets, models / f"qwen2.5-{c[1]}", args.steps, args.full_length) for c in cells]
     with ThreadPoolExecutor(4) as pool:

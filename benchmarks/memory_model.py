@@ -37,8 +37,6 @@ ALGOS = {
 PHASES = ("rollout", "log_prob", "ref", "values", "critic_update", "actor_update", "validation")
 
 
-# ----------------------------------------------------------------------------- measurement
-
 def _local(t):
     """A DTensor's local shard (the storage it owns on this rank), else the tensor itself."""
     return t._local_tensor if hasattr(t, "_local_tensor") else t
@@ -130,8 +128,6 @@ def measure(fn, device, resident=()) -> tuple[float, float]:
     return start / GiB, (start + tracker.peak) / GiB
 
 
-# ----------------------------------------------------------------------------- one case (child process)
-
 def run_case(profile: str, setting_name: str, algo: str, model: str, val_rows: int | None = None,
              extra: tuple[str, ...] = ()) -> dict:
     """Plan one case (`extra`: more Hydra overrides), build the real workers, run every phase once;
@@ -177,8 +173,6 @@ def run_case(profile: str, setting_name: str, algo: str, model: str, val_rows: i
                 break
     return result
 
-
-# ----------------------------------------------------------------------------- driver
 
 def _run_child(argv: list[str], case: tuple[str, str, str], model: str, timeout: float, workdir: Path) -> dict:
     """One case in a process of its own: this command again, narrowed to the case (later options win)."""

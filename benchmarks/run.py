@@ -19,9 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
-
-ALL_PROFILES = "p40,p100,v100-16gb,t4,rtx3090,a100-40gb,h200"
-_devices = lambda profiles: ",".join(f"{p}:0.5b:full:{a}" for p in profiles.split(",") for a in ("ppo", "grpo"))  # noqa: E731
+from matrix import PROFILES, devices  # noqa: E402
 # suite -> step -> (seconds, tool and its arguments); `{out}` is the step's folder
 SUITES = {
     "speed": {       # end-to-end s/step, MFU, peak memory; TRL beside ours; the built-in engine's decode speed
@@ -39,13 +37,13 @@ SUITES = {
     },
     "phases": {      # per phase of one step: time and kernels under the profiler; memory against the model
         "profile": (300, ["profile_step.py", "--profiles", "h200", "--settings", "quickstart,grpo"]),
-        "memory": (290, ["memory_model.py", "--profiles", ALL_PROFILES, "--settings", "matrix", "--algos", "ppo,grpo",
+        "memory": (290, ["memory_model.py", "--profiles", ",".join(PROFILES), "--settings", "matrix", "--algos", "ppo,grpo",
                          "--val-rows", "256", "--jobs", "5", "--case-timeout", "200"]),
     },
     "matrix": {      # the stock command under every simulated device profile, PPO and GRPO, on the 0.5B shape
-        "pre-ampere": (570, ["matrix.py", "--settings", "matrix", "--cells", _devices("p40,p100,v100-16gb,t4"),
+        "pre-ampere": (570, ["matrix.py", "--settings", "matrix", "--cells", devices(PROFILES[:4]),
                              "--jobs", "8", "--budget-gb", "112", "--timeout", "420"]),
-        "ampere-hopper": (570, ["matrix.py", "--settings", "matrix", "--cells", _devices("rtx3090,a100-40gb,h200"),
+        "ampere-hopper": (570, ["matrix.py", "--settings", "matrix", "--cells", devices(PROFILES[4:]),
                                 "--jobs", "6", "--budget-gb", "112", "--timeout", "420"]),
     },
     "scale": {       # model scale on one device: 1.5B-7B per profile and mode, predicted vs measured peak per phase

@@ -26,8 +26,6 @@ def stock_overrides(shape: dict, profile: str, model: str, val_rows: int | None 
     return out
 
 
-# ----------------------------------------------------------------------------- data
-
 def prompts(rows: int, prompt: int, vocab: int, seed: int, real: tuple[int, int] | None = None):
     """Left-padded random prompts. `real` = (shortest, longest) real tokens per row, drawn uniformly
     (None: every fourth row a quarter shorter, the rest full length)."""
@@ -84,8 +82,6 @@ def synthetic_step_batch(rows: int, prompt: int, response: int, vocab: int):
     return training_fields(batch, seed=2)
 
 
-# ----------------------------------------------------------------------------- workers
-
 @dataclass
 class Workers:
     """The planned config and the workers built from it."""
@@ -133,8 +129,6 @@ def build_workers(overrides: list[str], total_training_steps: int = 2) -> Worker
                    vocab=len(actor.tokenizer), rows=int(config.data.train_batch_size) * n,
                    mini_rows=int(config[ARR].actor.ppo_mini_batch_size) * n)
 
-
-# ----------------------------------------------------------------------------- phases
 
 # The trainer's phase order; the names are the workers' methods.
 PHASES = ("generate_sequences", "compute_log_prob", "compute_ref_log_prob", "compute_values", "update_critic",
