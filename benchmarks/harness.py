@@ -32,36 +32,29 @@ def env(**extra) -> dict:
     return out
 
 
-# ----------------------------------------------------------------------------- the model
-
-def qwen_shape(name: str = "qwen2.5-0.5b") -> dict:
-    """A Qwen2.5 checkpoint's config.json fields (the built-in spec plus its two numerics fields)."""
-    from verl.compat.model_spec import BUILTIN_MODELS
-
-    spec = {k: v for k, v in BUILTIN_MODELS[name].items() if k != "model_type"}
-    return {**spec, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6}
-
-
 def build_model(out: str, tokenizer: str, layers: int | None = None, hidden: int | None = None,
-                shape_name: str = "qwen2.5-0.5b", init_device: str = "cpu", save_dtype: str = "float32") -> str:
+                shape_name: str = "qwen2.5-0.5b", init_device: str | None = "cpu", save_dtype: str = "float32") -> str:
     """Write a random-weight Qwen2.5-shaped model (optionally fewer layers / narrower, for CPU) with the real
-    tokenizer. `init_device="cuda"` draws the weights on the GPU (a 7B in seconds); `save_dtype` halves the files."""
+    tokenizer. `init_device=None` draws the weights on the GPU if any (a 7B in seconds); `save_dtype` halves the files."""
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    from verl.compat.model_spec import BUILTIN_MODELS
 
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(Path(tokenizer) / name, folder / name)
     tok = AutoTokenizer.from_pretrained(folder)
-    shape = qwen_shape(shape_name)
+    shape = {k: v for k, v in BUILTIN_MODELS[shape_name].items() if k != "model_type"}   # + Qwen2.5's numerics
+    shape.update(rope_theta=1000000.0, rms_norm_eps=1e-6)
     shape["num_hidden_layers"] = layers or shape["num_hidden_layers"]
     if hidden is not None:   # heads, KV heads and MLP width shrink with the hidden size
         heads = max(2, hidden // (shape["hidden_size"] // shape["num_attention_heads"]))
         shape.update(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
                      intermediate_size=4 * hidden)
     torch.manual_seed(0)
-    with torch.device(init_device):
+    with torch.device(init_device or ("cuda" if torch.cuda.is_available() else "cpu")):
         model = Qwen2ForCausalLM(Qwen2Config(**shape, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
     model.to(getattr(torch, save_dtype)).save_pretrained(folder)
     print(f"{folder}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params, vocab {shape['vocab_size']}")
@@ -72,14 +65,28 @@ def ensure_model(model: str = MODEL, assets: str = ASSETS, **size) -> str:
     return model if (Path(model) / "config.json").exists() else build_model(model, f"{assets}/tok", **size)
 
 
+def prepare_assets(assets: Path = ROOT / ASSETS) -> None:
+    """GSM8K parquet files from the jsonl files in `assets/gsm8k` (examples/data_preprocess/gsm8k.py), and the
+    full-length copy in `assets/gsm8k_long` (each question repeated 8 times)."""
+    if not (assets / "gsm8k" / "train.parquet").exists():
+        subprocess.run([sys.executable, str(ROOT / "examples/data_preprocess/gsm8k.py"), "--local_dataset_path",
+                        str(assets / "gsm8k"), "--local_save_dir", str(assets / "gsm8k")], check=True)
+    if not (assets / "gsm8k_long" / "train.parquet").exists():
+        import pandas as pd
+
+        (assets / "gsm8k_long").mkdir(exist_ok=True)
+        for split in ("train", "test"):
+            frame = pd.read_parquet(assets / "gsm8k" / f"{split}.parquet")
+            frame["prompt"] = [[{**m, "content": " ".join([m["content"]] * 8)} for m in p] for p in frame["prompt"]]
+            frame.to_parquet(assets / "gsm8k_long" / f"{split}.parquet")
+
+
 def tiny_model(folder: str) -> str:   # CPU smoke runs of the in-process tools
     from verl.utils.tiny_model import build_tiny_model_dir
 
     return build_tiny_model_dir(folder, hidden_size=64, num_layers=2, intermediate_size=128, num_heads=4,
                                 num_kv_heads=2)
 
-
-# ----------------------------------------------------------------------------- the stock command's settings
 
 def common(assets: str = ASSETS, model: str = MODEL) -> list[str]:
     """The overrides every end-to-end row shares: data, model, learning rates, loggers, no checkpoints."""
@@ -91,18 +98,33 @@ def common(assets: str = ASSETS, model: str = MODEL) -> list[str]:
             "trainer.total_epochs=15", "trainer.save_freq=-1", "trainer.resume_mode=disable"]
 
 
-def _micro(mini: int, micro: int, log_prob: int, ref: int) -> list[str]:
-    return [f"{ARR}.actor.ppo_mini_batch_size={mini}", f"{ARR}.actor.ppo_micro_batch_size_per_gpu={micro}",
-            f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu={log_prob}",
-            f"{ARR}.ref.log_prob_micro_batch_size_per_gpu={ref}", f"critic.ppo_micro_batch_size_per_gpu={micro}"]
+def shape(batch, mini, micro, log_prob_micro, ref_micro, prompt, response) -> dict:
+    """Prompts per batch and per mini-batch, rows per micro-batch (update, log-prob, ref), lengths."""
+    return dict(batch=batch, mini=mini, micro=micro, log_prob_micro=log_prob_micro, ref_micro=ref_micro,
+                prompt=prompt, response=response)
 
 
-# upstream's quick start (PPO + critic): batch 256, 512 + 512 tokens, micro-batch 4
-QUICKSTART = ["data.train_batch_size=256", "data.max_prompt_length=512", "data.max_response_length=512",
-              f"{ARR}.rollout.gpu_memory_utilization=0.4", *_micro(64, 4, 8, 4)]
+SHAPES = {"field_report": shape(1, 1, 1, 1, 1, 256, 256),      # the field report (batch 1)
+          "quickstart": shape(256, 64, 4, 8, 4, 512, 512),     # upstream's quick start (PPO + critic)
+          "grpo": shape(64, 16, 16, 16, 16, 512, 512),         # GRPO 64 prompts (x 4 samples)
+          "matrix": shape(8, 8, 4, 8, 8, 256, 128),            # the device matrix (matrix.py --settings matrix)
+          "qwen_cpu": shape(2, 2, 1, 2, 2, 128, 32),           # a 2-layer Qwen on CPU: the real vocabulary
+          "tiny": shape(2, 2, 1, 2, 2, 16, 4)}                 # the tiny test model
+
+
+def sized(s: dict) -> list[str]:
+    """A `shape()`'s batch, lengths and micro-batches as overrides (the critic's micro-batch last)."""
+    return [f"data.train_batch_size={s['batch']}", f"data.max_prompt_length={s['prompt']}",
+            f"data.max_response_length={s['response']}", f"{ARR}.actor.ppo_mini_batch_size={s['mini']}",
+            f"{ARR}.actor.ppo_micro_batch_size_per_gpu={s['micro']}",
+            f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu={s['log_prob_micro']}",
+            f"{ARR}.ref.log_prob_micro_batch_size_per_gpu={s['ref_micro']}", f"critic.ppo_micro_batch_size_per_gpu={s['micro']}"]
+
+
+QUICKSTART = [*sized(SHAPES["quickstart"]), f"{ARR}.rollout.gpu_memory_utilization=0.4"]
 # the field report's settings under the simulated P40: batch 1, 256 + 256 tokens
-P40 = ["compat.device=p40", "data.train_batch_size=1", "data.max_prompt_length=256", "data.max_response_length=256",
-       "data.filter_overlong_prompts=True", f"{ARR}.rollout.gpu_memory_utilization=0.3", *_micro(1, 1, 1, 1)]
+P40 = ["compat.device=p40", *sized(SHAPES["field_report"]), "data.filter_overlong_prompts=True",
+       f"{ARR}.rollout.gpu_memory_utilization=0.3"]
 # what the field report set by hand: float32, eager attention, every offload, fixed micro-batches
 P40_MANUAL = P40 + [f"{ARR}.actor.fsdp_config.dtype=float32", f"{ARR}.actor.fsdp_config.model_dtype=float32",
                     f"{ARR}.ref.fsdp_config.dtype=float32", "critic.fsdp.dtype=float32", "critic.fsdp.model_dtype=float32",
@@ -115,11 +137,8 @@ P40_MANUAL = P40 + [f"{ARR}.actor.fsdp_config.dtype=float32", f"{ARR}.actor.fsdp
 GRPO_SHAPE = dict(prompts=64, n=4, prompt=512, response=512)
 GRPO_ALGO = ["algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=True", f"{ARR}.actor.kl_loss_coef=0.001",
              f"{ARR}.actor.kl_loss_type=low_var_kl", f"{ARR}.actor.entropy_coeff=0", "algorithm.use_kl_in_reward=False"]
-GRPO = ["data.train_batch_size=64", "data.max_prompt_length=512", "data.max_response_length=512", f"{ARR}.rollout.n=4",
-        *_micro(16, 16, 16, 16)[:4], *GRPO_ALGO]
+GRPO = [*sized(SHAPES["grpo"])[:-1], f"{ARR}.rollout.n=4", *GRPO_ALGO]
 
-
-# ----------------------------------------------------------------------------- one run and its summary
 
 def launch_main_ppo(overrides: list[str], jsonl: Path, log: Path, timeout: float, **env_extra) -> dict:
     """Run `python -m verl.trainer.main_ppo` once: {exit, wall_s, cold_start_to_first_step_s, command}.
@@ -150,18 +169,6 @@ def launch_main_ppo(overrides: list[str], jsonl: Path, log: Path, timeout: float
             "cold_start_to_first_step_s": None if cold is None else round(cold, 2)}
 
 
-def steps_of(path) -> list[dict]:
-    """The step records (those with timing_s/step) of a file logger's JSONL."""
-    rows = [json.loads(line)["data"] for line in Path(path).read_text().splitlines() if line.strip()]
-    return [r for r in rows if "timing_s/step" in r]
-
-
-def startup_of(record: dict) -> dict:
-    """The trainer's start-up breakdown carried by the first step's record (verl/utils/startup.py)."""
-    return {k.removeprefix("timing_s/startup").lstrip("/") or "total": round(v, 3)
-            for k, v in record.items() if k.startswith("timing_s/startup")}
-
-
 TIMINGS = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "step")
 MEMORY = ("perf/predicted_peak_gb", "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb",
           "perf/cpu_memory_used_gb")
@@ -169,7 +176,8 @@ MEMORY = ("perf/predicted_peak_gb", "perf/max_memory_allocated_gb", "perf/max_me
 
 def summarize(path) -> dict:
     """s/step (median after the first step, which carries warm-up), phases, memory, skipped updates."""
-    steps = steps_of(path)
+    rows = [json.loads(line)["data"] for line in Path(path).read_text().splitlines() if line.strip()]
+    steps = [r for r in rows if "timing_s/step" in r]
     if not steps:
         raise SystemExit(f"{path}: no training steps logged")
     timed = steps[1:] or steps
@@ -193,7 +201,9 @@ def summarize(path) -> dict:
         # (the file logger writes a non-finite norm as the string "nan" / "inf")
         "skipped_updates": {role: sum(1 for s in steps if str(s.get(f"{role}/grad_norm", 0)) in ("nan", "inf", "-inf"))
                             for role in ("actor", "critic")},
-        "startup_s": startup_of(steps[0]),
+        # the trainer's start-up breakdown, carried by the first step's record (verl/utils/startup.py)
+        "startup_s": {k.removeprefix("timing_s/startup").lstrip("/") or "total": round(v, 3)
+                      for k, v in steps[0].items() if k.startswith("timing_s/startup")},
         "throughput_tokens_per_s": median("perf/throughput"),
     }
 

@@ -24,7 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
-from worker_harness import ARR, SHAPES, StepPhases, build_workers, stock_overrides, synthetic_step_batch  # noqa: E402
+from harness import ARR, SHAPES  # noqa: E402
+from worker_harness import StepPhases, build_workers, stock_overrides, synthetic_step_batch  # noqa: E402
 
 GiB = 1024 ** 3
 
@@ -35,8 +36,6 @@ ALGOS = {
 }
 PHASES = ("rollout", "log_prob", "ref", "values", "critic_update", "actor_update", "validation")
 
-
-# ----------------------------------------------------------------------------- measurement
 
 def _local(t):
     """A DTensor's local shard (the storage it owns on this rank), else the tensor itself."""
@@ -129,8 +128,6 @@ def measure(fn, device, resident=()) -> tuple[float, float]:
     return start / GiB, (start + tracker.peak) / GiB
 
 
-# ----------------------------------------------------------------------------- one case (child process)
-
 def run_case(profile: str, setting_name: str, algo: str, model: str, val_rows: int | None = None,
              extra: tuple[str, ...] = ()) -> dict:
     """Plan one case (`extra`: more Hydra overrides), build the real workers, run every phase once;
@@ -176,8 +173,6 @@ def run_case(profile: str, setting_name: str, algo: str, model: str, val_rows: i
                 break
     return result
 
-
-# ----------------------------------------------------------------------------- driver
 
 def _run_child(argv: list[str], case: tuple[str, str, str], model: str, timeout: float, workdir: Path) -> dict:
     """One case in a process of its own: this command again, narrowed to the case (later options win)."""

@@ -10,6 +10,7 @@ a slice (one mini-batch; `--profile-decode-steps` new tokens). Writes profile_st
 from __future__ import annotations
 
 import argparse
+import gc
 import gzip
 import json
 import statistics
@@ -21,7 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
-from worker_harness import ARR, PHASES, SHAPES, StepPhases, build_workers, shape, stock_overrides  # noqa: E402
+from harness import ARR, SHAPES, shape  # noqa: E402
+from worker_harness import PHASES, StepPhases, build_workers, stock_overrides  # noqa: E402
 
 # Each setting: its shape, rollout.n and the algorithm's overrides; `tiny`, the shape for the tiny model (CPU).
 SETTINGS = {
@@ -96,17 +98,6 @@ def _summary(fams_us: dict, busy: float, wall_s: float, kernels: int = 0, syncs:
             "host_syncs": syncs, "host_sync_s": round(sync_us / 1e6, 6)}
 
 
-def _self_device_us(evt) -> float:
-    return float(getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0.0) or 0.0)
-
-
-def top_ops(averages, cuda: bool, limit: int) -> list[dict]:
-    key = _self_device_us if cuda else (lambda e: e.self_cpu_time_total)
-    rows = sorted(averages, key=key, reverse=True)[:limit]
-    return [{"name": e.key, "family": family(e.key), "calls": e.count, "self_device_ms": round(_self_device_us(e) / 1e3, 3),
-             "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 3)} for e in rows]
-
-
 def timed(fn, device) -> float:
     """Wall seconds of `fn`, between device synchronisations."""
     import torch
@@ -119,9 +110,9 @@ def timed(fn, device) -> float:
     return time.perf_counter() - start
 
 
-def profile_phase(fn, device, trace_path: Path, limit: int) -> tuple[dict, str]:
-    """Run `fn` once under the profiler; (summary, key_averages table). The gzipped chrome trace is
-    written to `trace_path`."""
+def profile_phase(fn, device, trace_path: Path, limit: int = 25) -> tuple[dict, str]:
+    """Run `fn` once under the profiler; (summary, key_averages table of the `limit` costliest ops). The gzipped
+    chrome trace is written to `trace_path`."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -142,8 +133,7 @@ def profile_phase(fn, device, trace_path: Path, limit: int) -> tuple[dict, str]:
     trace = json.loads(raw.read_text())
     raw.unlink()
     summary = device_summary(trace, wall) if cuda else host_summary(averages, wall)
-    summary.update(wall_s=round(wall, 4), top=top_ops(averages, cuda, limit),
-                   host_ops=sum(e.count for e in averages if e.key.startswith("aten::")))
+    summary.update(wall_s=round(wall, 4), host_ops=sum(e.count for e in averages if e.key.startswith("aten::")))
     del trace
     if cuda:
         torch.cuda.empty_cache()
@@ -152,13 +142,10 @@ def profile_phase(fn, device, trace_path: Path, limit: int) -> tuple[dict, str]:
 
 def _release() -> None:
     """Free one setting's workers before the next is built (their modules hold reference cycles)."""
-    import gc
-
     import torch
 
     gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    torch.cuda.empty_cache()       # a no-op where CUDA never started
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -221,7 +208,7 @@ def run_setting(profile: str, name: str, model: str, args, work: Path,
             part = f"one mini-batch ({w.mini_rows} of {w.rows} rows" + (
                 ": one optimizer step)" if phase.startswith("update") else ")")
         summary, table = profile_phase(lambda: step.call(phase), device,
-                                       work / f"{profile}_{name}_{variant[0]}_{phase}.json.gz", args.top)
+                                       work / f"{profile}_{name}_{variant[0]}_{phase}.json.gz")
         step.rows = step.decode_steps = None
         entry = row["phases"].setdefault(phase, {})
         entry.update(wall_s=round(statistics.median(runs[phase]), 4), wall_s_runs=[round(t, 4) for t in runs[phase]],
@@ -271,7 +258,6 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-decode-steps", type=int, default=32,
                     help="new tokens of the profiled generate (0: the whole response length)")
     ap.add_argument("--prompt-tokens", default="48:128", help="LO:HI real prompt tokens per row, or 'full'")
-    ap.add_argument("--top", type=int, default=25, help="rows of each key_averages table")
     ap.add_argument("--model", default=harness.MODEL, help="model folder (harness.py)")
     ap.add_argument("--tiny", action="store_true", help="the tiny test model and shapes (CPU smoke runs)")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="more Hydra overrides")

@@ -19,8 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
-
-ALL_PROFILES = "p40,p100,v100-16gb,t4,rtx3090,a100-40gb,h200"
+from matrix import PROFILES, devices  # noqa: E402
 # suite -> step -> (seconds, tool and its arguments); `{out}` is the step's folder
 SUITES = {
     "speed": {       # end-to-end s/step, MFU, peak memory; TRL beside ours; the built-in engine's decode speed
@@ -38,19 +37,19 @@ SUITES = {
     },
     "phases": {      # per phase of one step: time and kernels under the profiler; memory against the model
         "profile": (300, ["profile_step.py", "--profiles", "h200", "--settings", "quickstart,grpo"]),
-        "memory": (290, ["memory_model.py", "--profiles", ALL_PROFILES, "--settings", "matrix", "--algos", "ppo,grpo",
+        "memory": (290, ["memory_model.py", "--profiles", ",".join(PROFILES), "--settings", "matrix", "--algos", "ppo,grpo",
                          "--val-rows", "256", "--jobs", "5", "--case-timeout", "200"]),
     },
-    "matrix": {      # the stock command under every simulated device profile, PPO and GRPO
-        "pre-ampere": (570, ["gpu_matrix.py", "--profiles", "p40,p100,v100-16gb,t4", "--steps", "3", "--test-freq", "2",
-                             "--jobs", "8", "--budget-gb", "112", "--cell-timeout", "420"]),
-        "ampere-hopper": (570, ["gpu_matrix.py", "--profiles", "rtx3090,a100-40gb,h200", "--steps", "3",
-                                "--test-freq", "2", "--jobs", "6", "--budget-gb", "112", "--cell-timeout", "420"]),
+    "matrix": {      # the stock command under every simulated device profile, PPO and GRPO, on the 0.5B shape
+        "pre-ampere": (570, ["matrix.py", "--settings", "matrix", "--cells", devices(PROFILES[:4]),
+                             "--jobs", "8", "--budget-gb", "112", "--timeout", "420"]),
+        "ampere-hopper": (570, ["matrix.py", "--settings", "matrix", "--cells", devices(PROFILES[4:]),
+                                "--jobs", "6", "--budget-gb", "112", "--timeout", "420"]),
     },
     "scale": {       # model scale on one device: 1.5B-7B per profile and mode, predicted vs measured peak per phase
-        "small": (580, ["model_scale.py", "--cells", "p40:1.5b:full,t4:1.5b:full,rtx3090:3b:full,p40:3b:full",
+        "small": (580, ["matrix.py", "--cells", "p40:1.5b:full,t4:1.5b:full,rtx3090:3b:full,p40:3b:full",
                         "--jobs", "4", "--timeout", "480"]),
-        "7b": (580, ["model_scale.py", "--cells", "p40:7b:lora,t4:7b:qlora,rtx3090:7b:lora,a100-40gb:7b:full",
+        "7b": (580, ["matrix.py", "--cells", "p40:7b:lora,t4:7b:qlora,rtx3090:7b:lora,a100-40gb:7b:full",
                      "--jobs", "3", "--timeout", "480"]),
     },
 }
@@ -98,7 +97,8 @@ def main(argv=None) -> int:
     if args.dry_run:
         print("\n".join(f"{name} ({sec} s): {' '.join(cmd)}" for name, (sec, cmd) in steps.items()))
         return 0
-    if args.suite != "scale":       # model_scale builds its own shapes
+    harness.prepare_assets()
+    if args.suite not in ("matrix", "scale"):       # matrix.py builds its own shapes
         harness.ensure_model()
     start, failed = time.time(), []
     for name, (seconds, cmd) in steps.items():

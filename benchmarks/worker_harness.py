@@ -10,34 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-ARR = "actor_rollout_ref"
-
-
-def shape(batch, mini, micro, log_prob_micro, ref_micro, prompt, response) -> dict:
-    """Prompts per batch and per mini-batch, rows per micro-batch (update, log-prob, ref), lengths."""
-    return dict(batch=batch, mini=mini, micro=micro, log_prob_micro=log_prob_micro, ref_micro=ref_micro,
-                prompt=prompt, response=response)
-
-
-SHAPES = {"field_report": shape(1, 1, 1, 1, 1, 256, 256),      # the field report (batch 1)
-          "quickstart": shape(256, 64, 4, 8, 4, 512, 512),     # upstream's quick start
-          "grpo": shape(64, 16, 16, 16, 16, 512, 512),         # GRPO 64 prompts (x 4 samples)
-          "matrix": shape(8, 8, 4, 8, 8, 256, 128),            # the device matrix (gpu_matrix.py)
-          "qwen_cpu": shape(2, 2, 1, 2, 2, 128, 32),           # a 2-layer Qwen on CPU: the real vocabulary
-          "tiny": shape(2, 2, 1, 2, 2, 16, 4)}                 # the tiny test model
+from harness import ARR, sized
 
 
 def stock_overrides(shape: dict, profile: str, model: str, val_rows: int | None = None) -> list[str]:
-    """The stock command's overrides for a `shape()` (hardware keys left to the planner). Responses run to full
+    """The stock command's overrides for a `harness.shape()` (hardware keys left to the planner). Responses run to full
     length (ignore_eos): the worst case, and what a random-weight model does anyway."""
-    s = shape
-    out = [f"data.train_batch_size={s['batch']}", f"data.max_prompt_length={s['prompt']}",
-           f"data.max_response_length={s['response']}", f"{ARR}.model.path={model}", f"critic.model.path={model}",
-           f"{ARR}.actor.ppo_mini_batch_size={s['mini']}", f"{ARR}.actor.ppo_micro_batch_size_per_gpu={s['micro']}",
-           f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu={s['log_prob_micro']}",
-           f"{ARR}.ref.log_prob_micro_batch_size_per_gpu={s['ref_micro']}",
-           f"critic.ppo_micro_batch_size_per_gpu={s['micro']}", f"critic.ppo_mini_batch_size={s['mini']}",
-           f"{ARR}.rollout.name=hf", f"{ARR}.rollout.ignore_eos=True",
+    out = [*sized(shape), f"{ARR}.model.path={model}", f"critic.model.path={model}",
+           f"critic.ppo_mini_batch_size={shape['mini']}", f"{ARR}.rollout.name=hf", f"{ARR}.rollout.ignore_eos=True",
            "trainer.n_gpus_per_node=1", "trainer.nnodes=1"]
     if profile != "auto":
         out.append(f"compat.device={profile}")
@@ -45,8 +25,6 @@ def stock_overrides(shape: dict, profile: str, model: str, val_rows: int | None 
         out.append(f"data.val_batch_size={val_rows}")
     return out
 
-
-# ----------------------------------------------------------------------------- data
 
 def prompts(rows: int, prompt: int, vocab: int, seed: int, real: tuple[int, int] | None = None):
     """Left-padded random prompts. `real` = (shortest, longest) real tokens per row, drawn uniformly
@@ -104,8 +82,6 @@ def synthetic_step_batch(rows: int, prompt: int, response: int, vocab: int):
     return training_fields(batch, seed=2)
 
 
-# ----------------------------------------------------------------------------- workers
-
 @dataclass
 class Workers:
     """The planned config and the workers built from it."""
@@ -153,8 +129,6 @@ def build_workers(overrides: list[str], total_training_steps: int = 2) -> Worker
                    vocab=len(actor.tokenizer), rows=int(config.data.train_batch_size) * n,
                    mini_rows=int(config[ARR].actor.ppo_mini_batch_size) * n)
 
-
-# ----------------------------------------------------------------------------- phases
 
 # The trainer's phase order; the names are the workers' methods.
 PHASES = ("generate_sequences", "compute_log_prob", "compute_ref_log_prob", "compute_values", "update_critic",

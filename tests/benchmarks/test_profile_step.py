@@ -33,7 +33,7 @@ def test_cpu_smoke_profiles_every_phase(tmp_path, capsys):
         assert set(prof["families_s"]) == set(ps.FAMILIES)
         assert prof["families_s"]["gemm"] > 0 and sum(prof["families_s"].values()) == pytest.approx(
             prof["device_busy_s"], abs=1e-3), phase
-        assert 0 <= prof["device_idle_fraction"] < 1 and prof["top"] and prof["host_ops"] > 0, phase
+        assert 0 <= prof["device_idle_fraction"] < 1 and prof["host_ops"] > 0, phase
     # scoring and updates were profiled on one mini-batch (2 of the 4 rows), generate on 4 of 8 new tokens
     assert "2 of 4 rows: one optimizer step" in case["phases"]["update_actor"]["profiled"]["what"]
     assert "2 of 4 rows" in case["phases"]["compute_values"]["profiled"]["what"]
