@@ -45,8 +45,8 @@ class Both(create_colocated_worker_raw_cls(ROLES)):
 
 @pytest.mark.timeout(120)
 def test_fused_group_calls_roles_alone_and_together(ray_session):
-    group = RayWorkerGroup(resource_pool=RayResourcePool([2], use_gpu=False),
-                           ray_cls_with_init=RayClassWithInitArgs(cls=Both))
+    pool = RayResourcePool([2], use_gpu=False)
+    group = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=RayClassWithInitArgs(cls=Both))
     try:
         group.fuse(ROLES.keys())
         assert group.double.double(1) == [2, 3]               # rank 0 and rank 1
@@ -55,3 +55,4 @@ def test_fused_group_calls_roles_alone_and_together(ray_session):
         assert group.double_double(1) == [2, 3]               # the prefixed names on the fused group itself
     finally:
         group.shutdown()
+        pool.release()            # the session's Ray is shared: give its CPUs back to the tests after this one

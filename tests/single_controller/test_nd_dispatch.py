@@ -48,6 +48,7 @@ def test_nd_dispatch_splits_by_dp_rank_and_collects_one_worker_per_rank(ray_sess
         assert sorted(envs) == [("0", "4"), ("1", "4"), ("2", "4"), ("3", "4")]
     finally:
         group.shutdown()
+        pool.release()            # the session's Ray is shared: give its CPUs back to the tests after this one
 
 
 def test_registering_a_mesh_twice_is_an_error():
