@@ -175,7 +175,9 @@ def test_policy_loss_modes_match_core_algos_and_unknown_ones_are_refused(ppo):
     core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
     assert set(POLICY_LOSS_MODES) == set(core_algos.POLICY_LOSS_REGISTRY)
     assert validate(changed(ppo, "actor_rollout_ref.actor.policy_loss.loss_mode=gspo")) == []
-    assert validate(changed(ppo, "actor_rollout_ref.actor.policy_loss.loss_mode=dro")) == []
+    assert validate(changed(ppo, "actor_rollout_ref.actor.policy_loss.loss_mode=dro",
+                            "actor_rollout_ref.actor.policy_loss.dro_beta=0.1")) == []
+    assert "needs a positive dro_beta" in errors_of(changed(ppo, "actor_rollout_ref.actor.policy_loss.loss_mode=dro"))
     assert "does not implement" in errors_of(changed(ppo, "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"))
     assert "Did you mean cispo?" in errors_of(changed(ppo, "actor_rollout_ref.actor.policy_loss.loss_mode=cisp"))
 

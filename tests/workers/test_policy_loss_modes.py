@@ -18,7 +18,7 @@ from verl.workers.fsdp_workers import ActorRolloutRefWorker  # noqa: E402
 # upstream's defaults for the mode-specific keys, with the *_cov ratios raised so a tiny batch has
 # covariance outliers to act on
 POLICY_LOSS = {"clip_cov_ratio": 0.2, "clip_cov_lb": -10.0, "clip_cov_ub": 10.0, "kl_cov_ratio": 0.2,
-               "ppo_kl_coef": 0.1}
+               "ppo_kl_coef": 0.1, "dro_beta": 0.1}   # dro_beta has no default (upstream: the user sets it)
 
 
 @pytest.fixture(scope="module")

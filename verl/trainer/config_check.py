@@ -466,6 +466,11 @@ def _check_choices(cfg, errors: list[str], warnings: list[str]) -> None:
                 "per-component reward columns it needs)"})
     implemented("actor_rollout_ref.actor.policy_loss.loss_mode", POLICY_LOSS_MODES, UPSTREAM_ONLY_POLICY_LOSS_MODES,
                 "policy loss")
+    beta = _get(cfg, "actor_rollout_ref.actor.policy_loss.dro_beta")
+    if _get(cfg, "actor_rollout_ref.actor.policy_loss.loss_mode") == "dro" and not (
+            isinstance(beta, (int, float)) and not isinstance(beta, bool) and beta > 0):
+        errors.append(f"actor_rollout_ref.actor.policy_loss.dro_beta={beta!r}: loss_mode=dro needs a positive "
+                      "dro_beta (e.g. 0.1).")
     est = _get(cfg, "algorithm.adv_estimator")
     for path in ("actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_penalty"):
         value = _get(cfg, path)
