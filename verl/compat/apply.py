@@ -84,8 +84,8 @@ def _simulate_cublas_workspace(profile, local_rank: int) -> str:
     """Give cuBLAS the simulated device's workspace size, not the real one's.
 
     A pre-Hopper GPU gets 8.125 MiB per (handle, stream), an H200 32 MiB; a run touches four or five
-    such pairs (the autograd thread has its own handle; the rollout adds streams), which on the H200
-    would hold about 0.1 GiB more than the simulated device does. Takes effect only before this
+    such pairs (the autograd thread has its own handle; the rollout adds streams), so a Hopper's
+    workspaces would hold about 0.1 GiB more than the simulated device does. Takes effect only before this
     process's first matmul (torch reads the variable once); a value the user set is kept.
     """
     if os.environ.get(CUBLAS_WORKSPACE_ENV):

@@ -453,9 +453,8 @@ def grow_budgets(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan, est):
     (capped at GROWN_BUDGET_CAP tokens); returns (roles, estimate).
 
     Every micro-batch pays the same host-side cost whatever its size (FSDP2's per-layer hooks and
-    gradient reduction, compiled-graph guards, one launch per kernel): on the H200 a quick-start update
-    of four 16k-token micro-batches left the device idle 62% of a profiled mini-batch. Fewer, fuller passes change
-    no math (losses are normalised by the global mini-batch). This runs last, so it only spends memory
+    gradient reduction, compiled-graph guards, one launch per kernel), so small passes leave the device
+    idle (docs/compat.md, "Memory model", has the profile). Fewer, fuller passes change no math (losses are normalised by the global mini-batch). This runs last, so it only spends memory
     that no offload, checkpointing or resharding decision wanted.
     """
     if not inp.dynamic:

@@ -17,10 +17,8 @@ BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 LOGPROB_CHUNK_ROWS = 1024        # rows per float32 chunk in verl.utils.torch_functional
 CUDA_CONTEXT_GB = 0.75           # CUDA context and kernel images, outside the allocator's count (cuBLAS
                                  # workspaces are inside it, in the measured per-phase residue)
-# foreach AdamW temporaries, in units of one fp32 shard of params (measured). The fused kernel updates in
-# place (measured on the H200: the p40 field report's critic update peaked at its gradients, +0.00 GiB, and
-# the t4/v100 cells' offloaded state too); only FSDP2-wrapped roles with offloaded state still peaked with
-# the scratch (the H200 matrix of 2026-12-01, benchmarks/results/memory_h200_2026-12-01.json).
+# foreach AdamW temporaries, in units of one fp32 shard of params. The fused kernel updates in place; only
+# FSDP2-wrapped roles with offloaded state keep the scratch (docs/compat.md, "Memory model", has the runs).
 ADAM_STEP_SCRATCH = 1.0
 NF4_BYTES = 0.5 + 4 / 64   # 4-bit codes plus one float32 absmax per 64-weight block (no double quantization)
 ADAMW8BIT_BYTES = 2        # AdamW8bit's two moments, one byte each (block-wise constants are negligible)
