@@ -30,8 +30,10 @@ DEFAULT_CORPUS = (
 )
 
 
-def build_tokenizer(out_dir: str, corpus_texts: Iterable[str] | None = None, vocab_size: int = 512):
-    """Train a byte-level BPE tokenizer on `corpus_texts` and save it as a transformers tokenizer."""
+def build_tokenizer(out_dir: str | None, corpus_texts: Iterable[str] | None = None, vocab_size: int = 512,
+                    special_tokens: list[str] = SPECIAL_TOKENS, chat_template: str = CHAT_TEMPLATE):
+    """Train a byte-level BPE tokenizer on `corpus_texts`; save it as a transformers tokenizer unless
+    `out_dir` is None. The vision-language builder adds its vision tokens and template through the keywords."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -41,7 +43,7 @@ def build_tokenizer(out_dir: str, corpus_texts: Iterable[str] | None = None, voc
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -53,8 +55,9 @@ def build_tokenizer(out_dir: str, corpus_texts: Iterable[str] | None = None, voc
         bos_token=None,
         unk_token=None,
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(out_dir)
+    tokenizer.chat_template = chat_template
+    if out_dir is not None:
+        tokenizer.save_pretrained(out_dir)
     return tokenizer
 
 

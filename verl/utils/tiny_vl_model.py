@@ -11,7 +11,7 @@ import json
 import os
 from collections.abc import Iterable
 
-from verl.utils.tiny_model import DEFAULT_CORPUS, SPECIAL_TOKENS
+from verl.utils.tiny_model import SPECIAL_TOKENS, build_tokenizer
 
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 
@@ -29,24 +29,6 @@ VL_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-
-
-def build_vl_tokenizer(out_dir: str, corpus_texts: Iterable[str] | None = None, vocab_size: int = 512):
-    """A byte-level BPE tokenizer with ChatML and Qwen's vision tokens as special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    texts = list(corpus_texts) if corpus_texts is not None else list(DEFAULT_CORPUS)
-    bpe = Tokenizer(models.BPE(unk_token=None))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS + VISION_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    bpe.train_from_iterator(texts, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                        bos_token=None, unk_token=None)
-    tokenizer.chat_template = VL_CHAT_TEMPLATE
-    return tokenizer
 
 
 def build_tiny_vl_model_dir(
@@ -78,7 +60,9 @@ def build_tiny_vl_model_dir(
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     os.makedirs(out_dir, exist_ok=True)
-    tokenizer = build_vl_tokenizer(out_dir, corpus_texts, vocab_size)
+    # ChatML plus Qwen's vision tokens as special tokens; saved with the processor below
+    tokenizer = build_tokenizer(None, corpus_texts, vocab_size, special_tokens=SPECIAL_TOKENS + VISION_TOKENS,
+                                chat_template=VL_CHAT_TEMPLATE)
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in VISION_TOKENS}
     head_dim = hidden_size // num_heads
     # mrope splits each head's rotary half into (temporal, height, width) sections.
