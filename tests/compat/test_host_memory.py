@@ -29,3 +29,25 @@ def test_a_7b_offload_is_refused_on_a_128_gib_host_and_passes_on_a_larger_one():
         check_host_memory(125.0, Q7, {"actor": role()}, ranks_per_node=1)
     check_host_memory(256.0, Q7, {"actor": role()}, ranks_per_node=1)
     check_host_memory(0.0, Q7, {"actor": role()}, ranks_per_node=1)      # unknown host: not checked
+
+
+def test_the_planner_refuses_an_a100_7b_offload_on_a_128_gib_host_and_plans_it_on_a_larger_one():
+    """The a100-40gb 7B full cell: the device fits with offload, the H200 test host's RAM does not."""
+    import dataclasses
+
+    from verl.compat.catalog import CATALOG
+    from verl.compat.planner import make_plan
+    from verl.compat.profile import SoftwareInfo
+    from verl.trainer.config_check import load_config
+
+    config = load_config(["algorithm.adv_estimator=grpo", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
+                          "data.max_prompt_length=256", "data.max_response_length=256",
+                          "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.use_kl_loss=true",
+                          "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.rollout.name=hf",
+                          "trainer.n_gpus_per_node=1", "trainer.nnodes=1"])
+    software = SoftwareInfo(torch_version="2.11.0", triton_usable=True)
+    small_host = dataclasses.replace(CATALOG["a100-40gb"], host_memory_gb=125.0)
+    with pytest.raises(MemoryShortfall, match="offloads actor to host memory"):
+        make_plan(small_host, config, software, Q7)
+    plan = make_plan(dataclasses.replace(small_host, host_memory_gb=256.0), config, software, Q7)
+    assert plan.actor.param_offload and plan.actor.optimizer_offload
