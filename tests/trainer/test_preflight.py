@@ -82,3 +82,27 @@ def test_overlong_prompts_and_an_empty_set_are_found_before_training(tokenizer, 
     # the same files pass once over-long prompts are filtered
     train_set, val_set = _checked_datasets(_config(str(train), str(empty), filter_overlong_prompts=True), tokenizer)
     assert len(train_set) == 1 and len(val_set) == 1
+
+
+def test_a_scorer_whose_package_is_missing_or_an_unknown_data_source_is_found_before_training(
+        tokenizer, tmp_path, monkeypatch):
+    """The built-in scorer of each data source in the data is tried once before Ray: geo3k without mathruler
+    and a data source with no built-in scorer are reported, naming the file key and the source."""
+    from verl.trainer.preflight import scorer_problems
+
+    train, val = tmp_path / "train.parquet", tmp_path / "val.parquet"
+    pd.DataFrame([{**_row("a"), "data_source": "hiyouga/geometry3k"}, {**_row("b"), "data_source": "openai/gsm8k"}]
+                 ).to_parquet(train)
+    pd.DataFrame([{**_row("c"), "data_source": "my/own-task"}]).to_parquet(val)
+    config = _config(str(train), str(val))
+    train_set, val_set = _checked_datasets(config, tokenizer)
+    sets = {"data.train_files": train_set, "data.val_files": val_set}
+    monkeypatch.setitem(__import__("sys").modules, "mathruler", None)   # the package is not installed
+    monkeypatch.setitem(__import__("sys").modules, "mathruler.grader", None)
+    problems = scorer_problems(config, sets)
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("data.train_files: data_source 'hiyouga/geometry3k'") and "mathruler" in problems[0]
+    assert problems[1].startswith("data.val_files: data_source 'my/own-task'") and "custom_reward_function" in problems[1]
+    # a custom reward function scores every source: nothing to check
+    custom = OmegaConf.merge(config, {"custom_reward_function": {"path": "my_reward.py"}})
+    assert scorer_problems(custom, sets) == []

@@ -119,3 +119,14 @@ def test_generation_stays_eager_and_the_static_decoder_is_unaffected(model_dir):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
         compiled(**batch, use_cache=False)              # a log-prob pass on the same model does compile
         assert backend.calls == compiled.config.num_hidden_layers
+
+
+def test_a_vision_language_model_compiles_its_decoder_layers_and_leaves_the_vision_blocks_eager(tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    from verl.utils.tiny_vl_model import build_tiny_vl_model_dir
+
+    model = AutoModelForImageTextToText.from_pretrained(build_tiny_vl_model_dir(str(tmp_path / "vl")))
+    assert compile_decoder_layers(model, backend="aot_eager") == model.config.text_config.num_hidden_layers
+    compiled = {type(m).__name__ for m in model.modules() if "forward" in vars(m)}   # forward replaced per instance
+    assert compiled == {"Qwen2_5_VLDecoderLayer"}

@@ -161,6 +161,34 @@ def input_problems(config) -> list[str]:
     return problems
 
 
+def scorer_problems(config, datasets: dict) -> list[str]:
+    """The built-in scorer of every data source in the data, tried once on an empty answer, so that a scorer
+    whose package is missing (geo3k's mathruler) or a data source without one stops the run here, not after
+    the first rollout. Skipped when a custom reward function or a reward model scores instead."""
+    from verl.compat.reward_model import reward_model_enabled
+    from verl.utils.reward_score import _CODE_SOURCES, default_compute_score
+
+    custom = any(OmegaConf.select(config, f"{key}.path", default=None)
+                 for key in ("custom_reward_function", "reward.custom_reward_function"))
+    if custom or reward_model_enabled(config):
+        return []
+    problems = []
+    for key, dataset in datasets.items():
+        table = getattr(dataset, "table", None)
+        if table is None or "data_source" not in table.column_names:
+            continue
+        for source in sorted(str(s) for s in table.column("data_source").unique().to_pylist()):
+            if source in _CODE_SOURCES:   # run in a sandbox or a child process: nothing to import here
+                continue
+            try:
+                default_compute_score(source, "", "0")
+            except (ImportError, NotImplementedError) as err:
+                problems.append(f"{key}: data_source {source!r}: {err}")
+            except Exception:  # noqa: BLE001 - an empty answer may be what a scorer rejects; it imported
+                pass
+    return list(dict.fromkeys(problems))
+
+
 def reward_model_problems(config) -> list[str]:
     """A reward model folder that is missing or has no classification head."""
     from verl.compat.reward_model import reward_model_enabled, rm_setting, rm_setting_key

@@ -139,8 +139,13 @@ class SFTTrainer:
         with self.planned.precision.autocast():
             logits = self.module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                  position_ids=batch["position_ids"], use_cache=False).logits
-        target = (batch["loss_mask"] * batch["attention_mask"])[:, 1:].float()
-        logp = logprobs_from_logits(logits[:, :-1], batch["input_ids"][:, 1:])
+        # position t predicts token t + 1: labels and mask shifted left by one (the last position predicts
+        # nothing). Shifting them rather than slicing the logits keeps the (rows, tokens, vocab) logits whole,
+        # so neither the forward nor the backward makes another vocabulary-wide copy.
+        labels = batch["input_ids"].roll(-1, dims=1)
+        target = (batch["loss_mask"] * batch["attention_mask"]).roll(-1, dims=1).float()
+        target[:, -1] = 0
+        logp = logprobs_from_logits(logits, labels)
         return -(logp * target).sum(), int(target.sum().item())
 
     def _tokens(self, rows: list[dict]) -> int:

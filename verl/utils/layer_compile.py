@@ -14,6 +14,10 @@ in padded width (64-column steps, `verl.utils.packing`) and packed rows in lengt
 torch's automatic dynamic shapes the first call would compile a static graph and the second a
 dynamic one, so the dynamic one is compiled once up front.
 
+A vision-language model's vision blocks stay eager: each call carries its images' patch counts
+(`cu_seqlens`) and the attention splits at them, so a compiled block would be retraced for every new
+mix of image sizes; the decoder layers after the tower are compiled as for a text model.
+
 A call with a KV cache (generation through transformers' forward) runs the layer eagerly: decoding
 is not what this compiles for, and a cache object would be traced per step. The built-in rollout's
 static decoder calls the layers' submodules directly and never goes through this `forward`.
@@ -25,6 +29,7 @@ from typing import Callable
 import torch
 
 from verl.utils.fsdp_utils import _layer_classes
+from verl.utils.model_loading import vision_tower
 
 # torch.compile's default (triton kernels on a GPU); the plan turns compilation on only where triton
 # is usable. Tests pass a backend that generates no code.
@@ -40,7 +45,9 @@ def compile_decoder_layers(model: torch.nn.Module, backend: str | Callable | Non
     `backend` is torch.compile's (default `BACKEND`). Parameters, state dict and module tree are
     unchanged (checkpoints and weight syncs see the same names)."""
     names = _layer_classes(model)
-    layers = [m for m in model.modules() if type(m).__name__ in names]
+    tower = vision_tower(model)
+    skip = {id(m) for m in tower.modules()} if tower is not None else set()
+    layers = [m for m in model.modules() if type(m).__name__ in names and id(m) not in skip]
     for layer in layers:
         _compile_forward(layer, backend or BACKEND)
     return len(layers)

@@ -348,7 +348,7 @@ def build_inputs(config) -> dict:
     """Tokenizer, reward managers, checked train/val sets and the sampler: everything the trainer
     needs from the config and the data (no Ray). "seconds" holds how long each piece took."""
     from verl.trainer.ppo.reward import load_reward_manager
-    from verl.trainer.preflight import InputError, input_problems
+    from verl.trainer.preflight import InputError, input_problems, scorer_problems
     from verl.utils.dataset.rl_dataset import create_rl_sampler
     from verl.utils.model_loading import load_processor, load_tokenizer
 
@@ -381,6 +381,9 @@ def build_inputs(config) -> dict:
     if problems:
         raise InputError(input_problems(config) + problems)
     train_dataset, val_dataset = _checked_datasets(config, tokenizer, processor)
+    problems = scorer_problems(config, {"data.train_files": train_dataset, "data.val_files": val_dataset})
+    if problems:
+        raise InputError(problems)
     train_sampler = create_rl_sampler(config.data, train_dataset)
     lap("datasets")
     return {"tokenizer": tokenizer, "processor": processor, "reward_fn": reward_fn, "val_reward_fn": val_reward_fn,
