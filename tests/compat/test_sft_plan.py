@@ -19,7 +19,8 @@ def test_view_maps_the_sft_keys_onto_the_actor():
     actor = view["actor_rollout_ref"]["actor"]
     assert view["actor_rollout_ref"]["model"]["path"] == "/m"
     assert (actor["ppo_mini_batch_size"], actor["ppo_micro_batch_size_per_gpu"]) == (64, 4)
-    assert view["data"]["max_prompt_length"] == 1024 and view["algorithm"]["adv_estimator"] == "grpo"
+    assert view["data"]["max_prompt_length"] == 1 and view["data"]["max_response_length"] == 1023   # every token scored
+    assert view["algorithm"]["adv_estimator"] == "grpo"
 
 
 def test_dtypes_follow_the_device_and_only_the_actor_is_planned():

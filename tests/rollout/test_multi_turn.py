@@ -350,3 +350,4 @@ def test_example_preprocess_writes_upstreams_columns(tmp_path):
     assert "calc_gsm8k_reward" in row["prompt"][0]["content"]
     assert row["extra_info"]["tools_kwargs"] == {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": truth}}}
     assert row["extra_info"]["need_tools_kwargs"] is True
+

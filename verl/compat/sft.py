@@ -3,8 +3,8 @@ policy-gradient run with the same rules (dtype, attention, offload, checkpointin
 
 SFT's keys (upstream 0.9.1's `sft_trainer_engine.yaml`: `model.*`, `engine.*`, `data.*`, `trainer.*`)
 are read into the actor's places of the PPO key tree; its one pass per batch is a mini-batch of
-`data.train_batch_size` sequences of up to `data.max_length` tokens, and the memory fit sizes a rollout
-that writes a single token (SFT generates nothing), so only the update phase weighs.
+`data.train_batch_size` sequences of up to `data.max_length` tokens, all of them scored (a one-token
+prompt and a response of the rest, as the memory model sees it).
 """
 from __future__ import annotations
 
@@ -55,8 +55,10 @@ def ppo_view(config: Any) -> dict:
         value = settings.raw(config, sft_key)
         if value is not None:
             _put(view, ppo_key, value)
-    for key, value in {"data.max_prompt_length": int(settings.get(config, "data.max_length", 1024)),
-                       "data.max_response_length": 1, "data.train_batch_size": batch,
+    # SFT's loss reads the logits of every position, so the sequence is planned as a one-token prompt and a
+    # response of the rest: the update's logits, log-prob chunks and their gradients then cover every token
+    length = int(settings.get(config, "data.max_length", 1024))
+    for key, value in {"data.max_prompt_length": 1, "data.max_response_length": max(length - 1, 1), "data.train_batch_size": batch,
                        "actor_rollout_ref.actor.ppo_mini_batch_size": batch, "actor_rollout_ref.rollout.n": 1,
                        "actor_rollout_ref.rollout.name": "hf", "algorithm.adv_estimator": "grpo",
                        "critic.enable": False}.items():

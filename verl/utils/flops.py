@@ -11,8 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def _language_config(config):
+    """A vision-language config's language model (its `text_config`), else the config itself: the counts
+    here are the decoder's (a vision tower's work is left out of MFU)."""
+    return getattr(config, "text_config", None) or config
+
+
 def matmul_params(config) -> int:
     """Parameters that take part in a matmul per token: every layer's projections plus the LM head."""
+    config = _language_config(config)
     hidden = config.hidden_size
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
@@ -27,6 +34,7 @@ def training_flops(config, seq_lens: Sequence[int], lm_head: bool = True) -> flo
 
     `lm_head=False` leaves the vocabulary projection out (a value model has a 1-wide head instead).
     """
+    config = _language_config(config)
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     params = matmul_params(config) - (0 if lm_head else config.vocab_size * config.hidden_size)

@@ -111,6 +111,7 @@ class MultiTurnRollout:
     def _assemble(prompts: DataProto, agents, response_length: int, pad_id: int) -> DataProto:
         ids, mask, pos = (prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
         batch = len(agents)
+        # built on the host and moved once to where the prompts are (the engine's device on a GPU worker)
         responses = torch.full((batch, response_length), pad_id, dtype=ids.dtype)
         response_mask = torch.zeros((batch, response_length), dtype=mask.dtype)
         response_attention = torch.zeros((batch, response_length), dtype=mask.dtype)
@@ -120,7 +121,9 @@ class MultiTurnRollout:
             responses[i, :n] = torch.tensor(out.response_ids, dtype=ids.dtype)
             response_mask[i, :n] = torch.tensor(out.response_mask, dtype=mask.dtype)
             response_attention[i, :n] = 1
-        offsets = torch.arange(1, response_length + 1, dtype=pos.dtype)
+        responses, response_mask, response_attention = (t.to(ids.device) for t in
+                                                        (responses, response_mask, response_attention))
+        offsets = torch.arange(1, response_length + 1, dtype=pos.dtype, device=pos.device)
         tensors = {
             "prompts": ids,
             "responses": responses,
