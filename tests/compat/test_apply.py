@@ -285,7 +285,7 @@ def test_resolve_writes_a_forward_micro_batch_the_planner_shrank():
     from verl.compat.__main__ import plan_for
 
     overrides = [o for o in GAE_KL if not o.startswith("critic.forward")]
-    config, _, plan = plan_for(overrides + ["critic.forward_micro_batch_size_per_gpu=256"], device="t4",
+    config, _, plan = plan_for(overrides + ["critic.forward_micro_batch_size_per_gpu=256"], device="p100",
                                model_spec="qwen2.5-0.5b")
     assert any("critic_forward micro-batch reduced" in w for w in plan.warnings)
     assert plan.critic.forward_micro_batch_size_per_gpu < 256

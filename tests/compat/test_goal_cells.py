@@ -129,3 +129,27 @@ def test_docs_table_of_the_largest_model_is_the_planners_answer():
     docs = (Path(__file__).resolve().parents[2] / "docs" / "compat.md").read_text()
     rows = largest_table(load_config(GRPO), SOFTWARE, ["p40", "t4", "rtx3090", "a100-40gb"]).splitlines()[2:]
     assert all(f"\n{row}\n" in docs for row in rows), rows
+
+
+def test_offloaded_full_fine_tune_takes_the_largest_micro_batch_that_fits():
+    """Under param offload every pass streams all weights host -> device (forward and backward), so the p40
+    1.5B plan runs its update and log-prob passes on as many sequences as fit, not one, within the cap."""
+    p = plan("p40", "qwen2.5-1.5b")
+    seq_len = 512
+    assert p.actor.param_offload and p.actor.use_dynamic_bsz
+    assert p.actor.max_token_len_per_gpu // seq_len > 1 and p.actor.forward_max_token_len_per_gpu // seq_len > 1
+    assert p.memory["required_gb"] <= CATALOG["p40"].memory_gb
+    est_phases = p.memory["phases"]
+    assert max(sum(t.values()) for t in est_phases.values()) == pytest.approx(p.predicted_peak_gb, abs=1e-3)
+
+
+def test_a_halved_budget_grows_back_where_parameters_are_offloaded():
+    """The fit halves every budget together until the update fits; where the role's parameters are offloaded,
+    each configured budget then grows back towards its setting on its own, with the reason."""
+    big = ["actor_rollout_ref.rollout.n=16", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536",
+           "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=65536"]
+    p = plan("t4", "qwen2.5-1.5b", big)
+    assert p.actor.param_offload and p.memory["required_gb"] <= CATALOG["t4"].memory_gb
+    assert p.actor.max_token_len_per_gpu < 65536 and "halved" in p.reasons["actor.max_token_len_per_gpu"]
+    assert p.actor.forward_max_token_len_per_gpu > p.actor.max_token_len_per_gpu
+    assert "parameters are offloaded" in p.reasons["actor.forward_max_token_len_per_gpu"]

@@ -8,8 +8,8 @@ is an OOM the plan did not see), so a formula change that breaks the calibration
 
 Every file of that form is checked: `{"model": <BUILTIN_MODELS name>, "cases": [{"case", "memory_limit_gb",
 "workload": Workload fields, "plan": {"actor", "critic", "ref", "rollout"} (RolePlan / RolloutPlan fields),
-"ref_in_actor" (optional), "measured_gb": {phase: GiB}}]}`; new measurements (1.5B, 3B, 7B, LoRA) are
-added as new files.
+"ref_in_actor" (optional), "compiled_layers" (optional: the plan's torch_compile), "model" (optional: this
+case's model, over the file's), "measured_gb": {phase: GiB}}]}`; new measurements are added as new files.
 """
 import json
 from pathlib import Path
@@ -22,8 +22,8 @@ from verl.compat.plan import RolePlan, RolloutPlan
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 FILES = sorted(RESULTS.glob("memory_*.json"))
-CASES = [(path.name, json.loads(path.read_text())["model"], case)
-         for path in FILES for case in json.loads(path.read_text())["cases"]]
+CASES = [(path.name, case.get("model", doc.get("model")), case)
+         for path in FILES for doc in [json.loads(path.read_text())] for case in doc["cases"]]
 PEAK_TOLERANCE = 0.15    # predicted peak vs measured peak
 UNDER_TOLERANCE = 0.03   # no phase predicted more than 3% below its measurement
 
@@ -44,7 +44,7 @@ def _predict(model: str, case: dict) -> dict[str, float]:
     ref_in_actor = case.get("ref_in_actor", actor.lora_rank > 0 and plan["ref"] is None and "ref" in case["measured_gb"])
     est = estimate_memory(_model(model), Workload(**case["workload"]), actor, RolloutPlan(**plan["rollout"]),
                           role(plan["critic"]), role(plan["ref"]), device_memory_gb=case["memory_limit_gb"],
-                          ref_in_actor=ref_in_actor)
+                          ref_in_actor=ref_in_actor, compiled_layers=case.get("compiled_layers", False))
     return {name: phase.total_gb for name, phase in est.phases.items()}
 
 

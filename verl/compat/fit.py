@@ -463,12 +463,17 @@ def grow_budgets(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan, est):
     # at several ranks the memory model's gather buffers are modelled, not measured: keep the same share free
     # as the resharding decision does
     room = limit if wl.world_size == 1 else limit * (1 - MULTI_RANK_RESHARD_HEADROOM)
-    for key in [k for k in _BUDGET_FIELDS if k in inp.growable]:
-        name, fields, forward = _BUDGET_FIELDS[key]
+    for key, (name, fields, forward) in _BUDGET_FIELDS.items():
         if name not in rs:
             continue
         start = getattr(rs[name], fields[0])
         whole = min(wl.sequences_seen(name, forward) * wl.seq_len, GROWN_BUDGET_CAP)
+        if key not in inp.growable:
+            # a configured budget the fit halved grows back towards its setting where the role's parameters
+            # are offloaded: every pass streams all of them host -> device, so fewer passes move less
+            if not rs[name].param_offload or start is None or start >= (inp.budgets.get(key) or 0):
+                continue
+            whole = min(whole, inp.budgets[key])
         budget = start
         while budget < whole:
             bigger = min(2 * budget, whole)
@@ -477,7 +482,12 @@ def grow_budgets(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan, est):
             if trial_est.required_gb > room:
                 break
             rs, est, budget = trial, trial_est, bigger
-        if budget > start:
+        if budget > start and rs[name].param_offload:
+            d.note(f"{name}.{fields[0]}", budget,
+                   f"{budget // wl.seq_len} full-length sequences a pass, the most that fit: parameters are offloaded, "
+                   f"so each pass streams every weight host -> device; the plan needs {est.required_gb:.2f} of "
+                   f"{limit:.1f} GiB")
+        elif budget > start:
             if budget >= wl.sequences_seen(name, forward) * wl.seq_len:
                 what = "the whole pass"
             elif budget == GROWN_BUDGET_CAP:

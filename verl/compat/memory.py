@@ -21,7 +21,9 @@ CUDA_CONTEXT_GB = 0.75           # CUDA context and kernel images, outside the a
 # FSDP2-wrapped roles with offloaded state keep the scratch (docs/compat.md, "Memory model", has the runs).
 ADAM_STEP_SCRATCH = 1.0
 NF4_BYTES = 0.5 + 4 / 64   # 4-bit codes plus one float32 absmax per 64-weight block (no double quantization)
-ADAMW8BIT_BYTES = 2        # AdamW8bit's two moments, one byte each (block-wise constants are negligible)
+# AdamW8bit's two moments, one byte each, plus each moment's float32 absmax per 256-value block (bitsandbytes'
+# block-wise quantisation); the step updates them in place (no scratch the size of the model)
+ADAMW8BIT_BYTES = 2 + 2 * 4 / 256
 ENGINE_TERMS = ("rollout.kv_cache", "rollout.prefill", "rollout.sampling", "rollout.engine share")
 
 
@@ -112,7 +114,7 @@ class MemoryEstimate:
 # ----------------------------------------------------------------------------- per-token terms
 
 def layer_activation_bytes(m: ModelSpec, compute: str, residual: str, attn: str, seq_len: int) -> float:
-    """Bytes one decoder layer saves for backward, per token (formula in the module docstring)."""
+    """Bytes one decoder layer saves for backward, per token (docs/compat.md, "The memory model")."""
     c, r = BYTES[compute], BYTES[residual]
     h, q, kv = m.hidden_size, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     norms = 2 * (2 * h * r + h * c)
@@ -125,16 +127,17 @@ def layer_activation_bytes(m: ModelSpec, compute: str, residual: str, attn: str,
     return norms + attention + mlp
 
 
-def _logits_bytes(m: ModelSpec, response_tokens: int, compute: str, backward: bool, fused: bool = False) -> float:
-    """Logits of a micro-batch's response positions (the actor asks the model for those only,
-    `logits_to_keep`) in compute dtype, the float32 scratch of the chunked log-prob pass
-    (`verl.utils.torch_functional`: an upcast chunk and its exponential), and in backward the
-    logits' gradient next to the saved logits."""
-    c, v = BYTES[compute], m.vocab_size
-    chunk = min(response_tokens, LOGPROB_CHUNK_ROWS) * v * 4
-    if fused and not backward:   # compiled chunk kernels hold no scratch (measured on the H200, t4 profile)
-        chunk = 0
-    return response_tokens * v * c * (2 if backward else 1) + 2 * chunk
+def _logprob_scratch(m: ModelSpec, response_tokens: int, compute: str, backward: bool, fused: bool) -> float:
+    """float32 scratch of the chunked log-prob pass (`verl.utils.torch_functional`), one chunk of
+    rows at a time. Forward: at most two float32 chunks (a float32 copy of half logits and the
+    exponentials; log-sum-exp's difference and exponential). Backward: a float32 copy of the chunk turned
+    into the softmax in place, plus, for half logits, the product's float32 result before it is cast
+    into the half gradient (an `out=` of another dtype). Compiled chunk kernels (`fused`) hold nothing
+    in forward and return each chunk's gradient in the logits' dtype."""
+    chunk = min(response_tokens, LOGPROB_CHUNK_ROWS) * m.vocab_size
+    if fused:
+        return chunk * BYTES[compute] if backward else 0.0
+    return chunk * 4 * (2 if BYTES[compute] < 4 or not backward else 1)
 
 
 def _vocab_grad_bytes(m: ModelSpec, role: _Role, accumulates: bool) -> float:
@@ -310,48 +313,58 @@ def _root_unit(m: ModelSpec, role: _Role) -> int:
     return m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings or role.name == "critic" else 2)
 
 
-def _compute_copy(m: ModelSpec, role: _Role, dtype: str, train: bool = False, compiled: bool = False) -> float:
-    """Weights materialised for compute: the FSDP2 all-gathered units (root plus two prefetched
-    layers) in the gather dtype, at every world size (FSDP2 copies on one device too); in an update
-    whose plan does not reshard after forward, every unit instead (each layer stays gathered from its
-    forward to its backward: a whole model at the end of forward; forwards without gradients reshard
-    as they go, `fsdp_utils.shard_model`), and in forwards whose plan gathers the model once per call
-    (`gather_for_forward`); none for an unwrapped model. Plus autocast's casts when the weights are gathered in
-    another dtype than `dtype`. Autocast caches the cast of a leaf weight that requires grad for the
-    whole forward: a trained role holds a cast copy of its weights; a frozen one (the reference), and
-    a trained one's forward without gradients through compiled layers (`compiled`: each layer's graph
-    casts its own weights), cast op by op, the output projection the largest at once (measured on the
-    H200, t4 profile, compiled: the old-log-prob pass peaked at the cast output projection and the
-    float16 logits, nothing else)."""
+def _compute_copy(m: ModelSpec, role: _Role, dtype: str, train: bool = False, compiled: bool = False,
+                  layers: int = 2, checkpointed: bool = False) -> float:
+    """Weights materialised for compute: the FSDP2 all-gathered units (root plus `layers` prefetched
+    layers: two inside the decoder, none at the output projection, where only the root is gathered) in
+    the gather dtype, at every world size (FSDP2 copies on one device too); in an update whose plan does
+    not reshard after forward, every unit instead (each layer stays gathered from its forward to its
+    backward; forwards without gradients reshard as they go, `fsdp_utils.shard_model`), and in forwards
+    whose plan gathers the model once per call (`gather_for_forward`); none for an unwrapped model. Plus
+    autocast's casts when the weights are read in another dtype than `dtype` (an unwrapped model reads
+    them as stored, in its parameter dtype). Autocast caches the cast of a leaf weight that requires grad
+    for the whole forward: a trained role holds a cast copy of its weights until autocast exits; from then
+    on (`checkpointed`: in backward under checkpointing) only the casts saved for backward outside the
+    checkpointed layers stay, the output projection's. A frozen one (the reference), and a trained one's
+    forward without gradients through compiled layers (`compiled`: each layer's graph casts its own
+    weights), cast op by op, the output projection the largest at once."""
     if role.lora or (not role.trainable and read_dtype(role.plan, False) != role.plan.param_dtype):
-        return _frozen_compute_copy(m, role, dtype, train)
-    gather = gather_dtype(role.plan)
-    root = _root_unit(m, role)
-    per_layer = (role.params - root) / m.num_layers
-    kept = (not role.plan.reshard_after_forward) if train else role.plan.gather_for_forward
-    units = (role.params if kept else root + 2 * per_layer) * BYTES[gather] if role.plan.fsdp else 0.0
+        return _frozen_compute_copy(m, role, dtype, train, layers)
+    gather = gather_dtype(role.plan) if role.plan.fsdp else role.plan.param_dtype
+    units = _gathered_units(m, role, dtype, train, layers)
     if gather == dtype:
         return units
-    if not role.trainable or (compiled and not train):
-        return units + m.vocab_size * m.hidden_size * BYTES[dtype]
     embedding = m.vocab_size * m.hidden_size
+    if not role.trainable or (compiled and not train) or checkpointed:
+        return units + embedding * BYTES[dtype]
     casted = role.params - (embedding if (role.name == "critic" or not m.tie_word_embeddings) else 0)
     return units + casted * BYTES[dtype]
 
 
-def _frozen_compute_copy(m: ModelSpec, role: _Role, dtype: str, train: bool) -> float:
+def _gathered_units(m: ModelSpec, role: _Role, dtype: str, train: bool, layers: int) -> float:
+    """FSDP2's gathered units (none unwrapped): the root plus `layers` layers, or every unit where the plan
+    keeps them; in the gather dtype (a LoRA role's or a mixed-dtype frozen model's: the compute dtype)."""
+    plan = role.plan
+    if not plan.fsdp:
+        return 0.0
+    mixed = role.lora or (not role.trainable and read_dtype(plan, False) != plan.param_dtype)
+    width = BYTES[dtype] if mixed else BYTES[gather_dtype(plan)]
+    total = role.params + role.adapters
+    root = _root_unit(m, role)
+    kept = (not plan.reshard_after_forward) if train else plan.gather_for_forward
+    return (total if kept else root + layers * (total - root) / m.num_layers) * width
+
+
+def _frozen_compute_copy(m: ModelSpec, role: _Role, dtype: str, train: bool, layers: int = 2) -> float:
     """Weights materialised for compute by a LoRA role or a reference stored in another dtype than its
-    parameter dtype (`frozen_dtype`). Wrapped, FSDP2 gathers its units (root plus two prefetched layers;
-    every unit where the plan keeps them) in the compute dtype. Unwrapped, the weights are read where they
+    parameter dtype (`frozen_dtype`). Wrapped, FSDP2 gathers its units (root plus `layers` prefetched
+    layers; every unit where the plan keeps them) in the compute dtype. Unwrapped, the weights are read where they
     are stored: a weight stored in another dtype is cast at its own matmul and only for it
     (`frozen_weights.upcast_frozen`; the output projection is the largest at once), a 4-bit one
     dequantized per linear layer, and autocast caches its casts of the trainable adapters."""
     plan, c = role.plan, BYTES[dtype]
     if plan.fsdp:
-        root = _root_unit(m, role)
-        per_layer = (role.params + role.adapters - root) / m.num_layers
-        kept = (not plan.reshard_after_forward) if train else plan.gather_for_forward
-        return (role.params + role.adapters if kept else root + 2 * per_layer) * c
+        return _gathered_units(m, role, dtype, train, layers)
     upcast = m.vocab_size * m.hidden_size * c if read_dtype(plan, role.trainable) != dtype else 0.0
     adapters = role.adapters * c if train and plan.param_dtype != dtype else 0.0
     return upcast + _dequantized(m, role, dtype) + adapters
@@ -390,22 +403,45 @@ def _head_rows(plan: RolePlan, tokens: int, response_tokens: int) -> tuple[int, 
     return (tokens, response_tokens) if sp == 1 else (-(-tokens // sp), -(-tokens // sp))
 
 
+def layer_forward_bytes(m: ModelSpec, compute: str, residual: str, attn: str, seq_len: int) -> float:
+    """Bytes per token a decoder layer holds at once in a forward without gradients: the residual
+    stream and its normalised copy, then the larger of attention's q, k, v and output (q and k twice
+    around the rotary embedding) and the MLP's three intermediates (gate's activation, up, their
+    product); eager attention's T x T scores on top. Nothing is saved from one layer to the next."""
+    c, r = BYTES[compute], BYTES[residual]
+    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    scores = m.num_heads * seq_len * (4 + c) if attn == "eager" else 0
+    return 2 * m.hidden_size * r + max((3 * q + 3 * kv) * c + scores, 3 * m.intermediate_size * c)
+
+
+def residual_dtype(plan: RolePlan) -> str:
+    """The residual stream's dtype in training: that of the weights the layers compute with (the gathered
+    ones; an unwrapped full model's as stored, autocast casting each matmul; a LoRA base's frozen dtype)."""
+    if plan.fsdp or plan.lora_rank:
+        return read_dtype(plan)
+    return plan.param_dtype
+
+
 def _activations(m: ModelSpec, plan: RolePlan, tokens: int, seq_len: int, train: bool,
-                 compiled: bool = False) -> dict[str, float]:
-    residual = gather_dtype(plan) if train else plan.compute_dtype   # the weights compute in the gather dtype
+                 compiled: bool = False, recomputing: bool = True) -> dict[str, float]:
+    """Activations of a micro-batch of `tokens`: without gradients one layer's transients; in training
+    what backward needs, with checkpointing the layer inputs plus, while a layer is being recomputed
+    (`recomputing`), its saved activations and their gradients (2 layers)."""
+    residual = residual_dtype(plan) if train else plan.compute_dtype
     tokens = -(-tokens // plan.sequence_parallel_size)   # Ulysses: each rank holds 1/sp of the sequence
+    if not train:
+        return {"activations (1 layer)": tokens * layer_forward_bytes(m, plan.compute_dtype, residual,
+                                                                      plan.attn_implementation, seq_len)}
     per_layer = layer_activation_bytes(m, plan.compute_dtype, residual, plan.attn_implementation, seq_len)
-    if plan.lora_rank and train:   # each adapted linear layer saves its rank-r intermediate for lora_B
+    if plan.lora_rank:   # each adapted linear layer saves its rank-r intermediate for lora_B
         per_layer += len(m.linear_shapes()) * plan.lora_rank * BYTES[plan.compute_dtype]
-    if compiled and train:
+    if compiled:
         per_layer *= COMPILED_ACTIVATION_SHARE[BYTES[plan.compute_dtype]]
     layer = tokens * per_layer
-    if not train:
-        return {"activations (1 layer)": layer}
     if plan.gradient_checkpointing:
         inputs = tokens * m.hidden_size * BYTES[residual] * m.num_layers
-        return {"activations (checkpointed)": inputs + 2 * layer}
-    return {"activations": layer * m.num_layers + layer}
+        return {"activations (checkpointed)": inputs + (2 * layer if recomputing else 0.0)}
+    return {"activations": layer * m.num_layers + (layer if recomputing else 0.0)}
 
 
 # ----------------------------------------------------------------------------- phases
@@ -457,41 +493,60 @@ def _generation_phase(s: _Step, batch: int | None) -> dict[str, float]:
 
 
 def _forward_phase(s: _Step, name: str) -> dict[str, float]:
-    """A no-grad forward over the rollout batch: old log-probs (actor), reference log-probs, values."""
+    """A no-grad forward over the rollout batch: old log-probs (actor), reference log-probs, values. Its
+    peak is the largest of three moments, as nothing is kept from one to the next: inside a decoder layer
+    (two layer units gathered, one layer's transients), at the output projection (only the root unit
+    gathered, or the output projection cast for its matmul, the final hidden states and the new logits),
+    and in the chunked log-prob pass over the logits (the root unit still gathered)."""
     role, spec = s.roles[name], s.spec(name)
     terms = s.idle(name)
     terms.update(s.on_device(role))
-    terms[f"{name}.compute_copy"] = _compute_copy(spec, role, role.plan.compute_dtype, compiled=s.compiled_layers)
+    c = role.plan.compute_dtype
     tokens, resp, _ = _tokens(role.plan, s.wl, name, forward=True)
-    terms.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=False))
+    layer = {f"{name}.compute_copy": _compute_copy(spec, role, c, compiled=s.compiled_layers)}
+    layer.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=False))
     tokens, resp = _head_rows(role.plan, tokens, resp)
+    stream = residual_dtype(role.plan) if role.trainable else read_dtype(role.plan, False)
+    hidden = {"hidden states": tokens * spec.hidden_size * 2 * max(BYTES[c], BYTES[stream])}
     if name == "critic":
-        terms["values"] = tokens * spec.hidden_size * 4
-    else:
-        terms["logits"] = _logits_bytes(spec, resp, role.plan.compute_dtype, backward=False, fused=s.compiled_layers)
+        head = {f"{name}.compute_copy": _compute_copy(spec, role, c, compiled=s.compiled_layers, layers=0),
+                **hidden, "values": tokens * spec.hidden_size * 4}
+        terms.update(max((layer, head), key=lambda t: sum(t.values())))
+        return terms
+    logits = resp * spec.vocab_size * BYTES[c]
+    head = {f"{name}.compute_copy": _compute_copy(spec, role, c, compiled=s.compiled_layers, layers=0),
+            **hidden, "logits": logits}
+    # FSDP2 does not reshard the root unit after a forward: it stays gathered through the log-prob pass
+    log_prob = {f"{name}.compute_copy": _gathered_units(spec, role, c, False, 0), "logits": logits,
+                "log-prob scratch": _logprob_scratch(spec, resp, c, backward=False, fused=s.compiled_layers)}
+    terms.update(max((layer, head, log_prob), key=lambda t: sum(t.values())))
     return terms
 
 
 def _update_phase(s: _Step, name: str) -> dict[str, float]:
     """Forward + backward + optimizer step of a trained role, at the largest of its candidate peaks:
-    the end of a forward / start of backward, a layer's backward, the end of backward, the optimizer
-    step. Gradients exist from the first backward of a mini-batch to its optimizer step (which frees
-    them): the first micro-batch (the largest: token-budgeted splits take the longest rows first)
-    reaches the end of its forward without them, the later ones (at most the rows left) with them."""
+    the end of a forward, the log-prob backward (`_head_stages`), a
+    layer's backward, the end of backward, the optimizer step. Gradients exist from the first backward
+    of a mini-batch to its optimizer step (which frees them): the first micro-batch (the largest:
+    token-budgeted splits take the longest rows first) reaches the end of its forward without them,
+    the later ones (at most the rows left) with them."""
     role, spec, ws = s.roles[name], s.spec(name), s.wl.world_size
     terms = s.idle(name)
     terms.update(s.on_device(role))
     tokens, resp, rows = _tokens(role.plan, s.wl, name, forward=False)
     grads = 0.0 if role.plan.param_offload else role.grads(ws)   # under param offload reduced onto the host
     later = min(rows, s.wl.sequences_seen(name, forward=False) - rows)
-    forwards = [_forward_end(s, name, rows, 0.0)] + ([_forward_end(s, name, later, grads)] if later > 0 else [])
-    # mid-backward: a layer unit's gradients, unsharded and in the flat copy FSDP2 reduces from, next
-    # to the gathered units (all of them when the plan keeps them gathered for backward; what bounds a
-    # model of few wide layers and a small vocabulary)
-    # (an unwrapped model's gradients accumulate in place: the grads term holds them)
+    heads = _head_stages(s, name, rows, 0.0) + (_head_stages(s, name, later, grads) if later > 0 else [])
+    # mid-backward: the checkpointed inputs, the layer being recomputed and its gradients, and that unit's
+    # parameter gradients, unsharded and in the flat copy FSDP2 reduces from, next to the gathered units
+    # (all of them when the plan keeps them gathered for backward; what bounds a model of few wide layers
+    # and a small vocabulary). An unwrapped model's gradients accumulate in place: the grads term holds them.
     per_layer = (role.trained if role.lora else role.params - _root_unit(spec, role)) / spec.num_layers
-    wrapped = role.plan.fsdp
-    layer_bwd = {f"{name}.grads": grads, f"{name}.compute_copy": forwards[0][f"{name}.compute_copy"],
+    wrapped, ckpt = role.plan.fsdp, role.plan.gradient_checkpointing
+    layer_bwd = {f"{name}.grads": grads,
+                 f"{name}.compute_copy": _compute_copy(spec, role, role.plan.compute_dtype, train=True,
+                                                       checkpointed=ckpt and name != "critic"),
+                 **_activations(spec, role.plan, tokens, s.wl.seq_len, train=True, compiled=s.compiled_layers),
                  "layer grads (backward)": 2 * per_layer * BYTES[role.plan.param_dtype] if wrapped else 0.0}
     # the root unit stays gathered until its gradients are reduced, at the very end of backward
     root_dtype = role.plan.compute_dtype if role.lora else gather_dtype(role.plan)
@@ -505,26 +560,42 @@ def _update_phase(s: _Step, name: str) -> dict[str, float]:
     step = {f"{name}.grads": grads, "optimizer step": scratch}
     if role.plan.optimizer_offload and not role.plan.param_offload:
         step[f"{name}.optimizer"] = role.optimizer(ws)
-    terms.update(max((*forwards, layer_bwd, bwd_end, step), key=lambda t: sum(t.values())))
+    terms.update(max((*heads, layer_bwd, bwd_end, step), key=lambda t: sum(t.values())))
     return terms
 
 
-def _forward_end(s: _Step, name: str, rows: int, grads: float) -> dict[str, float]:
-    """The end of a training forward over `rows` full-length sequences (`grads`: bytes of gradients
-    already accumulated by earlier micro-batches of the mini-batch)."""
+def _head_stages(s: _Step, name: str, rows: int, grads: float) -> list[dict[str, float]]:
+    """Candidate peaks around the output of a training forward over `rows` full-length sequences (`grads`:
+    bytes of gradients already accumulated by earlier micro-batches of the mini-batch), where no decoder
+    layer is gathered (only the root unit) and, under checkpointing, only the layer inputs are saved:
+    (1) the end of forward: the logits and the log-prob pass's forward scratch, autocast's cached casts
+    still alive; (2) the log-prob's backward: the saved logits, their gradient and its chunk scratch,
+    autocast's cache gone (what stays cast is what backward saved), and the output projection's weight
+    gradient. A critic: its values head."""
     role, spec = s.roles[name], s.spec(name)
+    c, ckpt = role.plan.compute_dtype, role.plan.gradient_checkpointing
     tokens, resp = rows * s.wl.seq_len, rows * s.wl.response_length
-    terms = {f"{name}.grads": grads,
-             f"{name}.compute_copy": _compute_copy(spec, role, role.plan.compute_dtype, train=True)}
-    terms.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=True, compiled=s.compiled_layers))
-    tokens, resp = _head_rows(role.plan, tokens, resp)
+    base = {f"{name}.grads": grads}
     if name == "critic":
-        terms["values"] = tokens * spec.hidden_size * 4 * 2
-    else:
-        terms["logits"] = _logits_bytes(spec, resp, role.plan.compute_dtype, backward=True)
-        if not role.lora:   # backward starts at the output projection: its weight gradient, next to every activation
-            terms["output projection grad"] = spec.vocab_size * spec.hidden_size * BYTES[role.plan.compute_dtype]
-    return terms
+        base[f"{name}.compute_copy"] = _compute_copy(spec, role, c, train=True)
+        base.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=True, compiled=s.compiled_layers))
+        tokens, _ = _head_rows(role.plan, tokens, resp)
+        return [{**base, "values": tokens * spec.hidden_size * 4 * 2}]
+    # without checkpointing every layer's saved activations, and FSDP2's units around them, as in a layer's backward
+    base.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=True, compiled=s.compiled_layers,
+                             recomputing=not ckpt))
+    layers = 0 if ckpt else 2
+    _, resp = _head_rows(role.plan, tokens, resp)
+    logits = resp * spec.vocab_size * BYTES[c]
+    copy = _compute_copy(spec, role, c, train=True, layers=layers)
+    saved = _compute_copy(spec, role, c, train=True, layers=layers, checkpointed=ckpt)
+    # the output projection's weight gradient (frozen under LoRA): calibrated on the H200 0.5B matrix to be
+    # counted from the log-prob backward on (without it the bfloat16 GRPO update was 4% under)
+    out_grad = {} if role.lora else {"output projection grad": spec.vocab_size * spec.hidden_size * BYTES[c]}
+    return [{**base, f"{name}.compute_copy": copy, "logits": logits,
+             "log-prob scratch": _logprob_scratch(spec, resp, c, backward=False, fused=s.compiled_layers)},
+            {**base, f"{name}.compute_copy": saved, "logits": 2 * logits, **out_grad,
+             "log-prob scratch": _logprob_scratch(spec, resp, c, backward=True, fused=s.compiled_layers)}]
 
 
 def _role(name: str, plan: RolePlan, spec: ModelSpec, params: int, trainable: bool) -> _Role:
