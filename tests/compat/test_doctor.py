@@ -218,3 +218,17 @@ def test_largest_prints_the_docs_table(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "| device | full | full + offload | LoRA | QLoRA |"
     assert "| p40 | qwen2.5-0.5b | qwen2.5-3b | qwen2.5-7b | qwen2.5-7b |" in lines
+
+
+def test_a_disabled_role_the_host_cannot_hold_is_reported_not_fatal(monkeypatch, capsys):
+    """7B LoRA GRPO on a 24 GB card: the actor fits on the device; the critic the doctor switches on to
+    show would be a full 7B offloaded to a 32 GiB host, which the real planner refuses. The doctor still
+    answers (matrix.py reads it for every cell), with the refusal in the critic's place."""
+    from verl.compat import detect
+
+    monkeypatch.setattr(detect, "host_memory_gb", lambda: (32.0, 30.0))
+    out = doctor_json(capsys, "rtx3090", "--model-spec", "qwen2.5-7b", "actor_rollout_ref.model.lora_rank=32",
+                      "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4")
+    assert out["actor"]["enabled"] and out["actor"]["lora_rank"] == 32
+    assert out["critic"]["enabled"] is False and "host" in out["critic"]["error"]
+    assert out["ref"] == {"enabled": False, "served_by_actor": True}   # the LoRA actor with adapters off

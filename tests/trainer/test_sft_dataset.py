@@ -70,3 +70,12 @@ def test_micro_batches_by_rows_or_by_padded_token_budget():
     assert [[len(r["input_ids"]) for r in b] for b in micro_batches(rows, None, 12)] == [[3, 5], [2], [8], [1]]
     assert [[len(r["input_ids"]) for r in b] for b in micro_batches(rows, None, 16)] == [[3, 5, 2], [8, 1]]
     assert [len(b) for b in micro_batches(rows, None, 4)] == [1, 1, 1, 1, 1]   # a row over the budget goes alone
+
+
+def test_overlong_conversations_are_listed_up_front_with_their_exact_lengths(tokenizer, tmp_path):
+    short = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
+    data = _dataset(tokenizer, tmp_path, [short, CONVERSATION, short, CONVERSATION], max_length=24)
+    exact = [len(data[i]["input_ids"]) for i in (0, 2)] + [len(data.tokens(i)[0]) for i in (1, 3)]
+    assert exact[0] <= 24 < exact[2]                          # the short rows fit, the long ones do not
+    assert data.overlong_rows() == [(1, exact[2]), (3, exact[3])]
+    assert _dataset(tokenizer, tmp_path, [CONVERSATION], max_length=24, truncation="left").overlong_rows() == []

@@ -21,6 +21,7 @@ from dataclasses import asdict
 from omegaconf import OmegaConf
 
 from verl.compat.model_spec import BUILTIN_MODELS
+from verl.compat.decider import PlanError
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -114,9 +115,13 @@ def doctor_json(config, model, plan) -> dict:
         with open_dict(probe):
             OmegaConf.update(probe, key, value, force_add=True)
         try:
-            shown = getattr(compat.make_plan(plan.device, probe, plan.software, model), name)
-        except ValueError as err:      # switched on, the run would not fit: say so instead
+            probed = compat.make_plan(plan.device, probe, plan.software, model)
+        except (ValueError, PlanError) as err:   # switched on, the run would not fit: say so instead
             out[name] = {"enabled": False, "error": str(err)}
+            continue
+        shown = getattr(probed, name)
+        if shown is None:   # a LoRA actor serves the reference itself (its adapters disabled): no model of its own
+            out[name] = {"enabled": False, "served_by_actor": bool(probed.ref_in_actor)}
             continue
         out[name] = dict(asdict(shown), enabled=False)
     return out

@@ -45,6 +45,15 @@ def config_problems(config) -> list[str]:
     return problems
 
 
+def _overlong_problem(key: str, dataset) -> str | None:
+    rows = dataset.overlong_rows()
+    if not rows:
+        return None
+    shown = ", ".join(f"row {i}: {n} tokens" for i, n in rows[:3])
+    return (f"data.{key}: {len(rows)} conversation(s) over data.max_length={dataset.max_length} ({shown}"
+            f"{', ...' if len(rows) > 3 else ''}); raise data.max_length or set data.truncation=left/right")
+
+
 def micro_batches(rows: list[dict], size: int | None, token_budget: int | None) -> list[list[dict]]:
     """Consecutive rows per micro-batch: `size` rows, or (token budget) as many as fit padded to their longest."""
     if token_budget is None:
@@ -94,6 +103,10 @@ class SFTTrainer:
         self.val_set = MultiTurnSFTDataset(data.val_files, self.tokenizer, data,
                                            max_samples=int(data.get("val_max_samples", -1) or -1)) \
             if data.get("val_files") else None
+        problems = [_overlong_problem(key, dataset) for key, dataset in
+                    (("train_files", self.train_set), ("val_files", self.val_set)) if dataset is not None]
+        if any(problems):
+            raise ValueError("; ".join(p for p in problems if p))
         self.batch_size = int(data.train_batch_size)
         if self.batch_size % self.world:
             raise ValueError(f"data.train_batch_size={self.batch_size} does not split evenly over {self.world} ranks")

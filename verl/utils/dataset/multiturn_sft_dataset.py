@@ -96,6 +96,22 @@ class MultiTurnSFTDataset(Dataset):
             done = upto
         return ids, mask
 
+    def overlong_rows(self) -> list[tuple[int, int]]:
+        """(row, tokens) of every conversation over `data.max_length` when `data.truncation=error`, found
+        before training rather than when a batch (or the validation after hours of training) reaches it.
+        The whole conversation is encoded in one batched call first; only rows near the limit get the
+        exact per-turn encoding `__getitem__` uses (it can differ by a token at each message boundary)."""
+        if self.truncation != "error" or not self.conversations:
+            return []
+        whole = self.tokenizer([self._render(m) for m in self.conversations], add_special_tokens=False)["input_ids"]
+        out = []
+        for index, ids in enumerate(whole):
+            if len(ids) > self.max_length - 4 * len(self.conversations[index]):
+                length = len(self.tokens(index)[0])
+                if length > self.max_length:
+                    out.append((index, length))
+        return out
+
     def __getitem__(self, index: int) -> dict:
         ids, mask = self.tokens(index)
         if len(ids) > self.max_length:
