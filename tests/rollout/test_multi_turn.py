@@ -351,3 +351,28 @@ def test_example_preprocess_writes_upstreams_columns(tmp_path):
     assert row["extra_info"]["tools_kwargs"] == {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": truth}}}
     assert row["extra_info"]["need_tools_kwargs"] is True
 
+
+def test_tool_list_wrap_passes_tools_through_hydra_instantiate():
+    """hydra.utils.instantiate would turn each tool of a plain list into a DictConfig; wrapped, the agent loop
+    gets the tool objects, indexed by name."""
+    import hydra
+
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase, ToolListWrap
+    from verl.tools.function_tool import FUNCTION_TOOL_REGISTRY, FunctionTool, function_tool
+
+    @function_tool("echo_through_hydra")
+    def echo(text: str) -> str:
+        """Echo.
+
+        Args:
+            text: what to echo.
+        """
+        return text
+
+    tool = FUNCTION_TOOL_REGISTRY["echo_through_hydra"]
+    loop = hydra.utils.instantiate({"_target_": "verl.experimental.agent_loop.agent_loop.AgentLoopBase"},
+                                   rollout_config=None, tokenizer=None, tools=ToolListWrap([tool]),
+                                   response_length=8)
+    assert isinstance(loop, AgentLoopBase)
+    assert list(loop.tools) == ["echo_through_hydra"] and loop.tools["echo_through_hydra"] is tool
+    assert isinstance(tool, FunctionTool)

@@ -150,7 +150,7 @@ def cpu_test_files(root: Path) -> list[Path]:
 
 def run_test_file(root: Path, path: Path, timeout_s: int) -> tuple[str, str]:
     """('pass' | 'fail' | 'timeout', summary line) for one wheel test file run under pytest against this verl."""
-    # cwd is the unpacked wheel with its verl/ moved aside: `tests` is the wheel's, `verl` this checkout's
+    # cwd is the unpacked wheel with its verl/ a link to this checkout's: `tests` is the wheel's, `verl` ours
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [str(root), str(REPO_ROOT)] if p),
                RAY_USAGE_STATS_ENABLED="0", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--rootdir", str(root),
@@ -217,7 +217,10 @@ def main(argv=None) -> int:
             if not (root / "tests").is_dir():
                 print(f"the {wheel.name} wheel holds no tests/: no wheel tests to run")
                 return 0
-            shutil.move(str(root / "verl"), str(tmp / "wheel-verl"))  # so `verl` resolves to this checkout
+            # `verl` in the wheel's root becomes a link to this checkout's package: imports resolve here, and
+            # the tests that read files beside their repository root (YAML groups, sources) read this verl's
+            shutil.move(str(root / "verl"), str(tmp / "wheel-verl"))
+            (root / "verl").symlink_to(REPO_ROOT / "verl", target_is_directory=True)
             files = cpu_test_files(root)
             print(f"## The wheel's CPU test files ({len(files)}), run against this verl\n")
             print("| file | result | pytest's last line |\n|---|---|---|")

@@ -185,6 +185,10 @@ _FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-d
 _OPEN_SECTIONS = ("override_config", "engine_kwargs", "runtime_env", "env_vars", "ray_init",
                   "apply_chat_template_kwargs", "mm_processor_kwargs", "sampler_kwargs", "kw_args")
 
+# upstream's Hydra config groups, written from the packaged config (verl/trainer/config/groups.py)
+_CONFIG_GROUPS = ("actor", "ref", "rollout", "model", "critic", "data", "reward", "algorithm", "distillation",
+                  "transfer_queue")
+
 _OVERRIDE_RE = re.compile(r"^(?P<op>\+\+|\+|~)?(?P<key>[^=]+?)(?:=(?P<value>.*))?$", re.DOTALL)
 
 
@@ -227,7 +231,11 @@ def check_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
             out.append(arg)
             continue
         if "@" in key or "/" in key:
-            errors.append(f"'{key}': this fork's config has no config groups; set keys with key=value.")
+            if key.split("@")[0].split("/")[0] in _CONFIG_GROUPS:  # a group option: Hydra names a missing one
+                out.append(arg)
+            else:
+                errors.append(f"'{key}': not one of upstream's config groups here ({', '.join(_CONFIG_GROUPS)}); "
+                              "set keys with key=value.")
             continue
         found = _lookup(key)[0]
         if op == "++":

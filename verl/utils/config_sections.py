@@ -28,6 +28,8 @@ def _packaged() -> dict:
     main = OmegaConf.load(_YAML)
     layers = []
     for entry in main.pop("defaults", []):
+        if not isinstance(entry, str):  # upstream's config groups: written from this same tree (config/groups.py)
+            continue
         layers.append(main if entry == "_self_" else OmegaConf.load(_CONFIG_DIR / f"{entry}.yaml"))
     return OmegaConf.to_container(OmegaConf.merge(*layers) if layers else main, resolve=True)
 

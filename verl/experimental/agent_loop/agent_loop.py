@@ -6,9 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AgentLoopBase", "AgentLoopOutput", "get_agent_loop_class", "register"]
+__all__ = ["AgentLoopBase", "AgentLoopOutput", "ToolListWrap", "get_agent_loop_class", "register"]
 
 _registry: dict[str, type["AgentLoopBase"]] = {}
+
+
+class ToolListWrap:
+    """Holds a list of tool objects so `hydra.utils.instantiate` passes it through as is (it would turn each
+    tool in a plain list argument into a DictConfig). Agent loops accept one in place of their tools dict."""
+
+    def __init__(self, tools: list):
+        self.tools = tools
 
 
 def register(agent_name: str):
@@ -43,6 +51,8 @@ class AgentLoopBase:
     def __init__(self, rollout_config, tokenizer, tools: dict, response_length: int):
         self.config = rollout_config
         self.tokenizer = tokenizer
+        if isinstance(tools, ToolListWrap):
+            tools = {tool.name: tool for tool in tools.tools}
         self.tools = tools
         self.response_length = int(response_length)
         self.prompt_ids: list[int] = []

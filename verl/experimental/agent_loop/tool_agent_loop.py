@@ -73,7 +73,8 @@ class ToolAgentLoop(AgentLoopBase):
         if self.max_user_turns and self.user_turns >= self.max_user_turns:
             self.done = True
             return
-        _, calls = await self.parser.extract_tool_calls(list(token_ids))
+        schemas = [t.tool_schema for t in self.tools.values() if getattr(t, "tool_schema", None) is not None]
+        _, calls = await self.parser.extract_tool_calls(list(token_ids), tools=schemas)
         if not calls:
             self.done = True
             return

@@ -22,13 +22,22 @@ def reduce_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _lengths(batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Real (unpadded) prompt and response lengths per sequence, as floats."""
+def _compute_response_info(batch) -> dict[str, torch.Tensor]:
+    """Real (unpadded) prompt and response lengths per sequence, as floats, and the response part of the
+    attention mask (upstream's helper name: its tests patch it)."""
     response_width = batch.batch["responses"].shape[-1]
     attention_mask = batch.batch["attention_mask"]
-    prompt_length = attention_mask[:, :-response_width].sum(-1).float()
-    response_length = attention_mask[:, -response_width:].sum(-1).float()
-    return prompt_length, response_length
+    response_mask = attention_mask[:, -response_width:]
+    return {
+        "prompt_length": attention_mask[:, :-response_width].sum(-1).float(),
+        "response_length": response_mask.sum(-1).float(),
+        "response_mask": response_mask,
+    }
+
+
+def _lengths(batch) -> tuple[torch.Tensor, torch.Tensor]:
+    info = _compute_response_info(batch)
+    return info["prompt_length"], info["response_length"]
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -93,7 +102,11 @@ def compute_timing_metrics(batch, timing_raw: dict[str, float]) -> dict[str, flo
 
 def compute_throughout_metrics(batch, timing_raw: dict[str, float], n_gpus: int) -> dict[str, float]:
     """Tokens per second per device over the whole step (upstream's spelling of the name)."""
-    total_tokens = int(batch.batch["attention_mask"].sum().item())
+    # the per-sequence counts the trainer records for balancing, else the attention mask's
+    if "global_token_num" in batch.meta_info:
+        total_tokens = int(sum(batch.meta_info["global_token_num"]))
+    else:
+        total_tokens = int(batch.batch["attention_mask"].sum().item())
     step_time = timing_raw["step"]
     return {
         "perf/total_num_tokens": total_tokens,
@@ -135,17 +148,31 @@ def process_validation_metrics(
     sample_uids: list[str],
     infos_dict: dict[str, list[Any]],
     seed: int = 42,
+    expected_acc_counts: dict[tuple[str, str], int] | None = None,
     n_bootstrap: int = 1000,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """Per data source and variable: mean@n, std@n, best@k, worst@k (and maj@k with a `pred` key).
 
     Samples are grouped by prompt (uid); statistics are taken over the n responses of each prompt and
     then averaged over prompts. Returns {data_source: {variable: {metric: value}}}.
+
+    `expected_acc_counts` ({(data_source, uid): n}) is for rollouts that may drop sessions: in a source that
+    reports `acc`, each prompt's missing sessions count as acc 0, and `acc_success_only` keeps the mean over
+    the sessions that came back. Sources without `acc` are left as they are.
     """
     grouped = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for i, (source, uid) in enumerate(zip(data_sources, sample_uids)):
         for var, values in infos_dict.items():
             grouped[source][uid][var].append(values[i])
+    if expected_acc_counts:
+        with_acc = {source for source, by_uid in grouped.items()
+                    if any(v is not None for by_var in by_uid.values() for v in by_var.get("acc", ()))}
+        for (source, uid), expected in expected_acc_counts.items():
+            if source in with_acc:
+                by_var = grouped[source][uid]
+                seen = [v for v in by_var.get("acc", ()) if v is not None]
+                by_var["acc_success_only"] = seen
+                by_var["acc"] = seen + [0.0] * max(expected - len(seen), 0)
 
     per_prompt = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for source, by_uid in grouped.items():

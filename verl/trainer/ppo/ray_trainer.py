@@ -85,6 +85,29 @@ def apply_kl_penalty(data: DataProto, kl_ctrl, kl_penalty: str = "kl"):
     return data, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
 
 
+def compute_spec_decode_metrics(spec_drafts, spec_accepts, spec_verifies, non_padding_mask=None) -> dict:
+    """Speculative-decoding acceptance from per-request counts (drafted, accepted, verification steps).
+
+    Each request's ratios count once, whatever its length: accept rate = accepted / drafted, accept length =
+    1 + accepted / verify steps (the bonus token of each step); a request with a zero denominator counts as 0.
+    `non_padding_mask` drops padded placeholder rows. All three counts None (no speculative rollout) gives {}.
+    """
+    counts = (spec_drafts, spec_accepts, spec_verifies)
+    if all(c is None for c in counts):
+        return {}
+    if any(c is None for c in counts):
+        raise ValueError("compute_spec_decode_metrics needs all of spec_drafts, spec_accepts and spec_verifies")
+    drafts, accepts, verifies = (np.asarray(c, dtype=np.float64).reshape(-1) for c in counts)
+    if non_padding_mask is not None:
+        keep = np.asarray(non_padding_mask, dtype=bool).reshape(-1)
+        drafts, accepts, verifies = drafts[keep], accepts[keep], verifies[keep]
+    if drafts.size == 0:
+        return {}
+    rate = np.divide(accepts, drafts, out=np.zeros_like(accepts), where=drafts > 0)
+    length = np.where(verifies > 0, 1.0 + np.divide(accepts, verifies, out=np.zeros_like(accepts), where=verifies > 0), 0.0)
+    return {"rollout/spec_accept_rate": float(rate.mean()), "rollout/spec_accept_length": float(length.mean())}
+
+
 def compute_advantage(
     data: DataProto,
     adv_estimator,
