@@ -107,7 +107,7 @@ def build_tiny_vl_model_dir(
         json.dump({"processor_class": Qwen2_5_VLProcessor.__name__}, f)
     GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(out_dir)
     with open(os.path.join(out_dir, "tiny_model.json"), "w") as f:
-        json.dump({"built_by": "verl.utils.tiny_vl_model", "seed": seed}, f)
+        json.dump({"built_by": "tiny_vl_model", "seed": seed}, f)
     return out_dir
 
 

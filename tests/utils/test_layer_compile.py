@@ -11,7 +11,7 @@ import torch
 from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM
 
-from verl.utils.layer_compile import compile_decoder_layers
+from verl.workers.model_building.layer_compile import compile_decoder_layers
 from verl.utils.tiny_model import build_tiny_model_dir
 from verl.workers.rollout.static_decoder import StaticDecoder
 

@@ -163,7 +163,7 @@ def input_problems(config) -> list[str]:
 
 def reward_model_problems(config) -> list[str]:
     """A reward model folder that is missing or has no classification head."""
-    from verl.compat.reward_model import reward_model_enabled, rm_setting, rm_setting_key
+    from verl.compat.planning.reward_model import reward_model_enabled, rm_setting, rm_setting_key
 
     path = rm_setting(config, "model_path")
     if not reward_model_enabled(config) or not path:

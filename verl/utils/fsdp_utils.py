@@ -75,7 +75,7 @@ def shard_model(
         kwargs["mesh"] = mesh
     gather_dtype = compute_dtype if cast_params_for_compute else param_dtype
     if len({p.dtype for p in model.parameters()}) > 1:
-        # frozen weights kept in another dtype than the trained ones (verl.utils.frozen_weights): a unit's
+        # frozen weights kept in another dtype than the trained ones (verl.workers.model_building.frozen_weights): a unit's
         # parameters are gathered together, so every one is cast to the gather dtype, one layer at a time
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=gather_dtype, reduce_dtype=reduce_dtype)
     elif gather_dtype != param_dtype or reduce_dtype != gather_dtype:

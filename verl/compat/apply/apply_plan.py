@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from verl.compat import settings
+from verl.compat.planning import settings
 from verl.compat.plan import Plan, RolePlan
-from verl.compat.throughput import UPSTREAM_TOKEN_BUDGET
+from verl.compat.planning.throughput import UPSTREAM_TOKEN_BUDGET
 
 if TYPE_CHECKING:      # omegaconf loads only when a config is resolved: `import verl.compat` stays light
     from omegaconf import DictConfig
@@ -124,11 +124,11 @@ def apply_in_process(plan: Plan, local_rank: int = 0) -> torch.device:
             _enforce_simulated_limits(plan, local_rank)
     attn = {r.attn_implementation for r in _roles(plan)} | {plan.rollout.attn_implementation}
     if "xformers" in attn:
-        from verl.compat.attention import register_xformers_attention
+        from verl.compat.apply.attention import register_xformers_attention
 
         register_xformers_attention()
     if "torch_varlen" in attn:
-        from verl.compat.varlen_attention import register_varlen_attention
+        from verl.compat.apply.varlen_attention import register_varlen_attention
 
         register_varlen_attention()
     return device

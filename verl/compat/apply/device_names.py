@@ -6,7 +6,7 @@ planner would decide for the detected device, by the same rule.
 """
 from __future__ import annotations
 
-from verl.compat.apply import applied_plan
+from verl.compat.apply.apply_plan import applied_plan
 
 
 def names_for_backend(backend: str) -> tuple[str, str]:
@@ -18,6 +18,6 @@ def current_names() -> tuple[str, str]:
     plan = applied_plan()
     if plan is not None:
         return plan.device_type, plan.dist_backend
-    from verl.compat.detect import detect_profile
+    from verl.compat.device.detect import detect_profile
 
     return names_for_backend(detect_profile().backend)

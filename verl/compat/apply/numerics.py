@@ -29,7 +29,7 @@ from collections.abc import Mapping
 
 import torch
 
-from verl.compat.apply import dtype_name, torch_dtype
+from verl.compat.apply.apply_plan import dtype_name, torch_dtype
 
 MAX_ABS_NATS = 1.0
 MEAN_ABS_NATS = 0.05
@@ -202,7 +202,7 @@ def check_half_precision(model: torch.nn.Module, batch: Mapping, compute_dtype: 
     prove nothing."""
     dtype = torch_dtype(compute_dtype)
     name = dtype_name(dtype)
-    # frozen half-precision weights that compute in float32 outside autocast (verl.utils.frozen_weights)
+    # frozen half-precision weights that compute in float32 outside autocast (verl.workers.model_building.frozen_weights)
     # give a real float32 pass too
     upcast = getattr(model, "_verl_frozen_compute_dtype", None) == torch.float32
     params = [p for p in model.parameters() if p.is_floating_point() and not (upcast and not p.requires_grad)]

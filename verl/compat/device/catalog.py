@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import difflib
 
-from verl.compat.profile import DeviceProfile
+from verl.compat.device.profile import DeviceProfile
 
 
 def _gpu(name, cc, mem, sms, smem, bw, fp32, fp16, bf16, backend="cuda") -> DeviceProfile:

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from verl.compat.catalog import CATALOG, get_profile
-from verl.compat.engines import engine_names
-from verl.compat.decider import bitsandbytes_missing
-from verl.compat.profile import DeviceProfile, SoftwareInfo
+from verl.compat.device.catalog import CATALOG, get_profile
+from verl.compat.device.engines import engine_names
+from verl.compat.planning.decider import bitsandbytes_missing
+from verl.compat.device.profile import DeviceProfile, SoftwareInfo
 
 logger = logging.getLogger(__name__)
 
@@ -339,7 +339,7 @@ def _flash_attn_verdict(profile: DeviceProfile, version: str | None) -> tuple[bo
 
 def _torch_varlen_verdict(profile: DeviceProfile) -> tuple[bool, str]:
     """torch's built-in varlen FlashAttention kernel: this torch build and an sm_80+ CUDA device."""
-    from verl.compat.varlen_attention import varlen_kernel_available
+    from verl.compat.apply.varlen_attention import varlen_kernel_available
 
     if profile.backend != "cuda":
         return False, f"torch's varlen FlashAttention kernel runs on CUDA only (this is {profile.backend})"

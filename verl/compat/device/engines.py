@@ -45,5 +45,5 @@ def shipped(names: tuple[str, ...] | None = None) -> str:
 def check_registry(registry: dict) -> None:
     """The workers' engine registry must build exactly the engines listed here."""
     if set(registry) != set(ENGINES):
-        raise ImportError(f"verl.workers.rollout.ENGINES builds {sorted(registry)} but verl.compat.engines lists "
+        raise ImportError(f"verl.workers.rollout.ENGINES builds {sorted(registry)} but verl.compat.device.engines lists "
                           f"{sorted(ENGINES)}; add or remove the engine in both places.")

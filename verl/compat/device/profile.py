@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from verl.compat.engines import engine_names
+from verl.compat.device.engines import engine_names
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class SoftwareInfo:
     triton_usable: bool = False
     peft_version: str | None = None          # LoRA adapters (`model.lora_rank` > 0) are built with peft
     bitsandbytes_version: str | None = None  # 4-bit base (QLoRA) and 8-bit AdamW; support per device: decider
-    # The rollout engines this verl builds (verl.compat.engines); vLLM may be usable on the device
+    # The rollout engines this verl builds (verl.compat.device.engines); vLLM may be usable on the device
     # and still not be planned while its engine is not listed there.
     rollout_engines: tuple[str, ...] = field(default_factory=engine_names)
     notes: dict[str, str] = field(default_factory=dict)

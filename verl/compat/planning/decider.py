@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl.compat.profile import DeviceProfile, SoftwareInfo
+from verl.compat.device.profile import DeviceProfile, SoftwareInfo
 
 ATTENTION_KERNELS = ("eager", "sdpa", "xformers", "torch_varlen", "flash_attention_2")
 # attention that runs packed micro-batches (use_remove_padding) without a dense mask

@@ -5,7 +5,7 @@ trained roles (a reference model stays on the device: it is read every step and,
 precision, small) -> params + optimizer offload of every role, each with and without gradient
 checkpointing (where the user left it to compat), then the micro-batches (or token budgets) halved down
 to 1, then `PlanError` with the shortfall and the largest batch or response length that would fit (the
-planner adds the LoRA / QLoRA setting that would, `verl.compat.modes`). The built-in engine's generation
+planner adds the LoRA / QLoRA setting that would, `verl.compat.planning.modes`). The built-in engine's generation
 chunk and a vLLM engine's memory share are sized in the same search. Pure, like the planner.
 """
 from __future__ import annotations
@@ -14,15 +14,15 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from verl.compat.decider import Decider, MemoryShortfall
-from verl.compat.memory import (BYTES, FORWARD_PHASES, GiB, Workload, estimate_memory,
+from verl.compat.planning.decider import Decider, MemoryShortfall
+from verl.compat.planning.memory import (BYTES, FORWARD_PHASES, GiB, Workload, estimate_memory,
                                 generation_bytes_per_sequence)
-from verl.compat.model_spec import ModelSpec
+from verl.compat.planning.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
-from verl.compat.settings import AUTO, first, get
-from verl.compat.throughput import decide_fused_optimizer
-from verl.compat.host_memory import check_host_memory
-from verl.compat.wrapping import wraps_in_fsdp
+from verl.compat.planning.settings import AUTO, first, get
+from verl.compat.planning.throughput import decide_fused_optimizer
+from verl.compat.planning.host_memory import check_host_memory
+from verl.compat.planning.wrapping import wraps_in_fsdp
 
 MAX_ROLLOUT_MICRO_BATCH = 1024   # past this, bigger built-in generate passes gain little and hold the device longer
 # Below this many tokens a pass no longer fills a large GPU's matmuls; above it, halving a token budget
@@ -154,7 +154,7 @@ class FitInputs:
     compiled_layers: bool = False   # the plan's torch_compile (compiled layers keep less for backward)
     growable: frozenset = frozenset()   # budget names ("actor", "actor_forward", ...) the user left `auto`
     ranks: int = 1                  # data-parallel processes (the workload's world is 1 on a CPU host)
-    always_fsdp: bool = False       # compat.always_fsdp (verl.compat.wrapping)
+    always_fsdp: bool = False       # compat.always_fsdp (verl.compat.planning.wrapping)
     ref_in_actor: bool = False      # the LoRA actor computes the reference log-probs (no reference model)
     nnodes: int = 1                 # trainer.nnodes (offloaded shards spread over the nodes' host memory)
 

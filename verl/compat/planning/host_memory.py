@@ -3,9 +3,9 @@ in host RAM, and an offloaded optimizer keeps AdamW's moments there (its step ru
 fits the device can still not fit the host, and the kernel's OOM killer would end the run without a word."""
 from __future__ import annotations
 
-from verl.compat.decider import MemoryShortfall
-from verl.compat.memory import ADAMW8BIT_BYTES, BYTES, GiB
-from verl.compat.model_spec import ModelSpec
+from verl.compat.planning.decider import MemoryShortfall
+from verl.compat.planning.memory import ADAMW8BIT_BYTES, BYTES, GiB
+from verl.compat.planning.model_spec import ModelSpec
 from verl.compat.plan import RolePlan
 
 PROCESS_GB = 3.0        # one worker process's own host memory (Python, torch, CUDA's host side, Ray)

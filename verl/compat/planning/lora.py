@@ -9,15 +9,15 @@ dtype. `actor_rollout_ref.model.load_in_4bit` stores the LoRA base in NF4 and
 both through bitsandbytes where its own support table covers the device.
 
 These rules only read what the user asked: LoRA and QLoRA change what is trained, so the memory fit
-never switches them on (it names them when only they would fit, `verl.compat.fit`).
+never switches them on (it names them when only they would fit, `verl.compat.planning.fit`).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
 
-from verl.compat import settings
-from verl.compat.decider import Decider, PlanError
+from verl.compat.planning import settings
+from verl.compat.planning.decider import Decider, PlanError
 from verl.compat.plan import RolePlan
 
 ARR = "actor_rollout_ref"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from verl.compat.model_spec import ModelSpec
+from verl.compat.planning.model_spec import ModelSpec
 from verl.compat.plan import RolePlan, RolloutPlan
 
 GiB = 1024 ** 3

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from verl.compat.vision import VisionSpec
+from verl.compat.planning.vision import VisionSpec
 
 # model_type -> (bias on q/k/v, bias on o, per-head q/k norms); others follow `attention_bias`.
 _ATTENTION_LAYOUT = {

@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from verl.compat import settings
-from verl.compat.decider import PlanError, bitsandbytes_missing
-from verl.compat.lora import LOAD_IN_4BIT, LORA_KEYS, lora_rank
-from verl.compat.model_spec import BUILTIN_MODELS, ModelSpec
-from verl.compat.profile import DeviceProfile, SoftwareInfo
+from verl.compat.planning import settings
+from verl.compat.planning.decider import PlanError, bitsandbytes_missing
+from verl.compat.planning.lora import LOAD_IN_4BIT, LORA_KEYS, lora_rank
+from verl.compat.planning.model_spec import BUILTIN_MODELS, ModelSpec
+from verl.compat.device.profile import DeviceProfile, SoftwareInfo
 
 LEVER_RANK = 32   # the rank named when the user has none (upstream's LoRA recipes use 32)
 MODES = ("full", "full + offload", "LoRA", "QLoRA")
@@ -70,7 +70,7 @@ def _software_for(mode: str, software: SoftwareInfo) -> tuple[SoftwareInfo, str]
 
 def plan_mode(profile: DeviceProfile, config: Any, software: SoftwareInfo, model: ModelSpec, mode: str) -> ModeRow:
     """The real planner on the user's config with `mode`'s keys set."""
-    from verl.compat.planner import make_plan
+    from verl.compat.planning.planner import make_plan
 
     overrides = mode_overrides(config, mode)
     sw, needs = _software_for(mode, software)
@@ -152,7 +152,7 @@ def largest_models(profile: DeviceProfile, config: Any, software: SoftwareInfo) 
 
 def largest_table(config: Any, software: SoftwareInfo, devices: list[str] | None = None) -> str:
     """Markdown: for each catalog GPU, the largest catalog model each mode fits (the docs' table)."""
-    from verl.compat.catalog import CATALOG
+    from verl.compat.device.catalog import CATALOG
 
     names = devices or [name for name, p in CATALOG.items() if p.backend != "cpu"]
     lines = [f"| device | {' | '.join(MODES)} |", "|---|" + "---|" * len(MODES)]

@@ -2,7 +2,7 @@
 
 Pure: reads no environment, touches no device. Read top to bottom: process-wide settings, the
 roles (per role: compute dtype, weights, numerics, attention, packing), the rollout engine, how
-each role's compute dtype is applied, then the memory fit (`verl.compat.fit`). Each decision
+each role's compute dtype is applied, then the memory fit (`verl.compat.planning.fit`). Each decision
 comes with a one-line reason in `plan.reasons`; a user setting the device cannot honour is
 replaced and named in `plan.warnings` (or raises `PlanError` when `compat.strict` is true).
 """
@@ -12,28 +12,29 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from verl.compat import engines, settings
-from verl.compat.decider import Decider as _Decider
-from verl.compat.decider import PACKED_KERNELS, MemoryShortfall, PlanError
-from verl.compat.decider import cc_name as _cc
-from verl.compat.fit import MAX_ROLLOUT_MICRO_BATCH, FitInputs, apply_batches, fit, micro_batches, settled
-from verl.compat.lora import decide_adapters, keep_bitsandbytes_on_device
-from verl.compat.memory import Workload
-from verl.compat.modes import lever_hint
-from verl.compat.model_spec import ModelSpec
+from verl.compat.device import engines
+from verl.compat.planning import settings
+from verl.compat.planning.decider import Decider as _Decider
+from verl.compat.planning.decider import PACKED_KERNELS, MemoryShortfall, PlanError
+from verl.compat.planning.decider import cc_name as _cc
+from verl.compat.planning.fit import MAX_ROLLOUT_MICRO_BATCH, FitInputs, apply_batches, fit, micro_batches, settled
+from verl.compat.planning.lora import decide_adapters, keep_bitsandbytes_on_device
+from verl.compat.planning.memory import Workload
+from verl.compat.planning.modes import lever_hint
+from verl.compat.planning.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
-from verl.compat.profile import DeviceProfile, SoftwareInfo
-from verl.compat.reward_model import add_reward_model
-from verl.compat.wrapping import wraps_in_fsdp
-from verl.compat.settings import AUTO
-from verl.compat.vision import decide_vision, decide_vision_rollout
-from verl.compat.throughput import UPSTREAM_TOKEN_BUDGET, decide_dynamic_bsz, decide_fused_optimizer, dynamic_auto
+from verl.compat.device.profile import DeviceProfile, SoftwareInfo
+from verl.compat.planning.reward_model import add_reward_model
+from verl.compat.planning.wrapping import wraps_in_fsdp
+from verl.compat.planning.settings import AUTO
+from verl.compat.planning.vision import decide_vision, decide_vision_rollout
+from verl.compat.planning.throughput import UPSTREAM_TOKEN_BUDGET, decide_dynamic_bsz, decide_fused_optimizer, dynamic_auto
 
 __all__ = ["MAX_ROLLOUT_MICRO_BATCH", "PlanError", "make_plan"]
 
 
 # ----------------------------------------------------------------------------- config access
-# One reader for every compat module (verl.compat.settings); the short names keep the rules terse.
+# One reader for every compat module (verl.compat.planning.settings); the short names keep the rules terse.
 
 _get, _first, _first_with_path, _flag = settings.get, settings.first, settings.first_with_path, settings.flag
 
@@ -459,7 +460,7 @@ def _decide_globals(d: _Decider, config: Any) -> dict:
 def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model: ModelSpec | None = None, *,
               levers: bool = True) -> Plan:
     """Decide dtypes, attention, rollout engine, compile, backend and the memory plan for one run.
-    A memory refusal names the LoRA / QLoRA setting that would fit (`levers`; `verl.compat.modes`)."""
+    A memory refusal names the LoRA / QLoRA setting that would fit (`levers`; `verl.compat.planning.modes`)."""
     d = _Decider(profile, software, bool(_flag(_get(config, "compat.strict", False))))
     glob = _decide_globals(d, config)
     roles_cfg = _role_configs(config)
@@ -489,7 +490,7 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
 
 
 def _throughput(d: _Decider, plan: Plan, dynamic: bool) -> Plan:
-    """Stamp the throughput rules (verl/compat/throughput.py) on every role of a finished plan."""
+    """Stamp the throughput rules (verl/compat/planning/throughput.py) on every role of a finished plan."""
     for name in ("actor", "critic", "ref"):
         role = getattr(plan, name)
         if role is not None:

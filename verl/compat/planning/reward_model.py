@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from verl.compat import settings
+from verl.compat.planning import settings
 from verl.compat.plan import Plan, RolePlan
 
 ROLE = "reward_model"
@@ -64,7 +64,7 @@ def add_reward_model(d, config: Any, plan: Plan) -> Plan:
     """
     if not reward_model_enabled(config):
         return plan
-    from verl.compat.planner import _RoleConfig, _decide_role
+    from verl.compat.planning.planner import _RoleConfig, _decide_role
 
     rc = _RoleConfig(ROLE, "reward.reward_model", "reward_model.model", ROLLOUT_PREFIX, trainable=False)
     compute_default, why = d.default_dtype()

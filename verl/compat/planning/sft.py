@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from verl.compat import settings
+from verl.compat.planning import settings
 from verl.compat.plan import Plan
 
 # SFT key -> the actor's key in the PPO tree the planner reads
@@ -66,7 +66,7 @@ def ppo_view(config: Any) -> dict:
 
 def make_sft_plan(profile, config: Any, software, model=None) -> Plan:
     """The plan for an SFT run (pure, as `make_plan`); the actor role is the trained model."""
-    from verl.compat.planner import make_plan
+    from verl.compat.planning.planner import make_plan
 
     return _padded(make_plan(profile, ppo_view(config), software, model))
 

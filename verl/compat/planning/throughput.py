@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl.compat.profile import DeviceProfile
-from verl.compat.settings import raw
+from verl.compat.device.profile import DeviceProfile
+from verl.compat.planning.settings import raw
 
 _KEY = "actor_rollout_ref.actor.use_dynamic_bsz"
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from verl.compat import settings
-from verl.compat.settings import AUTO
+from verl.compat.planning import settings
+from verl.compat.planning.settings import AUTO
 
 # Attention the vision tower's block-diagonal (per image / window) attention runs with in transformers:
 # these take its cu_seqlens boundaries. The fork's own registrations (xformers, torch_varlen) are not
@@ -66,7 +66,7 @@ def decide_vision(d, config: Any, roles: dict, vision: VisionSpec | None, prompt
     if vision is None:
         return roles
     if "critic" in roles:
-        from verl.compat.decider import PlanError
+        from verl.compat.planning.decider import PlanError
 
         raise PlanError("a critic (value head) on a vision-language model is not built; use a critic-free "
                         "estimator: algorithm.adv_estimator=grpo (or rloo, reinforce_plus_plus, remax)")

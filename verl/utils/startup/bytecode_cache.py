@@ -18,6 +18,8 @@ import os
 import sys
 from dataclasses import dataclass
 
+from verl.utils.startup import SWITCH, tricks_enabled
+
 SETTING = "VERL_PYCACHE"
 # Packages whose start-up cost dominates every process of a run; if they ship bytecode, so does the rest.
 HEAVY_PACKAGES = ("torch", "transformers", "ray")
@@ -102,6 +104,8 @@ def worker_env() -> dict[str, str]:
 
 def configure(packages=HEAVY_PACKAGES) -> BytecodeCache:
     """Decide (judging by `packages`), turn the cache on where decided, and say so on stderr when it does."""
+    if not tricks_enabled():
+        return BytecodeCache(None, f"{SWITCH}=0: Python's bytecode settings left as they are")
     choice = decide(os.environ.get(SETTING), bool(sys.flags.dont_write_bytecode or sys.dont_write_bytecode),
                     os.environ.get("PYTHONPYCACHEPREFIX") or sys.pycache_prefix, uncached_packages(packages),
                     default_folder())

@@ -25,7 +25,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from verl.utils.bytecode_cache import cache_dir
+from verl.utils.startup.bytecode_cache import cache_dir
 
 logger = logging.getLogger(__name__)
 

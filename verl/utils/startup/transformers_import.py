@@ -9,10 +9,10 @@ for its model) on some releases (transformers 5.17 under Python 3.12, for one):
   for torch alone. Inside `transformers_import()` the same lists are read without those
   checks; a listed file that was since deleted can only add a name nobody imports.
 - scikit-learn (assisted decoding) and scipy (object-detection losses), imported for features verl never
-  runs (`verl.utils.deferred_imports`).
+  runs (`verl.utils.startup.deferred_imports`).
 
 And one cost every release pays: the index of the `models` package, built by reading every model's
-source, is kept on disk (`verl.utils.import_structure_cache`).
+source, is kept on disk (`verl.utils.startup.import_structure_cache`).
 
 Releases that skip this work at import (transformers 5.24 builds the map lazily) lose nothing. What each
 piece saves: docs/performance.md, "Cold start".
@@ -27,8 +27,9 @@ import sys
 from contextlib import contextmanager
 from pathlib import PurePosixPath
 
-from verl.utils.deferred_imports import optional_imports_deferred
-from verl.utils.import_structure_cache import import_structure_cached
+from verl.utils.startup import tricks_enabled
+from verl.utils.startup.deferred_imports import optional_imports_deferred
+from verl.utils.startup.import_structure_cache import import_structure_cached
 
 
 def _top_level_name(listed: str) -> str:
@@ -76,6 +77,10 @@ def _unchecked_distribution_map():
 @contextmanager
 def transformers_import():
     """Run the block, which imports transformers' core, without the optional import-time work above.
-    Import an architecture's own modules (and load anything) after the block: see deferred_imports."""
+    Import an architecture's own modules (and load anything) after the block: see deferred_imports.
+    With the start-up tricks switched off (`VERL_STARTUP_TRICKS=0`) the block runs as it is."""
+    if not tricks_enabled():
+        yield
+        return
     with _unchecked_distribution_map(), import_structure_cached(), optional_imports_deferred():
         yield

@@ -11,7 +11,7 @@ import torch
 from verl.compat import torch_dtype
 from verl.compat.plan import RolePlan
 from verl.utils.fs import resolve_model_path
-from verl.utils.transformers_import import transformers_import
+from verl.utils.startup.transformers_import import transformers_import
 from verl.utils.tokenizer import hf_tokenizer
 
 
