@@ -59,9 +59,8 @@ def _process_tokenizer(path: str, trust_remote_code: bool):
 class _TokenizerOnUse:
     """The role's tokenizer, loaded on first use (a checkpoint save, a generate call whose meta_info lacks
     eos/pad ids). The trainer sends those ids with every generate call, so most runs only need it to
-    save a checkpoint; parsing the 150k-word Qwen vocabulary up front cost the worker's start-up about
-    0.7 s on the 2-core CI machine (the H200 run's first-loading lap, 5.8 s, was mostly the import of
-    transformers, which the model load pays now)."""
+    save a checkpoint, and parsing a large vocabulary up front only delays the worker's start-up
+    (figures: docs/performance.md, "Why the code does it this way")."""
 
     def __init__(self, path: str, trust_remote_code: bool):
         self._source = (path, trust_remote_code)

@@ -407,8 +407,8 @@ def _compile_verdict(profile: DeviceProfile) -> tuple[bool, str]:
 def detect_software(profile: DeviceProfile, probe_xformers: bool = True) -> SoftwareInfo:
     """Installed software and whether each piece can run on `profile` (simulated or real).
 
-    `probe_xformers=False` skips xformers' kernel probe (a child process, 10-15 s on a machine that has
-    not cached its verdict): the planner uses xformers only where a model asks for it."""
+    `probe_xformers=False` skips xformers' kernel probe (a child process importing xformers, where no
+    verdict is cached yet): the planner uses xformers only where a model asks for it."""
     arch = tuple(torch.cuda.get_arch_list()) if torch.cuda.is_available() else ()
     notes = {"torch": f"torch {torch.__version__}"
              + (f" built for {', '.join(arch)}" if arch else " (no GPU kernels in use)")}

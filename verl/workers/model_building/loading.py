@@ -56,7 +56,7 @@ def load_processor(path: str, trust_remote_code: bool = False):
 def import_model_code(path: str, trust_remote_code: bool = False) -> None:
     """Import what `build_model` will import for `path`, loading no weights: transformers' auto classes
     and the architecture's modelling module (which brings in transformers' modelling and generation
-    utilities; about 4 s on the CI machine). Workers run this on a thread while the driver is still
+    utilities, seconds of imports). Workers run this on a thread while the driver is still
     reading the data sets. Only a local folder's config.json is read; a hub id, an `hdfs://` folder or
     remote code is left to `build_model`."""
     import importlib
