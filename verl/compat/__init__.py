@@ -105,15 +105,15 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
-def _device_line(p: DeviceProfile) -> str:
-    where = " (simulated)" if p.simulated else ""
-    if p.backend == "cpu":
-        return f"{p.name}{where}: cpu, {p.memory_gb:.1f} GiB RAM"
-    cc = p.compute_capability
-    return (f"{p.name}{where} x{p.count}: {p.backend} sm_{cc[0]}{cc[1]}, {p.memory_gb:.1f} GiB, "
-            f"{p.sm_count} SMs, {p.shared_mem_per_block_kb} KB shared memory/block, "
-            f"bf16 {_yes(p.native_bf16)}, fp16 tensor cores {_yes(p.tensor_core_fp16)}, "
-            f"tf32 {_yes(p.tf32)}; host RAM {p.host_memory_gb:.1f} GiB")
+def _device_line(profile: DeviceProfile) -> str:
+    where = " (simulated)" if profile.simulated else ""
+    if profile.backend == "cpu":
+        return f"{profile.name}{where}: cpu, {profile.memory_gb:.1f} GiB RAM"
+    cc = profile.compute_capability
+    return (f"{profile.name}{where} x{profile.count}: {profile.backend} sm_{cc[0]}{cc[1]}, {profile.memory_gb:.1f} GiB, "
+            f"{profile.sm_count} SMs, {profile.shared_mem_per_block_kb} KB shared memory/block, "
+            f"bf16 {_yes(profile.native_bf16)}, fp16 tensor cores {_yes(profile.tensor_core_fp16)}, "
+            f"tf32 {_yes(profile.tf32)}; host RAM {profile.host_memory_gb:.1f} GiB")
 
 
 def format_device(profile: DeviceProfile, software: SoftwareInfo) -> list[str]:

@@ -175,19 +175,19 @@ def _largest(overrides: list[str], devices: list[str] | None) -> int:
     return 0
 
 
-def _print_modes_after(err: Exception, config, model, overrides: list[str], args) -> None:
+def _print_modes_after(error: Exception, config, model, overrides: list[str], args) -> None:
     """After a refusal, what each training mode would need; after a config error, the same for the
     config as composed (the planner fills what the checks asked for with its defaults)."""
     from verl.compat.planning.decider import PlanError
     from verl.trainer.config_check import ConfigError
 
-    if isinstance(err, ConfigError):
+    if isinstance(error, ConfigError):
         try:
             config, model = config_and_model(overrides, args.device, args.model_spec, check=False)
         except (FileNotFoundError, ValueError, RuntimeError):
             return
         print("\n(the config as composed, its errors above left to the planner's defaults)")
-    elif not isinstance(err, PlanError) or model is None:
+    elif not isinstance(error, PlanError) or model is None:
         return
     try:
         print("\n" + _modes_text(config, model))

@@ -155,16 +155,16 @@ def on_host_cpu(plan: Plan) -> Plan:
     reasons = dict(plan.reasons)
     stand_in = "run on the host CPU in place of " + plan.device.name
 
-    def role(name: str, rp: RolePlan | None) -> RolePlan | None:
-        if rp is None:
-            return rp
-        if rp.attn_implementation in _GPU_ONLY_ATTENTION:
-            reasons[f"{name}.attn_implementation"] = f"sdpa for {rp.attn_implementation}: {stand_in}"
-            rp = dataclasses.replace(rp, attn_implementation="sdpa")
-        if rp.param_offload:
+    def role(name: str, role_plan: RolePlan | None) -> RolePlan | None:
+        if role_plan is None:
+            return role_plan
+        if role_plan.attn_implementation in _GPU_ONLY_ATTENTION:
+            reasons[f"{name}.attn_implementation"] = f"sdpa for {role_plan.attn_implementation}: {stand_in}"
+            role_plan = dataclasses.replace(role_plan, attn_implementation="sdpa")
+        if role_plan.param_offload:
             reasons[f"{name}.param_offload"] = f"False (the shards already live in host memory): {stand_in}"
-            rp = dataclasses.replace(rp, param_offload=False)
-        return rp
+            role_plan = dataclasses.replace(role_plan, param_offload=False)
+        return role_plan
 
     roles = {name: role(name, getattr(plan, name)) for name in ("actor", "critic", "ref", "reward_model")}
     rollout = plan.rollout

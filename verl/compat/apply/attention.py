@@ -26,7 +26,7 @@ Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None
                   torch.Tensor]
 
 
-def xformers_kernel(q, k, v, bias, causal, scale, dropout):
+def xformers_kernel(query, key, value, bias, causal, scale, dropout):
     """The real kernel: xformers.ops.memory_efficient_attention."""
     from xformers.ops import (
         LowerTriangularFromBottomRightMask,
@@ -34,7 +34,7 @@ def xformers_kernel(q, k, v, bias, causal, scale, dropout):
     )
 
     attn_bias = LowerTriangularFromBottomRightMask() if causal else bias
-    return memory_efficient_attention(q, k, v, attn_bias=attn_bias, p=dropout, scale=scale)
+    return memory_efficient_attention(query, key, value, attn_bias=attn_bias, p=dropout, scale=scale)
 
 
 def _additive_bias(mask: torch.Tensor, num_heads: int, dtype: torch.dtype) -> torch.Tensor:

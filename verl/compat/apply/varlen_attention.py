@@ -31,17 +31,17 @@ NAME = "torch_varlen"
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor]
 
 
-def torch_varlen_kernel(q, k, v, cu_seq_lens, max_length, scale):
+def torch_varlen_kernel(query, key, value, cu_seq_lens, max_length, scale):
     """The real kernel: torch.nn.attention.varlen.varlen_attn, causal as this torch release spells it."""
     from torch.nn.attention.varlen import varlen_attn
 
     gqa, causal_kwargs = _varlen_options()
-    if k.shape[1] != q.shape[1] and not gqa:
+    if key.shape[1] != query.shape[1] and not gqa:
         # releases before enable_gqa take equal head counts: one copy of each kv head per query head
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    extra = {"enable_gqa": True} if gqa and k.shape[1] != q.shape[1] else {}
-    return varlen_attn(q, k, v, cu_seq_lens, cu_seq_lens, max_length, max_length, scale=scale,
+        key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+        value = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)
+    extra = {"enable_gqa": True} if gqa and key.shape[1] != query.shape[1] else {}
+    return varlen_attn(query, key, value, cu_seq_lens, cu_seq_lens, max_length, max_length, scale=scale,
                        **causal_kwargs, **extra)
 
 
@@ -62,15 +62,15 @@ def _varlen_options() -> tuple[bool, dict]:
     return _OPTIONS
 
 
-def reference_kernel(q, k, v, cu_seq_lens, max_length, scale):
+def reference_kernel(query, key, value, cu_seq_lens, max_length, scale):
     """Per-sequence causal SDPA: what the varlen kernel computes, for CPU tests of the layout."""
-    if k.shape[1] != q.shape[1]:
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    if key.shape[1] != query.shape[1]:
+        key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+        value = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)
     bounds = cu_seq_lens.tolist()
     outs = []
     for start, end in zip(bounds[:-1], bounds[1:]):
-        qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
+        qs, ks, vs = (t[start:end].transpose(0, 1) for t in (query, key, value))
         outs.append(torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)
                     .transpose(0, 1))
     return torch.cat(outs)

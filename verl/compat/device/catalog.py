@@ -17,12 +17,12 @@ import difflib
 from verl.compat.device.profile import DeviceProfile
 
 
-def _gpu(name, cc, mem, sms, smem, bw, fp32, fp16, bf16, backend="cuda") -> DeviceProfile:
-    major = cc[0]
+def _gpu(name, compute_capability, memory_gb, sm_count, smem, bandwidth_gbs, fp32, fp16, bf16, backend="cuda") -> DeviceProfile:
+    major = compute_capability[0]
     rocm = backend == "rocm"
     return DeviceProfile(
-        name=name, backend=backend, compute_capability=cc, memory_gb=mem, sm_count=sms,
-        shared_mem_per_block_kb=smem, bandwidth_gbps=bw, fp32_tflops=fp32, fp16_tflops=fp16,
+        name=name, backend=backend, compute_capability=compute_capability, memory_gb=memory_gb, sm_count=sm_count,
+        shared_mem_per_block_kb=smem, bandwidth_gbps=bandwidth_gbs, fp32_tflops=fp32, fp16_tflops=fp16,
         bf16_tflops=bf16, native_bf16=rocm or major >= 8, tensor_core_fp16=rocm or major >= 7,
         tf32=rocm or major >= 8,
     )

@@ -77,8 +77,8 @@ def host_memory_gb() -> tuple[float, float | None]:
         return total / GiB, None
 
 
-def _smem_fallback_kb(cc: tuple[int, int]) -> int:
-    known = [k for k in sorted(_SMEM_OPTIN_KB) if k <= cc]
+def _smem_fallback_kb(compute_capability: tuple[int, int]) -> int:
+    known = [k for k in sorted(_SMEM_OPTIN_KB) if k <= compute_capability]
     return _SMEM_OPTIN_KB[known[-1]] if known else 48   # 48 KB on everything before Volta
 
 
@@ -240,8 +240,8 @@ def _version(module: str) -> str | None:
     return "unknown"
 
 
-def _sm(cc: tuple[int, int] | None) -> str:
-    return f"sm_{cc[0]}{cc[1]}" if cc else "cpu"
+def _sm(compute_capability: tuple[int, int] | None) -> str:
+    return f"sm_{compute_capability[0]}{compute_capability[1]}" if compute_capability else "cpu"
 
 
 def _best_dtype(profile: DeviceProfile) -> torch.dtype:
@@ -446,7 +446,7 @@ def bitsandbytes_note(profile: DeviceProfile, version: str | None) -> str:
 
 # ----------------------------------------------------------------------------- torch build check
 
-def arch_list_covers(arch_list: tuple[str, ...] | list[str], cc: tuple[int, int]) -> bool:
+def arch_list_covers(arch_list: tuple[str, ...] | list[str], compute_capability: tuple[int, int]) -> bool:
     """True when a build with `arch_list` runs on `cc`: a cubin of the same major and a minor no
     newer (sm_60 runs on sm_61), or PTX of an older or equal capability (JIT-compiled)."""
     for arch in arch_list:
@@ -454,24 +454,24 @@ def arch_list_covers(arch_list: tuple[str, ...] | list[str], cc: tuple[int, int]
         if not digits.isdigit() or len(digits) < 2:
             continue
         major, minor = int(digits[:-1]), int(digits[-1])
-        if kind == "sm" and major == cc[0] and minor <= cc[1]:
+        if kind == "sm" and major == compute_capability[0] and minor <= compute_capability[1]:
             return True
-        if kind == "compute" and (major, minor) <= cc:
+        if kind == "compute" and (major, minor) <= compute_capability:
             return True
     return False
 
 
-def _which_build(cc: tuple[int, int]) -> str:
+def _which_build(compute_capability: tuple[int, int]) -> str:
     """Which PyTorch CUDA wheels carry kernels for `cc` (stated only as far as verified)."""
-    sm = _sm(cc)
-    if cc < (5, 0):
+    sm = _sm(compute_capability)
+    if compute_capability < (5, 0):
         return (f"No current PyTorch CUDA wheel includes {sm}; build PyTorch from source with "
-                f"TORCH_CUDA_ARCH_LIST=\"{cc[0]}.{cc[1]}\".")
-    if cc < (7, 5):
-        gen = {5: "Maxwell", 6: "Pascal", 7: "Volta"}[cc[0]]
-        base = {5: "sm_50", 6: "sm_60", 7: "sm_70"}[cc[0]]
+                f"TORCH_CUDA_ARCH_LIST=\"{compute_capability[0]}.{compute_capability[1]}\".")
+    if compute_capability < (7, 5):
+        gen = {5: "Maxwell", 6: "Pascal", 7: "Volta"}[compute_capability[0]]
+        base = {5: "sm_50", 6: "sm_60", 7: "sm_70"}[compute_capability[0]]
         dropped = ("PyTorch 2.8 removed Maxwell and Pascal from its CUDA 12.8/12.9 wheels"
-                   if cc[0] < 7 else "recent CUDA 12.8 wheels dropped Volta")
+                   if compute_capability[0] < 7 else "recent CUDA 12.8 wheels dropped Volta")
         return (f"PyTorch's CUDA 12.6 wheels (cu126, NVIDIA driver >= 525) include {base}, which runs on "
                 f"{gen} {sm}; {dropped}, and CUDA 13 wheels start at sm_75. "
                 f"Install a cu126 build: pip install torch --index-url {TORCH_WHEELS}/cu126")

@@ -129,7 +129,7 @@ def bitsandbytes_missing(profile: DeviceProfile, version: str | None, feature: s
     return None
 
 
-def cc_name(p: DeviceProfile) -> str:
-    if p.backend == "cpu" or p.compute_capability is None:
-        return p.backend
-    return f"sm_{p.compute_capability[0]}{p.compute_capability[1]}"
+def cc_name(profile: DeviceProfile) -> str:
+    if profile.backend == "cpu" or profile.compute_capability is None:
+        return profile.backend
+    return f"sm_{profile.compute_capability[0]}{profile.compute_capability[1]}"

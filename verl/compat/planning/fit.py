@@ -47,9 +47,9 @@ class _Batch:
     explicit: dict
 
 
-def micro_batches(config: Any, workload: Workload, n: int) -> _Batch:
+def micro_batches(config: Any, workload: Workload, samples_per_prompt: int) -> _Batch:
     arr = "actor_rollout_ref"
-    mini = int(get(config, f"{arr}.actor.ppo_mini_batch_size", 256)) * n
+    mini = int(get(config, f"{arr}.actor.ppo_mini_batch_size", 256)) * samples_per_prompt
     per_gpu = max(mini // workload.world_size, 1)
     auto_train = min(per_gpu, 8)
 
@@ -66,7 +66,7 @@ def micro_batches(config: Any, workload: Workload, n: int) -> _Batch:
                   {"actor": ea, "actor_forward": eaf, "critic": ec, "critic_forward": ecf, "ref": er})
 
 
-def apply_batches(roles: dict[str, RolePlan], b: _Batch, dynamic: bool, budgets: dict) -> dict[str, RolePlan]:
+def apply_batches(roles: dict[str, RolePlan], batching: _Batch, dynamic: bool, budgets: dict) -> dict[str, RolePlan]:
     out = dict(roles)
     if dynamic:
         out["actor"] = replace(out["actor"], micro_batch_size_per_gpu=None, max_token_len_per_gpu=budgets["actor"],
@@ -79,12 +79,12 @@ def apply_batches(roles: dict[str, RolePlan], b: _Batch, dynamic: bool, budgets:
             out["ref"] = replace(out["ref"], micro_batch_size_per_gpu=None, max_token_len_per_gpu=budgets["ref"],
                                  forward_max_token_len_per_gpu=budgets["ref"])
         return out
-    out["actor"] = replace(out["actor"], micro_batch_size_per_gpu=b.actor, forward_micro_batch_size_per_gpu=b.actor_forward)
+    out["actor"] = replace(out["actor"], micro_batch_size_per_gpu=batching.actor, forward_micro_batch_size_per_gpu=batching.actor_forward)
     if "critic" in out:
-        out["critic"] = replace(out["critic"], micro_batch_size_per_gpu=b.critic,
-                                forward_micro_batch_size_per_gpu=b.critic_forward)
+        out["critic"] = replace(out["critic"], micro_batch_size_per_gpu=batching.critic,
+                                forward_micro_batch_size_per_gpu=batching.critic_forward)
     if "ref" in out:
-        out["ref"] = replace(out["ref"], micro_batch_size_per_gpu=b.ref, forward_micro_batch_size_per_gpu=b.ref)
+        out["ref"] = replace(out["ref"], micro_batch_size_per_gpu=batching.ref, forward_micro_batch_size_per_gpu=batching.ref)
     return out
 
 
@@ -159,38 +159,38 @@ class FitInputs:
     nnodes: int = 1                 # trainer.nnodes (offloaded shards spread over the nodes' host memory)
 
 
-def settled(d: Decider, inp: FitInputs, name: str, rp: RolePlan) -> RolePlan:
+def settled(decider: Decider, inputs: FitInputs, name: str, role_plan: RolePlan) -> RolePlan:
     """`rp` with what follows from the offload the fit chose, which the memory counts: its FSDP2 wrapping
     and its optimizer's kernel (the planner notes both reasons once the plan is final)."""
-    fused = name != "ref" and decide_fused_optimizer(lambda _key, value, _why: value, d.profile, name,
-                                                     rp.param_offload, d.software.torch_version, rp.optimizer_8bit)
-    return replace(rp, fsdp=wraps_in_fsdp(rp, inp.ranks, inp.always_fsdp)[0], fused_optimizer=fused)
+    fused = name != "ref" and decide_fused_optimizer(lambda _key, value, _why: value, decider.profile, name,
+                                                     role_plan.param_offload, decider.software.torch_version, role_plan.optimizer_8bit)
+    return replace(role_plan, fsdp=wraps_in_fsdp(role_plan, inputs.ranks, inputs.always_fsdp)[0], fused_optimizer=fused)
 
 
-def _estimate(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan):
-    return estimate_memory(inp.model, inp.workload, rs["actor"], ro, rs.get("critic"), rs.get("ref"),
-                           device_memory_gb=d.profile.memory_gb, backend=d.profile.backend, fragmentation=inp.margin,
-                           compiled_layers=inp.compiled_layers, ref_in_actor=inp.ref_in_actor)
+def _estimate(decider: Decider, inputs: FitInputs, roles: dict, rollout: RolloutPlan):
+    return estimate_memory(inputs.model, inputs.workload, roles["actor"], rollout, roles.get("critic"), roles.get("ref"),
+                           device_memory_gb=decider.profile.memory_gb, backend=decider.profile.backend, fragmentation=inputs.margin,
+                           compiled_layers=inputs.compiled_layers, ref_in_actor=inputs.ref_in_actor)
 
 
 class _Search:
     """The fit's search: offload rungs x checkpointing x micro-batch halvings, smallest change first."""
 
-    def __init__(self, d: Decider, inp: FitInputs):
-        self.d, self.inp = d, inp
-        self.limit = d.profile.memory_gb
-        self.util_asked = inp.rollout_asked["gpu_memory_utilization"]
-        self.micro_asked = inp.rollout_asked["micro_batch_size"]
-        self.per_seq = generation_bytes_per_sequence(inp.model, inp.roles["actor"], inp.rollout,
-                                                     inp.workload.prompt_length, inp.workload.response_length) / GiB
-        asked, roles = inp.asked_ckpt, inp.roles
+    def __init__(self, decider: Decider, inputs: FitInputs):
+        self.d, self.inp = decider, inputs
+        self.limit = decider.profile.memory_gb
+        self.util_asked = inputs.rollout_asked["gpu_memory_utilization"]
+        self.micro_asked = inputs.rollout_asked["micro_batch_size"]
+        self.per_seq = generation_bytes_per_sequence(inputs.model, inputs.roles["actor"], inputs.rollout,
+                                                     inputs.workload.prompt_length, inputs.workload.response_length) / GiB
+        asked, roles = inputs.asked_ckpt, inputs.roles
         self.ckpt_options = [{n: (asked[n] if asked[n] is not AUTO else False) for n in roles}]
         if any(asked[n] is AUTO for n in roles):
             self.ckpt_options.append({n: (asked[n] if asked[n] is not AUTO else True) for n in roles})
 
-    def build(self, offload, ckpt_on, b, budgets_now, util, chunk=None):
+    def build(self, offload, ckpt_on, batching, budgets_now, util, chunk=None):
         inp = self.inp
-        rs = apply_batches(inp.roles, b, inp.dynamic, budgets_now)
+        rs = apply_batches(inp.roles, batching, inp.dynamic, budgets_now)
         for name in rs:
             rs[name] = settled(self.d, inp, name, replace(rs[name], gradient_checkpointing=ckpt_on[name],
                                                           param_offload=offload[name][0],
@@ -198,16 +198,16 @@ class _Search:
         ro = replace(inp.rollout, gpu_memory_utilization=util, micro_batch_size=chunk)
         return rs, ro, _estimate(self.d, inp, rs, ro)
 
-    def hf_chunk(self, offload, ckpt_on, b, budgets_now, whole: bool) -> int | None:
+    def hf_chunk(self, offload, ckpt_on, batching, budgets_now, whole: bool) -> int | None:
         """The built-in engine's chunk: as many sequences as the memory free while generating holds."""
-        est = self.build(offload, ckpt_on, b, budgets_now, 0.0, chunk=1)[2]
+        est = self.build(offload, ckpt_on, batching, budgets_now, 0.0, chunk=1)[2]
         free = est.room_gb(self.limit) - est.rollout_resident_gb()
         return chunk_size(max(int(free // self.per_seq), 0), self.inp.workload.rollout_batch_per_gpu,
                           self.micro_asked, whole)
 
-    def vllm_util(self, offload, ckpt_on, b, budgets_now) -> tuple[float | None, str]:
+    def vllm_util(self, offload, ckpt_on, batching, budgets_now) -> tuple[float | None, str]:
         """The vLLM share: user's if it fits, else what the other phases leave (None: too little)."""
-        est = self.build(offload, ckpt_on, b, budgets_now, 0.0)[2]
+        est = self.build(offload, ckpt_on, batching, budgets_now, 0.0)[2]
         free = est.room_gb(self.limit) - est.rollout_resident_gb()
         left = math.floor(100 * free / self.limit) / 100
         need = vllm_need_gb(self.inp.model, self.inp.workload, self.inp.rollout.dtype) / self.limit
@@ -227,20 +227,20 @@ class _Search:
                                                  "sequences and scratch, as a share of host memory")
         return min(left, 0.9), "share of device memory left after the resident training state (memory model)"
 
-    def attempt(self, b: _Batch, budgets_now: dict, whole: bool, rungs: int | None = None, ckpt: int | None = None):
+    def attempt(self, batching: _Batch, budgets_now: dict, whole: bool, rungs: int | None = None, ckpt: int | None = None):
         vllm = self.inp.rollout.name == "vllm"
         for rung, offload in ladder(self.inp.asked_off, self.inp.roles)[:rungs]:
             for ckpt_on in self.ckpt_options[:ckpt]:
                 util, why, chunk = 0.0, "", None
                 if vllm:
-                    util, why = self.vllm_util(offload, ckpt_on, b, budgets_now)
+                    util, why = self.vllm_util(offload, ckpt_on, batching, budgets_now)
                     if util is None:
                         continue
                 else:
-                    chunk = self.hf_chunk(offload, ckpt_on, b, budgets_now, whole)
+                    chunk = self.hf_chunk(offload, ckpt_on, batching, budgets_now, whole)
                     if chunk is None:
                         continue
-                rs, ro, est = self.build(offload, ckpt_on, b, budgets_now, util, chunk)
+                rs, ro, est = self.build(offload, ckpt_on, batching, budgets_now, util, chunk)
                 if not vllm:
                     engine = sum(v for k, v in est.phases["rollout"].terms.items() if k.startswith("rollout."))
                     util = round(min(engine / self.limit, 1.0), 3)
@@ -291,72 +291,72 @@ class _Search:
         return found, b, bud, halvings
 
 
-def fit(d: Decider, inp: FitInputs, plan_kwargs: dict) -> Plan:
+def fit(decider: Decider, inputs: FitInputs, plan_kwargs: dict) -> Plan:
     """The plan whose predicted peak fits the device, found by the smallest change that fits."""
-    search = _Search(d, inp)
+    search = _Search(decider, inputs)
     # First keep each training rollout in one pass (offloading for it, as before chunking existed);
     # the built-in engine may then settle for chunked training rollouts.
     found, b, bud, halvings = search.search(whole=True)
-    if found is None and inp.rollout.name == "hf":
+    if found is None and inputs.rollout.name == "hf":
         found, b, bud, halvings = search.search(whole=False)
     if found is None:
-        raise_shortfall(d, inp, b, bud, search.limit)
-    plan = _fitted_plan(d, inp, search, found, b, halvings, plan_kwargs)
-    nodes = max(inp.nnodes, 1)
+        raise_shortfall(decider, inputs, b, bud, search.limit)
+    plan = _fitted_plan(decider, inputs, search, found, b, halvings, plan_kwargs)
+    nodes = max(inputs.nnodes, 1)
     roles = {n: r for n, r in (("actor", plan.actor), ("critic", plan.critic), ("ref", plan.ref)) if r is not None}
-    check_host_memory(d.profile.host_memory_gb, inp.model, roles, max(inp.ranks // nodes, 1), nodes)
+    check_host_memory(decider.profile.host_memory_gb, inputs.model, roles, max(inputs.ranks // nodes, 1), nodes)
     return plan
 
 
-def _note_roles(d: Decider, inp: FitInputs, rs: dict, rung: str, halvings: int) -> None:
-    for name, rp in rs.items():
-        d.note(f"{name}.fsdp", rp.fsdp, wraps_in_fsdp(rp, inp.ranks, inp.always_fsdp)[1])
-        ck = inp.asked_ckpt[name]
-        d.note(f"{name}.gradient_checkpointing", rp.gradient_checkpointing,
+def _note_roles(decider: Decider, inputs: FitInputs, roles: dict, rung: str, halvings: int) -> None:
+    for name, rp in roles.items():
+        decider.note(f"{name}.fsdp", rp.fsdp, wraps_in_fsdp(rp, inputs.ranks, inputs.always_fsdp)[1])
+        ck = inputs.asked_ckpt[name]
+        decider.note(f"{name}.gradient_checkpointing", rp.gradient_checkpointing,
                "set by the user" if ck is not AUTO else
                ("activations do not fit without it" if rp.gradient_checkpointing else "activations fit without it"))
-        po, oo = inp.asked_off[name]
-        if d.profile.backend != "cpu":   # on CPU the planner gave the offload reasons (host memory already)
-            d.note(f"{name}.param_offload", rp.param_offload,
+        po, oo = inputs.asked_off[name]
+        if decider.profile.backend != "cpu":   # on CPU the planner gave the offload reasons (host memory already)
+            decider.note(f"{name}.param_offload", rp.param_offload,
                    "set by the user" if po is not AUTO else f"memory plan: {rung}")
-            d.note(f"{name}.optimizer_offload", rp.optimizer_offload,
+            decider.note(f"{name}.optimizer_offload", rp.optimizer_offload,
                    "set by the user" if oo is not AUTO else
                    (f"memory plan: {rung}" if name != "ref" else "a frozen model has no optimizer"))
-        key = "max_token_len_per_gpu" if inp.dynamic else "micro_batch_size_per_gpu"
-        d.note(f"{name}.{key}", getattr(rp, key),
+        key = "max_token_len_per_gpu" if inputs.dynamic else "micro_batch_size_per_gpu"
+        decider.note(f"{name}.{key}", getattr(rp, key),
                f"halved {halvings}x to fit (mini-batch unchanged, so the update's math is unchanged)"
                if halvings else "as configured")
 
 
-def _fitted_plan(d: Decider, inp: FitInputs, search: _Search, found, b: _Batch, halvings: int,
+def _fitted_plan(decider: Decider, inputs: FitInputs, search: _Search, found, batching: _Batch, halvings: int,
                  plan_kwargs: dict) -> Plan:
     rung, _, rs, ro, est, util_why = found
     limit = search.limit
-    _note_roles(d, inp, rs, rung, halvings)
-    rs, est = decide_reshard(d, inp, rs, ro, est)
-    rs, est = decide_forward_gather(d, inp, rs, ro, est)
-    rs, est = grow_budgets(d, inp, rs, ro, est)
+    _note_roles(decider, inputs, rs, rung, halvings)
+    rs, est = decide_reshard(decider, inputs, rs, ro, est)
+    rs, est = decide_forward_gather(decider, inputs, rs, ro, est)
+    rs, est = grow_budgets(decider, inputs, rs, ro, est)
     if halvings:
-        for name, explicit in b.explicit.items():
+        for name, explicit in batching.explicit.items():
             if explicit:
-                d.warnings.append(f"{name} micro-batch reduced to fit {d.profile.name} ({halvings} halvings); "
+                decider.warnings.append(f"{name} micro-batch reduced to fit {decider.profile.name} ({halvings} halvings); "
                                   f"gradient accumulation keeps the mini-batch and the math unchanged.")
                 break
-    d.note("rollout.gpu_memory_utilization", ro.gpu_memory_utilization, util_why)
+    decider.note("rollout.gpu_memory_utilization", ro.gpu_memory_utilization, util_why)
     if ro.name == "hf":
-        note_chunk(d, ro.micro_batch_size, search.micro_asked, est, limit, search.per_seq, inp.workload)
+        note_chunk(decider, ro.micro_batch_size, search.micro_asked, est, limit, search.per_seq, inputs.workload)
     for name, rp in rs.items():
         phases = [p for k, p in est.phases.items() if k.startswith(name) or (name == "critic" and k == "values")]
         rs[name] = replace(rp, predicted_peak_gb=round(max(p.total_gb for p in phases), 3))
     ro = replace(ro, predicted_peak_gb=round(max(est.phases[k].total_gb for k in ("rollout", "validation")), 3))
-    d.note("memory", round(est.predicted_peak_gb, 3),
-           f"peak {est.predicted_peak_gb:.2f} GiB in {est.peak_phase}; with context and {inp.margin:.0%} margin "
+    decider.note("memory", round(est.predicted_peak_gb, 3),
+           f"peak {est.predicted_peak_gb:.2f} GiB in {est.peak_phase}; with context and {inputs.margin:.0%} margin "
            f"{est.required_gb:.2f} of {limit:.1f} GiB ({rung})")
     memory = est.to_dict()
     memory["phases_total"] = {k: {"total_gb": round(p.total_gb, 3)} for k, p in est.phases.items()}
     plan_kwargs.update(actor=rs["actor"], critic=rs.get("critic"), ref=rs.get("ref"), rollout=ro,
                        predicted_peak_gb=round(est.predicted_peak_gb, 3))
-    return Plan(reasons=d.reasons, warnings=d.warnings, memory=memory, **plan_kwargs)
+    return Plan(reasons=decider.reasons, warnings=decider.warnings, memory=memory, **plan_kwargs)
 
 
 # At world size > 1 the kept gathered model is every rank's shard and the multi-rank gather buffers are
@@ -367,7 +367,7 @@ MULTI_RANK_RESHARD_HEADROOM = 0.25
 UNWRAPPED = "the model runs unwrapped (see fsdp): nothing is gathered"
 
 
-def decide_reshard(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan, est):
+def decide_reshard(decider: Decider, inputs: FitInputs, roles: dict, rollout: RolloutPlan, estimate):
     """FSDP2's `reshard_after_forward` per role, on top of the fitted plan; returns (roles, estimate).
 
     False keeps each layer's gathered weights from its forward to its backward in an update, so
@@ -379,63 +379,63 @@ def decide_reshard(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan, est):
     device) leaves MULTI_RANK_RESHARD_HEADROOM of the device free. An explicit value is kept; an
     explicit False that does not fit is adapted (a warning, or PlanError under compat.strict).
     """
-    limit, ws = d.profile.memory_gb, inp.workload.world_size
-    for name in list(rs):
-        key, asked = inp.asked_reshard[name]
-        if not rs[name].fsdp:
-            d.note(f"{name}.reshard_after_forward", rs[name].reshard_after_forward, UNWRAPPED)
+    limit, ws = decider.profile.memory_gb, inputs.workload.world_size
+    for name in list(roles):
+        key, asked = inputs.asked_reshard[name]
+        if not roles[name].fsdp:
+            decider.note(f"{name}.reshard_after_forward", roles[name].reshard_after_forward, UNWRAPPED)
             continue
-        skip = _keeps_resharding(name, rs[name])
+        skip = _keeps_resharding(name, roles[name])
         if name == "ref" and asked is False:   # honoured; its forwards have no gradients and reshard anyway
-            rs = dict(rs, ref=replace(rs["ref"], reshard_after_forward=False))
+            roles = dict(roles, ref=replace(roles["ref"], reshard_after_forward=False))
         if asked is True or name == "ref" or (asked is AUTO and skip):
             user = "set by the user" + (f" ({skip})" if name == "ref" else "")
-            d.note(f"{name}.reshard_after_forward", asked is not False, skip if asked is AUTO else user)
+            decider.note(f"{name}.reshard_after_forward", asked is not False, skip if asked is AUTO else user)
             continue
-        trial = dict(rs, **{name: replace(rs[name], reshard_after_forward=False)})
-        trial_est = _estimate(d, inp, trial, ro)
-        update = trial_est.phases[f"{name}_update"].total_gb * (1 + inp.margin) + trial_est.context_gb
+        trial = dict(roles, **{name: replace(roles[name], reshard_after_forward=False)})
+        trial_est = _estimate(decider, inputs, trial, rollout)
+        update = trial_est.phases[f"{name}_update"].total_gb * (1 + inputs.margin) + trial_est.context_gb
         need = f"the {name} update needs {update:.2f} of {limit:.1f} GiB with every layer kept gathered"
         fits = trial_est.required_gb <= limit
         if fits and (ws == 1 or asked is False or update <= limit * (1 - MULTI_RANK_RESHARD_HEADROOM)):
-            rs, est = trial, trial_est
-            d.note(f"{name}.reshard_after_forward", False,
+            roles, estimate = trial, trial_est
+            decider.note(f"{name}.reshard_after_forward", False,
                    f"set by the user; {need}" if asked is False else _why_kept(ws, need))
         elif asked is False:
-            d.adapt(f"{name}.reshard_after_forward", key, False, True, need)
+            decider.adapt(f"{name}.reshard_after_forward", key, False, True, need)
         else:
-            d.note(f"{name}.reshard_after_forward", True, f"upstream's default: {need}" + (
+            decider.note(f"{name}.reshard_after_forward", True, f"upstream's default: {need}" + (
                 "" if not fits else f", less than {MULTI_RANK_RESHARD_HEADROOM:.0%} of the device to spare"))
-    return rs, est
+    return roles, estimate
 
 
-def decide_forward_gather(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan, est):
+def decide_forward_gather(decider: Decider, inputs: FitInputs, roles: dict, rollout: RolloutPlan, estimate):
     """Whether each role's forward-only passes (old and reference log-probs, values) gather the whole
     model once per call; returns (roles, estimate). Otherwise FSDP2 gathers (copies, casts) every
     layer again for every micro-batch, a per-parameter host cost that left the H200 idle 60% of an
     old-log-prob pass. The whole model in the gather dtype must fit beside the pass's activations:
     always tried at world size 1, at more ranks only with MULTI_RANK_RESHARD_HEADROOM to spare."""
-    limit, ws = d.profile.memory_gb, inp.workload.world_size
-    for name in list(rs):
+    limit, ws = decider.profile.memory_gb, inputs.workload.world_size
+    for name in list(roles):
         phase = FORWARD_PHASES[name]
-        if not rs[name].fsdp:
-            d.note(f"{name}.gather_for_forward", False, UNWRAPPED)
+        if not roles[name].fsdp:
+            decider.note(f"{name}.gather_for_forward", False, UNWRAPPED)
             continue
-        if rs[name].param_offload or phase not in est.phases:
-            d.note(f"{name}.gather_for_forward", False, "parameters offloaded to the host: gathered per layer"
-                   if rs[name].param_offload else f"no {phase} pass in this run")
+        if roles[name].param_offload or phase not in estimate.phases:
+            decider.note(f"{name}.gather_for_forward", False, "parameters offloaded to the host: gathered per layer"
+                   if roles[name].param_offload else f"no {phase} pass in this run")
             continue
-        trial = dict(rs, **{name: replace(rs[name], gather_for_forward=True)})
-        trial_est = _estimate(d, inp, trial, ro)
-        need = trial_est.phases[phase].total_gb * (1 + inp.margin) + trial_est.context_gb
+        trial = dict(roles, **{name: replace(roles[name], gather_for_forward=True)})
+        trial_est = _estimate(decider, inputs, trial, rollout)
+        need = trial_est.phases[phase].total_gb * (1 + inputs.margin) + trial_est.context_gb
         why = f"the {phase} pass needs {need:.2f} of {limit:.1f} GiB with the whole model gathered"
         if trial_est.required_gb <= limit and (ws == 1 or need <= limit * (1 - MULTI_RANK_RESHARD_HEADROOM)):
-            rs, est = trial, trial_est
-            d.note(f"{name}.gather_for_forward", True, f"one gather per call, not per layer and micro-batch ({why})")
+            roles, estimate = trial, trial_est
+            decider.note(f"{name}.gather_for_forward", True, f"one gather per call, not per layer and micro-batch ({why})")
         else:
-            d.note(f"{name}.gather_for_forward", False, f"each layer gathered per micro-batch: {why}"
+            decider.note(f"{name}.gather_for_forward", False, f"each layer gathered per micro-batch: {why}"
                    + ("" if trial_est.required_gb > limit else f", less than {MULTI_RANK_RESHARD_HEADROOM:.0%} spare"))
-    return rs, est
+    return roles, estimate
 
 
 # Each token budget: (role, RolePlan fields it sets, whether its pass is forward-only).
@@ -448,7 +448,7 @@ _BUDGET_FIELDS = {
 }
 
 
-def grow_budgets(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan, est):
+def grow_budgets(decider: Decider, inputs: FitInputs, roles: dict, rollout: RolloutPlan, estimate):
     """Double each `auto` token budget while the finished plan still fits, towards its whole pass
     (capped at GROWN_BUDGET_CAP tokens); returns (roles, estimate).
 
@@ -457,26 +457,26 @@ def grow_budgets(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan, est):
     idle (docs/compat.md, "Memory model", has the profile). Fewer, fuller passes change no math (losses are normalised by the global mini-batch). This runs last, so it only spends memory
     that no offload, checkpointing or resharding decision wanted.
     """
-    if not inp.dynamic:
-        return rs, est
-    limit, wl = d.profile.memory_gb, inp.workload
+    if not inputs.dynamic:
+        return roles, estimate
+    limit, wl = decider.profile.memory_gb, inputs.workload
     # at several ranks the memory model's gather buffers are modelled, not measured: keep the same share free
     # as the resharding decision does
     room = limit if wl.world_size == 1 else limit * (1 - MULTI_RANK_RESHARD_HEADROOM)
-    for key in [k for k in _BUDGET_FIELDS if k in inp.growable]:
+    for key in [k for k in _BUDGET_FIELDS if k in inputs.growable]:
         name, fields, forward = _BUDGET_FIELDS[key]
-        if name not in rs:
+        if name not in roles:
             continue
-        start = getattr(rs[name], fields[0])
+        start = getattr(roles[name], fields[0])
         whole = min(wl.sequences_seen(name, forward) * wl.seq_len, GROWN_BUDGET_CAP)
         budget = start
         while budget < whole:
             bigger = min(2 * budget, whole)
-            trial = dict(rs, **{name: replace(rs[name], **{f: bigger for f in fields})})
-            trial_est = _estimate(d, inp, trial, ro)
+            trial = dict(roles, **{name: replace(roles[name], **{f: bigger for f in fields})})
+            trial_est = _estimate(decider, inputs, trial, rollout)
             if trial_est.required_gb > room:
                 break
-            rs, est, budget = trial, trial_est, bigger
+            roles, estimate, budget = trial, trial_est, bigger
         if budget > start:
             if budget >= wl.sequences_seen(name, forward) * wl.seq_len:
                 what = "the whole pass"
@@ -484,78 +484,78 @@ def grow_budgets(d: Decider, inp: FitInputs, rs: dict, ro: RolloutPlan, est):
                 what = f"at most {GROWN_BUDGET_CAP} tokens a pass"
             else:
                 what = "as far as memory allows"
-            d.note(f"{name}.{fields[0]}", budget,
+            decider.note(f"{name}.{fields[0]}", budget,
                    f"grown from {start} ({what}): fewer, fuller passes pay the per-pass host cost less often; "
-                   f"the plan still needs {est.required_gb:.2f} of {limit:.1f} GiB")
-    return rs, est
+                   f"the plan still needs {estimate.required_gb:.2f} of {limit:.1f} GiB")
+    return roles, estimate
 
 
-def _keeps_resharding(name: str, rp: RolePlan) -> str:
+def _keeps_resharding(name: str, role_plan: RolePlan) -> str:
     """Why a role reshards after forward whatever the memory (empty when the memory decides)."""
     if name == "ref":
         return "a frozen model runs no backward: nothing to keep its gathered weights for"
-    if rp.param_offload:
+    if role_plan.param_offload:
         return "parameters offloaded to the host (memory is short): gathered weights are freed after each forward"
     return ""
 
 
-def _why_kept(ws: int, need: str) -> str:
-    if ws == 1:
+def _why_kept(world_size: int, need: str) -> str:
+    if world_size == 1:
         return (f"one device: FSDP2's gather is a copy (and cast) of local weights, so each layer keeps them from "
                 f"forward to backward ({need})")
-    return f"memory is plentiful at {ws} ranks ({need}): backward skips one all-gather per layer"
+    return f"memory is plentiful at {world_size} ranks ({need}): backward skips one all-gather per layer"
 
 
-def note_chunk(d: Decider, chunk: int, asked: Any, est, limit: float, per_seq: float, wl: Workload) -> None:
+def note_chunk(decider: Decider, chunk: int, asked: Any, estimate, limit: float, per_seq: float, workload: Workload) -> None:
     """Reason (or adaptation warning) for the built-in engine's chunk size."""
-    free = est.room_gb(limit) - est.rollout_resident_gb()
-    full = est.rollout_resident_gb() + chunk * per_seq
-    sizing = (f"{free:.2f} GiB free while generating / {per_seq * 1024:.1f} MiB per sequence of {wl.seq_len} "
+    free = estimate.room_gb(limit) - estimate.rollout_resident_gb()
+    full = estimate.rollout_resident_gb() + chunk * per_seq
+    sizing = (f"{free:.2f} GiB free while generating / {per_seq * 1024:.1f} MiB per sequence of {workload.seq_len} "
               f"tokens (KV cache, prefill transients, sampling); a full pass peaks at {full:.2f} GiB")
     if asked is AUTO:
-        d.note("rollout.micro_batch_size", chunk, f"{chunk} sequences per pass: {sizing}")
+        decider.note("rollout.micro_batch_size", chunk, f"{chunk} sequences per pass: {sizing}")
     elif asked == chunk:
-        d.note("rollout.micro_batch_size", chunk, f"set by the user; {sizing}")
+        decider.note("rollout.micro_batch_size", chunk, f"set by the user; {sizing}")
     else:
-        d.adapt("rollout.micro_batch_size", "actor_rollout_ref.rollout.micro_batch_size", asked, chunk,
+        decider.adapt("rollout.micro_batch_size", "actor_rollout_ref.rollout.micro_batch_size", asked, chunk,
                 f"{asked} sequences need {asked * per_seq:.2f} GiB while generating, {free:.2f} GiB are free")
 
 
-def halve(b: _Batch, budgets: dict, dynamic: bool, seq_len: int):
+def halve(batching: _Batch, budgets: dict, dynamic: bool, seq_len: int):
     """Next rung of the micro-batch ladder, or None when everything is already at its floor."""
     if dynamic:
         if all(v <= seq_len for v in budgets.values()):
             return None
-        return b, {k: max(v // 2, seq_len) for k, v in budgets.items()}
-    sizes = [b.actor, b.actor_forward, b.critic, b.critic_forward, b.ref]
+        return batching, {k: max(v // 2, seq_len) for k, v in budgets.items()}
+    sizes = [batching.actor, batching.actor_forward, batching.critic, batching.critic_forward, batching.ref]
     if all(s <= 1 for s in sizes):
         return None
     h = [max(s // 2, 1) for s in sizes]
-    return _Batch(*h, explicit=b.explicit), budgets
+    return _Batch(*h, explicit=batching.explicit), budgets
 
 
-def raise_shortfall(d: Decider, inp: FitInputs, b: _Batch, bud: dict, limit: float) -> None:
+def raise_shortfall(decider: Decider, inputs: FitInputs, batching: _Batch, budgets: dict, limit: float) -> None:
     """Nothing fits: say by how much, and the largest batch / length that would."""
-    model, workload, roles, rollout = inp.model, inp.workload, inp.roles, inp.rollout
-    dynamic, margin = inp.dynamic, inp.margin
+    model, workload, roles, rollout = inputs.model, inputs.workload, inputs.roles, inputs.rollout
+    dynamic, margin = inputs.dynamic, inputs.margin
     ck = {n: True for n in roles}
 
-    def at_rung(wl: Workload, offload: dict):
-        rs = apply_batches(roles, b, dynamic, bud)
+    def at_rung(workload: Workload, offload: dict):
+        rs = apply_batches(roles, batching, dynamic, budgets)
         for name in rs:
-            rs[name] = settled(d, inp, name, replace(rs[name], gradient_checkpointing=ck[name],
+            rs[name] = settled(decider, inputs, name, replace(rs[name], gradient_checkpointing=ck[name],
                                                      param_offload=offload[name][0], optimizer_offload=offload[name][1]))
         ro = replace(rollout, gpu_memory_utilization=0.0, micro_batch_size=1)   # the engine can chunk to 1
         if rollout.name == "vllm":
-            ro = replace(ro, gpu_memory_utilization=vllm_need_gb(model, wl, rollout.dtype) / limit)
-        return estimate_memory(model, wl, rs["actor"], ro, rs.get("critic"), rs.get("ref"),
-                               device_memory_gb=limit, backend=d.profile.backend, fragmentation=margin,
-                               compiled_layers=inp.compiled_layers, ref_in_actor=inp.ref_in_actor)
+            ro = replace(ro, gpu_memory_utilization=vllm_need_gb(model, workload, rollout.dtype) / limit)
+        return estimate_memory(model, workload, rs["actor"], ro, rs.get("critic"), rs.get("ref"),
+                               device_memory_gb=limit, backend=decider.profile.backend, fragmentation=margin,
+                               compiled_layers=inputs.compiled_layers, ref_in_actor=inputs.ref_in_actor)
 
-    def required(wl: Workload):
+    def required(workload: Workload):
         """The smallest rung's estimate (param offload is not always smaller: an offloaded model is gathered
         whole for generation, which a LoRA model stored in half precision or 4 bits reads in place)."""
-        return min((at_rung(wl, offload) for _, offload in ladder(inp.asked_off, roles)), key=lambda e: e.required_gb)
+        return min((at_rung(workload, offload) for _, offload in ladder(inputs.asked_off, roles)), key=lambda e: e.required_gb)
 
     est = required(workload)
     need = est.required_gb
@@ -578,6 +578,6 @@ def raise_shortfall(d: Decider, inp: FitInputs, b: _Batch, bud: dict, limit: flo
     if not hint:
         hint = f" Use a device with at least {math.ceil(need)} GiB, or a smaller model."
     raise MemoryShortfall(
-        f"The run does not fit on {d.profile.name} ({limit:.1f} GiB): even at the smallest plan (the offload "
+        f"The run does not fit on {decider.profile.name} ({limit:.1f} GiB): even at the smallest plan (the offload "
         f"the settings allow, gradient checkpointing, micro-batch 1) it needs {need:.2f} GiB (peak in {est.peak_phase}), "
         f"{need - limit:.2f} GiB more than the device has.{hint}")

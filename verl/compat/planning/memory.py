@@ -111,33 +111,33 @@ class MemoryEstimate:
 
 # ----------------------------------------------------------------------------- per-token terms
 
-def layer_activation_bytes(m: ModelSpec, compute: str, residual: str, attn: str, seq_len: int) -> float:
+def layer_activation_bytes(model: ModelSpec, compute: str, residual: str, attn: str, seq_len: int) -> float:
     """Bytes one decoder layer saves for backward, per token (formula in the module docstring)."""
     c, r = BYTES[compute], BYTES[residual]
-    h, q, kv = m.hidden_size, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    h, q, kv = model.hidden_size, model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
     norms = 2 * (2 * h * r + h * c)
-    attention = (2 * q + 2 * kv + 2 * q) * c + 4 * m.num_heads
+    attention = (2 * q + 2 * kv + 2 * q) * c + 4 * model.num_heads
     if attn == "eager":
-        attention += m.num_heads * seq_len * (4 + c)
+        attention += model.num_heads * seq_len * (4 + c)
     if attn == "torch_varlen":   # torch releases without enable_gqa get k/v copied out to every query head
         attention += 2 * (q - kv) * c
-    mlp = 4 * m.intermediate_size * c
+    mlp = 4 * model.intermediate_size * c
     return norms + attention + mlp
 
 
-def _logits_bytes(m: ModelSpec, response_tokens: int, compute: str, backward: bool, fused: bool = False) -> float:
+def _logits_bytes(model: ModelSpec, response_tokens: int, compute: str, backward: bool, fused: bool = False) -> float:
     """Logits of a micro-batch's response positions (the actor asks the model for those only,
     `logits_to_keep`) in compute dtype, the float32 scratch of the chunked log-prob pass
     (`verl.utils.torch_functional`: an upcast chunk and its exponential), and in backward the
     logits' gradient next to the saved logits."""
-    c, v = BYTES[compute], m.vocab_size
+    c, v = BYTES[compute], model.vocab_size
     chunk = min(response_tokens, LOGPROB_CHUNK_ROWS) * v * 4
     if fused and not backward:   # compiled chunk kernels hold no scratch (measured on the H200, t4 profile)
         chunk = 0
     return response_tokens * v * c * (2 if backward else 1) + 2 * chunk
 
 
-def _vocab_grad_bytes(m: ModelSpec, role: _Role, accumulates: bool) -> float:
+def _vocab_grad_bytes(model: ModelSpec, role: _Role, accumulates: bool) -> float:
     """Backward materialises (vocab x hidden) gradients whole before FSDP2 reduces them into .grad.
 
     Tied embeddings get two (output projection and dense embedding gradient) plus their sum,
@@ -151,23 +151,23 @@ def _vocab_grad_bytes(m: ModelSpec, role: _Role, accumulates: bool) -> float:
     the .grad it is added to (measured on CPU: 1x either way, counted here)."""
     if role.lora:   # the embeddings and the output projection are frozen: no vocabulary-sized gradient
         return 0.0
-    vh = m.vocab_size * m.hidden_size
+    vh = model.vocab_size * model.hidden_size
     master, compute = BYTES[role.plan.param_dtype], BYTES[role.plan.compute_dtype]
     untied = vh * (master + (compute if compute != master else 0))
     if not role.plan.fsdp:
         if role.name == "critic":
             return 0.0
-        if m.tie_word_embeddings:
+        if model.tie_word_embeddings:
             return vh * master if accumulates else 0.0
         return untied
     if role.name == "critic":
         return 2 * vh * master
-    if m.tie_word_embeddings:
+    if model.tie_word_embeddings:
         return 3 * vh * master
     return untied
 
 
-def _generation_terms(m: ModelSpec, actor: RolePlan, rollout: RolloutPlan, prompt_length: int,
+def _generation_terms(model: ModelSpec, actor: RolePlan, rollout: RolloutPlan, prompt_length: int,
                       response_length: int) -> tuple[dict[str, float], dict[str, float]]:
     """Bytes the built-in engine adds per generated sequence at its two candidate peaks: the end of
     prefill (the whole KV cache, which the static decoder allocates up front, plus one layer's
@@ -181,40 +181,40 @@ def _generation_terms(m: ModelSpec, actor: RolePlan, rollout: RolloutPlan, promp
     c = BYTES[rollout.dtype]
     weights = read_dtype(actor)
     r = max(c, BYTES[weights])
-    h, inter = m.hidden_size, m.intermediate_size
-    kv_per_token = 2 * m.num_layers * m.num_kv_heads * m.head_dim * c
+    h, inter = model.hidden_size, model.intermediate_size
+    kv_per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * c
     autocast = rollout.dtype != weights and not actor.lora_rank   # a LoRA base is upcast per matmul, not autocast
     per_token = 4 * h * r + 3 * inter * c + (4 * inter if autocast else 0)
     if rollout.attn_implementation == "eager":
-        per_token += m.num_heads * prompt_length * (4 + c)
+        per_token += model.num_heads * prompt_length * (4 + c)
     kv_cache = kv_per_token * (prompt_length + response_length)
     prefill = {"rollout.kv_cache": kv_cache, "rollout.prefill": prompt_length * per_token}
     decode = {"rollout.kv_cache": kv_cache,
-              "rollout.sampling": m.vocab_size * 4 * 3}
+              "rollout.sampling": model.vocab_size * 4 * 3}
     return prefill, decode
 
 
-def generation_bytes_per_sequence(m: ModelSpec, actor: RolePlan, rollout: RolloutPlan, prompt_length: int,
+def generation_bytes_per_sequence(model: ModelSpec, actor: RolePlan, rollout: RolloutPlan, prompt_length: int,
                                   response_length: int) -> float:
     """Peak bytes one more sequence costs the built-in engine; generation memory is linear in the
     sequences generated together, so the planner divides free memory by this to size its chunks."""
-    return max(sum(t.values()) for t in _generation_terms(m, actor, rollout, prompt_length, response_length))
+    return max(sum(t.values()) for t in _generation_terms(model, actor, rollout, prompt_length, response_length))
 
 
-def _builtin_rollout(m: ModelSpec, actor: _Role, wl: Workload, rollout: RolloutPlan,
+def _builtin_rollout(model: ModelSpec, actor: _Role, workload: Workload, rollout: RolloutPlan,
                      batch: int | None) -> dict[str, float]:
     """The actor's weights as the engine computes with them, plus one chunk of sequences
     (`rollout.micro_batch_size` of them, or the whole batch when that is smaller or unset;
     `batch` None: a batch of unknown size, i.e. at least one full chunk)."""
     if batch is None:
-        batch = rollout.micro_batch_size or wl.rollout_batch_per_gpu
+        batch = rollout.micro_batch_size or workload.rollout_batch_per_gpu
     chunk = min(batch, rollout.micro_batch_size or batch)
-    prefill, decode = _generation_terms(m, actor.plan, rollout, wl.prompt_length, wl.response_length)
+    prefill, decode = _generation_terms(model, actor.plan, rollout, workload.prompt_length, workload.response_length)
     peak = max((prefill, decode), key=lambda t: sum(t.values()))
-    return {**_generation_weights(m, actor, rollout), **{k: v * chunk for k, v in peak.items()}}
+    return {**_generation_weights(model, actor, rollout), **{k: v * chunk for k, v in peak.items()}}
 
 
-def _generation_weights(m: ModelSpec, actor: _Role, rollout: RolloutPlan) -> dict[str, float]:
+def _generation_weights(model: ModelSpec, actor: _Role, rollout: RolloutPlan) -> dict[str, float]:
     """The whole actor unsharded in its gather dtype (`fsdp_utils.full_params`; nothing for an unwrapped
     model, whose stored weights the engine reads), plus, when the
     engine computes in another dtype, autocast's cast of the largest weight: the engine runs
@@ -223,16 +223,16 @@ def _generation_weights(m: ModelSpec, actor: _Role, rollout: RolloutPlan) -> dic
     largest (measured on CPU, bfloat16 over float32 weights: one such copy, not the whole model)."""
     stored = read_dtype(actor.plan)
     gather = rollout.dtype if actor.lora else gather_dtype(actor.plan)   # a LoRA model gathers in compute dtype
-    cast = m.vocab_size * m.hidden_size * BYTES[rollout.dtype] if stored != rollout.dtype else 0.0
+    cast = model.vocab_size * model.hidden_size * BYTES[rollout.dtype] if stored != rollout.dtype else 0.0
     gathered = (actor.params + actor.adapters) * BYTES[gather] if actor.plan.fsdp else 0.0   # unwrapped: in place
-    return {"rollout.gathered weights": gathered, "rollout.weights": cast + _dequantized(m, actor, rollout.dtype)}
+    return {"rollout.gathered weights": gathered, "rollout.weights": cast + _dequantized(model, actor, rollout.dtype)}
 
 
-def _dequantized(m: ModelSpec, role: _Role, dtype: str) -> float:
+def _dequantized(model: ModelSpec, role: _Role, dtype: str) -> float:
     """A 4-bit base is dequantized one linear layer at a time for its matmul: the largest such weight."""
     if not role.quantized:
         return 0.0
-    return max(i * o for i, o in m.linear_shapes()) * BYTES[dtype]
+    return max(i * o for i, o in model.linear_shapes()) * BYTES[dtype]
 
 
 # ----------------------------------------------------------------------------- roles
@@ -257,36 +257,36 @@ class _Role:
             return 0
         return self.adapters if self.lora else self.params
 
-    def weights(self, ws: int) -> float:
+    def weights(self, world_size: int) -> float:
         """Stored weights: a full trained role in its master dtype; a frozen model or a LoRA base in
         `frozen_dtype` (4-bit linear weights under nf4), a LoRA role's adapters in the master dtype."""
         p = self.plan
         if self.trainable and not self.lora:
-            return self.params * BYTES[p.param_dtype] / ws
+            return self.params * BYTES[p.param_dtype] / world_size
         frozen = BYTES[p.frozen_dtype or p.param_dtype]
         base = (self.params - self.quantized) * frozen + self.quantized * NF4_BYTES
-        return (base + self.adapters * BYTES[p.param_dtype]) / ws
+        return (base + self.adapters * BYTES[p.param_dtype]) / world_size
 
-    def optimizer(self, ws: int) -> float:
+    def optimizer(self, world_size: int) -> float:
         if not self.trainable:
             return 0.0
         moments = ADAMW8BIT_BYTES if self.plan.optimizer_8bit else 8
         master = 4 if BYTES[self.plan.param_dtype] < 4 else 0
-        return self.trained * (moments + master) / ws
+        return self.trained * (moments + master) / world_size
 
-    def grads(self, ws: int) -> float:
-        return self.trained * BYTES[self.plan.param_dtype] / ws
+    def grads(self, world_size: int) -> float:
+        return self.trained * BYTES[self.plan.param_dtype] / world_size
 
     def on_host(self) -> tuple[bool, bool]:
         """(weights, optimizer) kept in host memory. Under param offload FSDP2's CPUOffloadPolicy keeps
         shards and their gradients on the host and AdamW steps them there: the states never come over."""
         return self.plan.param_offload, self.plan.optimizer_offload or self.plan.param_offload
 
-    def resident(self, ws: int) -> dict[str, float]:
+    def resident(self, world_size: int) -> dict[str, float]:
         """What stays on the device while another role is active."""
         weights_home, optimizer_home = self.on_host()
-        return {f"{self.name}.weights": 0.0 if weights_home else self.weights(ws),
-                f"{self.name}.optimizer": 0.0 if optimizer_home else self.optimizer(ws)}
+        return {f"{self.name}.weights": 0.0 if weights_home else self.weights(world_size),
+                f"{self.name}.optimizer": 0.0 if optimizer_home else self.optimizer(world_size)}
 
 
 def read_dtype(plan: RolePlan, trainable: bool = True) -> str:
@@ -304,13 +304,13 @@ def gather_dtype(plan: RolePlan) -> str:
     return plan.compute_dtype if plan.cast_on_gather else plan.param_dtype
 
 
-def _root_unit(m: ModelSpec, role: _Role) -> int:
+def _root_unit(model: ModelSpec, role: _Role) -> int:
     """Parameters in FSDP2's root unit: the vocabulary-sized ones (embedding; output projection
     unless tied or a critic's)."""
-    return m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings or role.name == "critic" else 2)
+    return model.vocab_size * model.hidden_size * (1 if model.tie_word_embeddings or role.name == "critic" else 2)
 
 
-def _compute_copy(m: ModelSpec, role: _Role, dtype: str, train: bool = False, compiled: bool = False) -> float:
+def _compute_copy(model: ModelSpec, role: _Role, dtype: str, train: bool = False, compiled: bool = False) -> float:
     """Weights materialised for compute: the FSDP2 all-gathered units (root plus two prefetched
     layers) in the gather dtype, at every world size (FSDP2 copies on one device too); in an update
     whose plan does not reshard after forward, every unit instead (each layer stays gathered from its
@@ -324,22 +324,22 @@ def _compute_copy(m: ModelSpec, role: _Role, dtype: str, train: bool = False, co
     H200, t4 profile, compiled: the old-log-prob pass peaked at the cast output projection and the
     float16 logits, nothing else)."""
     if role.lora or (not role.trainable and read_dtype(role.plan, False) != role.plan.param_dtype):
-        return _frozen_compute_copy(m, role, dtype, train)
+        return _frozen_compute_copy(model, role, dtype, train)
     gather = gather_dtype(role.plan)
-    root = _root_unit(m, role)
-    per_layer = (role.params - root) / m.num_layers
+    root = _root_unit(model, role)
+    per_layer = (role.params - root) / model.num_layers
     kept = (not role.plan.reshard_after_forward) if train else role.plan.gather_for_forward
     units = (role.params if kept else root + 2 * per_layer) * BYTES[gather] if role.plan.fsdp else 0.0
     if gather == dtype:
         return units
     if not role.trainable or (compiled and not train):
-        return units + m.vocab_size * m.hidden_size * BYTES[dtype]
-    embedding = m.vocab_size * m.hidden_size
-    casted = role.params - (embedding if (role.name == "critic" or not m.tie_word_embeddings) else 0)
+        return units + model.vocab_size * model.hidden_size * BYTES[dtype]
+    embedding = model.vocab_size * model.hidden_size
+    casted = role.params - (embedding if (role.name == "critic" or not model.tie_word_embeddings) else 0)
     return units + casted * BYTES[dtype]
 
 
-def _frozen_compute_copy(m: ModelSpec, role: _Role, dtype: str, train: bool) -> float:
+def _frozen_compute_copy(model: ModelSpec, role: _Role, dtype: str, train: bool) -> float:
     """Weights materialised for compute by a LoRA role or a reference stored in another dtype than its
     parameter dtype (`frozen_dtype`). Wrapped, FSDP2 gathers its units (root plus two prefetched layers;
     every unit where the plan keeps them) in the compute dtype. Unwrapped, the weights are read where they
@@ -348,23 +348,23 @@ def _frozen_compute_copy(m: ModelSpec, role: _Role, dtype: str, train: bool) -> 
     dequantized per linear layer, and autocast caches its casts of the trainable adapters."""
     plan, c = role.plan, BYTES[dtype]
     if plan.fsdp:
-        root = _root_unit(m, role)
-        per_layer = (role.params + role.adapters - root) / m.num_layers
+        root = _root_unit(model, role)
+        per_layer = (role.params + role.adapters - root) / model.num_layers
         kept = (not plan.reshard_after_forward) if train else plan.gather_for_forward
         return (role.params + role.adapters if kept else root + 2 * per_layer) * c
-    upcast = m.vocab_size * m.hidden_size * c if read_dtype(plan, role.trainable) != dtype else 0.0
+    upcast = model.vocab_size * model.hidden_size * c if read_dtype(plan, role.trainable) != dtype else 0.0
     adapters = role.adapters * c if train and plan.param_dtype != dtype else 0.0
-    return upcast + _dequantized(m, role, dtype) + adapters
+    return upcast + _dequantized(model, role, dtype) + adapters
 
 
-def _tokens(plan: RolePlan, wl: Workload, role: str, forward: bool) -> tuple[int, int, int]:
+def _tokens(plan: RolePlan, workload: Workload, role: str, forward: bool) -> tuple[int, int, int]:
     """(tokens, response tokens, sequences) in the largest micro-batch of this role: its size, or
     as many full-length sequences as its token budget holds, but never more sequences than the
     role is handed at once (`Workload.sequences_seen`). Full length (prompt + response) is the
     worst case of both splitters: the padded one trims each micro-batch to its longest prompt and
     response, the packed one counts real tokens."""
-    seq_len, response_len = wl.seq_len, wl.response_length
-    seen = wl.sequences_seen(role, forward)
+    seq_len, response_len = workload.seq_len, workload.response_length
+    seen = workload.sequences_seen(role, forward)
     mbs = plan.forward_micro_batch_size_per_gpu if forward else plan.micro_batch_size_per_gpu
     if mbs is None and forward:
         mbs = plan.micro_batch_size_per_gpu
@@ -390,22 +390,22 @@ def _head_rows(plan: RolePlan, tokens: int, response_tokens: int) -> tuple[int, 
     return (tokens, response_tokens) if sp == 1 else (-(-tokens // sp), -(-tokens // sp))
 
 
-def _activations(m: ModelSpec, plan: RolePlan, tokens: int, seq_len: int, train: bool,
+def _activations(model: ModelSpec, plan: RolePlan, tokens: int, seq_len: int, train: bool,
                  compiled: bool = False) -> dict[str, float]:
     residual = gather_dtype(plan) if train else plan.compute_dtype   # the weights compute in the gather dtype
     tokens = -(-tokens // plan.sequence_parallel_size)   # Ulysses: each rank holds 1/sp of the sequence
-    per_layer = layer_activation_bytes(m, plan.compute_dtype, residual, plan.attn_implementation, seq_len)
+    per_layer = layer_activation_bytes(model, plan.compute_dtype, residual, plan.attn_implementation, seq_len)
     if plan.lora_rank and train:   # each adapted linear layer saves its rank-r intermediate for lora_B
-        per_layer += len(m.linear_shapes()) * plan.lora_rank * BYTES[plan.compute_dtype]
+        per_layer += len(model.linear_shapes()) * plan.lora_rank * BYTES[plan.compute_dtype]
     if compiled and train:
         per_layer *= COMPILED_ACTIVATION_SHARE[BYTES[plan.compute_dtype]]
     layer = tokens * per_layer
     if not train:
         return {"activations (1 layer)": layer}
     if plan.gradient_checkpointing:
-        inputs = tokens * m.hidden_size * BYTES[residual] * m.num_layers
+        inputs = tokens * model.hidden_size * BYTES[residual] * model.num_layers
         return {"activations (checkpointed)": inputs + 2 * layer}
-    return {"activations": layer * m.num_layers + layer}
+    return {"activations": layer * model.num_layers + layer}
 
 
 # ----------------------------------------------------------------------------- phases
@@ -442,33 +442,33 @@ class _Step:
 FORWARD_PHASES = {"actor": "log_prob", "ref": "ref", "critic": "values"}
 
 
-def _generation_phase(s: _Step, batch: int | None) -> dict[str, float]:
+def _generation_phase(step: _Step, batch: int | None) -> dict[str, float]:
     """Training rollout or validation: vLLM holds its own weights and KV cache inside its share; the
     built-in engine generates with the actor's weights gathered whole (cast under autocast)."""
-    actor, ws = s.roles["actor"], s.wl.world_size
-    terms = s.idle("actor")
+    actor, ws = step.roles["actor"], step.wl.world_size
+    terms = step.idle("actor")
     # offloaded shards stay on the host (the built-in engine uses the gathered copy it counts)
     terms.update(actor.resident(ws))
-    if s.rollout.name == "vllm":
-        terms["rollout.engine share"] = s.rollout.gpu_memory_utilization * s.device_memory_gb * GiB
+    if step.rollout.name == "vllm":
+        terms["rollout.engine share"] = step.rollout.gpu_memory_utilization * step.device_memory_gb * GiB
     else:
-        terms.update(_builtin_rollout(s.model, actor, s.wl, s.rollout, batch))
+        terms.update(_builtin_rollout(step.model, actor, step.wl, step.rollout, batch))
     return terms
 
 
-def _forward_phase(s: _Step, name: str) -> dict[str, float]:
+def _forward_phase(step: _Step, name: str) -> dict[str, float]:
     """A no-grad forward over the rollout batch: old log-probs (actor), reference log-probs, values."""
-    role, spec = s.roles[name], s.spec(name)
-    terms = s.idle(name)
-    terms.update(s.on_device(role))
-    terms[f"{name}.compute_copy"] = _compute_copy(spec, role, role.plan.compute_dtype, compiled=s.compiled_layers)
-    tokens, resp, _ = _tokens(role.plan, s.wl, name, forward=True)
-    terms.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=False))
+    role, spec = step.roles[name], step.spec(name)
+    terms = step.idle(name)
+    terms.update(step.on_device(role))
+    terms[f"{name}.compute_copy"] = _compute_copy(spec, role, role.plan.compute_dtype, compiled=step.compiled_layers)
+    tokens, resp, _ = _tokens(role.plan, step.wl, name, forward=True)
+    terms.update(_activations(spec, role.plan, tokens, step.wl.seq_len, train=False))
     tokens, resp = _head_rows(role.plan, tokens, resp)
     if name == "critic":
         terms["values"] = tokens * spec.hidden_size * 4
     else:
-        terms["logits"] = _logits_bytes(spec, resp, role.plan.compute_dtype, backward=False, fused=s.compiled_layers)
+        terms["logits"] = _logits_bytes(spec, resp, role.plan.compute_dtype, backward=False, fused=step.compiled_layers)
     return terms
 
 
@@ -509,14 +509,14 @@ def _update_phase(s: _Step, name: str) -> dict[str, float]:
     return terms
 
 
-def _forward_end(s: _Step, name: str, rows: int, grads: float) -> dict[str, float]:
+def _forward_end(step: _Step, name: str, rows: int, grads: float) -> dict[str, float]:
     """The end of a training forward over `rows` full-length sequences (`grads`: bytes of gradients
     already accumulated by earlier micro-batches of the mini-batch)."""
-    role, spec = s.roles[name], s.spec(name)
-    tokens, resp = rows * s.wl.seq_len, rows * s.wl.response_length
+    role, spec = step.roles[name], step.spec(name)
+    tokens, resp = rows * step.wl.seq_len, rows * step.wl.response_length
     terms = {f"{name}.grads": grads,
              f"{name}.compute_copy": _compute_copy(spec, role, role.plan.compute_dtype, train=True)}
-    terms.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=True, compiled=s.compiled_layers))
+    terms.update(_activations(spec, role.plan, tokens, step.wl.seq_len, train=True, compiled=step.compiled_layers))
     tokens, resp = _head_rows(role.plan, tokens, resp)
     if name == "critic":
         terms["values"] = tokens * spec.hidden_size * 4 * 2

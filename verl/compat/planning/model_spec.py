@@ -84,13 +84,13 @@ class ModelSpec:
         return self.num_layers * rank * sum(i + o for i, o in self.linear_shapes())
 
     @classmethod
-    def from_hf_config(cls, cfg: Any) -> ModelSpec:
+    def from_hf_config(cls, hf_config: Any) -> ModelSpec:
         """From a transformers `PretrainedConfig` or a config.json dict."""
-        get = cfg.get if isinstance(cfg, Mapping) else (lambda k, d=None: getattr(cfg, k, d))
+        get = hf_config.get if isinstance(hf_config, Mapping) else (lambda k, d=None: getattr(hf_config, k, d))
         vision_cfg = get("vision_config")
         if vision_cfg is not None:   # a VL model: the LM (nested or flat, as hub configs are) plus its tower
             text = get("text_config") if get("text_config") is not None and get("hidden_size") is None else {
-                k: v for k, v in (cfg.items() if isinstance(cfg, Mapping) else cfg.to_dict().items())
+                k: v for k, v in (hf_config.items() if isinstance(hf_config, Mapping) else hf_config.to_dict().items())
                 if k != "vision_config"}
             lm = cls.from_hf_config(text)
             vget = vision_cfg.get if isinstance(vision_cfg, Mapping) else (lambda k, d=None: getattr(vision_cfg, k, d))

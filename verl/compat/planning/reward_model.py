@@ -53,7 +53,7 @@ def max_length(config: Any) -> int:
     return int(prompt) + int(rm_setting(config, "rollout.response_length", 2048))
 
 
-def add_reward_model(d, config: Any, plan: Plan) -> Plan:
+def add_reward_model(decider, config: Any, plan: Plan) -> Plan:
     """The finished plan with its `reward_model` role (None when `reward_model.enable` is off).
 
     The role is frozen and forward-only: dtype and attention follow the rules of the reference model
@@ -67,32 +67,32 @@ def add_reward_model(d, config: Any, plan: Plan) -> Plan:
     from verl.compat.planning.planner import _RoleConfig, _decide_role
 
     rc = _RoleConfig(ROLE, "reward.reward_model", "reward_model.model", ROLLOUT_PREFIX, trainable=False)
-    compute_default, why = d.default_dtype()
-    d.reasons["compute_dtype"] = why
+    compute_default, why = decider.default_dtype()
+    decider.reasons["compute_dtype"] = why
     try:
-        role = _decide_role(d, config, rc, compute_default)
+        role = _decide_role(decider, config, rc, compute_default)
     finally:
-        d.reasons.pop("compute_dtype", None)
+        decider.reasons.pop("compute_dtype", None)
     if role.use_remove_padding:
-        d.note(f"{ROLE}.use_remove_padding", False, "the score is read at each row's last token of a padded batch")
-    if d.profile.backend == "cpu":
-        offload = d.note(f"{ROLE}.param_offload", False, "host memory already: on a CPU device weights live there")
+        decider.note(f"{ROLE}.use_remove_padding", False, "the score is read at each row's last token of a padded batch")
+    if decider.profile.backend == "cpu":
+        offload = decider.note(f"{ROLE}.param_offload", False, "host memory already: on a CPU device weights live there")
     else:
         asked = settings.flag(rm_setting(config, "rollout.free_cache_engine", True))
-        offload = d.note(f"{ROLE}.param_offload", asked is not False,
+        offload = decider.note(f"{ROLE}.param_offload", asked is not False,
                          f"{rm_setting_key(config, 'rollout.free_cache_engine')}={asked is not False}: the weights "
                          + ("wait in host memory between reward passes" if asked is not False
                             else "stay on the device"))
-    micro = _micro_batch(d, config, plan)
+    micro = _micro_batch(decider, config, plan)
     role = replace(role, use_remove_padding=False, param_offload=offload, optimizer_offload=False,
                    gradient_checkpointing=False, fsdp=False, use_dynamic_bsz=False, fused_optimizer=False,
                    micro_batch_size_per_gpu=micro, forward_micro_batch_size_per_gpu=micro,
                    max_token_len_per_gpu=None, forward_max_token_len_per_gpu=None)
-    d.note(f"{ROLE}.fsdp", False, "forward-only: each rank scores its share with a whole copy (nothing to reduce)")
+    decider.note(f"{ROLE}.fsdp", False, "forward-only: each rank scores its share with a whole copy (nothing to reduce)")
     return replace(plan, reward_model=role)
 
 
-def _micro_batch(d, config: Any, plan: Plan) -> int:
+def _micro_batch(decider, config: Any, plan: Plan) -> int:
     """Rows per reward-model forward: the policy's log-prob micro-batch (the same rows, scored once
     more), capped by `rollout.max_num_seqs`, upstream's limit on sequences its server runs at once."""
     source = plan.ref or plan.actor
@@ -106,4 +106,4 @@ def _micro_batch(d, config: Any, plan: Plan) -> int:
     cap = rm_setting(config, "rollout.max_num_seqs")
     if cap not in (None, "auto") and int(cap) < rows:
         rows, why = int(cap), f"{rm_setting_key(config, 'rollout.max_num_seqs')}={cap}"
-    return d.note(f"{ROLE}.micro_batch_size_per_gpu", int(rows), why)
+    return decider.note(f"{ROLE}.micro_batch_size_per_gpu", int(rows), why)

@@ -61,7 +61,7 @@ class VisionSpec:
         return patches * self.depth * per_block * dtype_bytes
 
 
-def decide_vision(d, config: Any, roles: dict, vision: VisionSpec | None, prompt_length: int) -> dict:
+def decide_vision(decider, config: Any, roles: dict, vision: VisionSpec | None, prompt_length: int) -> dict:
     """The VL rules over the decided roles (unchanged for a text-only model); each decision is noted."""
     if vision is None:
         return roles
@@ -78,40 +78,40 @@ def decide_vision(d, config: Any, roles: dict, vision: VisionSpec | None, prompt
         if attn not in VISION_ATTENTION:
             asked = settings.get(config, f"{prefix}.attn_implementation")
             why = f"the vision tower's per-image attention is planned on {'/'.join(VISION_ATTENTION)} only"
-            attn = (d.note(f"{name}.attn_implementation", "sdpa", f"vision-language model: {why}") if asked is AUTO
-                    else d.adapt(f"{name}.attn_implementation", f"{prefix}.attn_implementation", attn, "sdpa", why))
+            attn = (decider.note(f"{name}.attn_implementation", "sdpa", f"vision-language model: {why}") if asked is AUTO
+                    else decider.adapt(f"{name}.attn_implementation", f"{prefix}.attn_implementation", attn, "sdpa", why))
         rmpad = role.use_remove_padding
         if rmpad:
             why = "packed rows carry (batch, seq) positions, and a VL model needs (4, seq) multimodal ones"
-            rmpad = (d.note(f"{name}.use_remove_padding", False, f"vision-language model: {why}")
+            rmpad = (decider.note(f"{name}.use_remove_padding", False, f"vision-language model: {why}")
                      if settings.flag(settings.get(config, f"{prefix}.use_remove_padding")) is AUTO
-                     else d.adapt(f"{name}.use_remove_padding", f"{prefix}.use_remove_padding", True, False, why))
+                     else decider.adapt(f"{name}.use_remove_padding", f"{prefix}.use_remove_padding", True, False, why))
         out[name] = replace(role, attn_implementation=attn, use_remove_padding=rmpad)
     actor = out["actor"]
-    d.note("vision.dtype", actor.compute_dtype,
+    decider.note("vision.dtype", actor.compute_dtype,
            f"the vision tower computes in the actor's compute dtype ({actor.compute_dtype}) with the decoder, "
            f"its weights stored in {actor.param_dtype}; attention {actor.attn_implementation}")
     frozen = bool(settings.flag(settings.get(config, f"{arr}.actor.freeze_vision_tower", False)))
-    d.note("vision.frozen", frozen,
+    decider.note("vision.frozen", frozen,
            "actor.freeze_vision_tower=True: the tower's weights get no gradients or optimizer state" if frozen
            else "the tower trains with the decoder (actor.freeze_vision_tower=False, upstream's default)")
     act_gb = vision.activation_bytes(prompt_length, _bytes(actor.compute_dtype)) / 2**30
-    d.note("vision.memory", round(vision.params / 1e6, 2),
+    decider.note("vision.memory", round(vision.params / 1e6, 2),
            f"{vision.params / 1e6:.1f}M tower parameters counted in the model's weights; image tokens count in "
            f"data.max_prompt_length; a {prompt_length}-token prompt of image tokens holds {act_gb:.3f} GiB of "
            "tower activations per sequence in an update micro-batch (not in the fit's activation term)")
     return out
 
 
-def decide_vision_rollout(d, rollout, vision: VisionSpec | None):
+def decide_vision_rollout(decider, rollout, vision: VisionSpec | None):
     """The built-in engine generates a VL model through the model's own forward (the pixels enter at the
     prefill), so its static decoder, and with it CUDA graphs and the compiled decode step, are off."""
     if vision is None or rollout.name != "hf":
         return rollout
     why = ("vision-language model: the built-in engine calls the model's own forward (image features at the "
            "prefill), not the static decoder")
-    d.note("rollout.cuda_graphs", False, why)
-    d.note("rollout.compile_backend", None, why)
+    decider.note("rollout.cuda_graphs", False, why)
+    decider.note("rollout.compile_backend", None, why)
     return replace(rollout, cuda_graphs=False, compile_backend=None)
 
 
