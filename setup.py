@@ -64,7 +64,7 @@ EXTRAS_REQUIRE = {
     # which upstream's key maps to; peft asks for torch >= 1.13 and accelerate (torch >= 2.6): below the floor.
     "peft": ["peft>=0.14"],
     # QLoRA's 4-bit base (actor_rollout_ref.model.load_in_4bit) and AdamW8bit; the compat plan uses them only
-    # where bitsandbytes' own support table covers the device (verl.compat.decider.bitsandbytes_missing).
+    # where bitsandbytes' own support table covers the device (verl.compat.planning.decider.bitsandbytes_missing).
     "bnb": ["bitsandbytes>=0.45"],
     # Vision-language models (Qwen2/2.5-VL): images decode and the model's image processor runs with Pillow.
     # 9.1: Image.Resampling, which transformers' image processors use.

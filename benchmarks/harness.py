@@ -39,7 +39,7 @@ def build_model(out: str, tokenizer: str, layers: int | None = None, hidden: int
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from verl.compat.model_spec import BUILTIN_MODELS
+    from verl.compat.planning.model_spec import BUILTIN_MODELS
 
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -201,7 +201,7 @@ def summarize(path) -> dict:
         # (the file logger writes a non-finite norm as the string "nan" / "inf")
         "skipped_updates": {role: sum(1 for s in steps if str(s.get(f"{role}/grad_norm", 0)) in ("nan", "inf", "-inf"))
                             for role in ("actor", "critic")},
-        # the trainer's start-up breakdown, carried by the first step's record (verl/utils/startup.py)
+        # the trainer's start-up breakdown, carried by the first step's record (verl/utils/startup/clock.py)
         "startup_s": {k.removeprefix("timing_s/startup").lstrip("/") or "total": round(v, 3)
                       for k, v in steps[0].items() if k.startswith("timing_s/startup")},
         "throughput_tokens_per_s": median("perf/throughput"),

@@ -3,7 +3,7 @@
 Per (device profile, setting, algorithm), in a process of its own, the real workers (worker_harness.py) run
 one unmeasured warm-up update (AdamW's states), then every phase and a validation generate. Measured:
 `torch.cuda.max_memory_allocated`; on CPU the bytes of the storages each phase creates (`LiveBytes`).
-Prints the table and calibration hints for verl/compat/memory.py; writes memory_model.json.
+Prints the table and calibration hints for verl/compat/planning/memory.py; writes memory_model.json.
 
     python benchmarks/memory_model.py --profiles p40,t4,h200 --settings matrix --val-rows 256 --jobs 3 --out DIR
     python benchmarks/memory_model.py --tiny --profiles cpu --settings tiny --in-process --out /tmp/mm   # CPU
@@ -211,7 +211,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def calibration_hints(rows: list[dict], tolerance: float = 0.15) -> list[str]:
-    """What to change in verl/compat/memory.py: phases off by more than `tolerance`, with the gap and
+    """What to change in verl/compat/planning/memory.py: phases off by more than `tolerance`, with the gap and
     the term that dominates that phase's prediction (the first place to look)."""
     hints = []
     for row in rows:
@@ -264,7 +264,7 @@ def main(argv=None) -> int:
             with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
                 rows = list(pool.map(lambda c: _run_child(argv, c, model, args.case_timeout, Path(tmp)), cases))
     hints = calibration_hints(rows)
-    print(format_table(rows) + "\n\ncalibration (verl/compat/memory.py):\n" + "\n".join(f"  {h}" for h in hints))
+    print(format_table(rows) + "\n\ncalibration (verl/compat/planning/memory.py):\n" + "\n".join(f"  {h}" for h in hints))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "memory_model.json").write_text(json.dumps(

@@ -1,7 +1,8 @@
 """The layers import downwards only, read statically from every import statement in `verl/`.
 
 `verl.compat` (hardware decisions) sits below the workers and the trainer that receive its plan;
-`verl.utils` (shared helpers) sits below the trainer and never reaches into the planner. An import
+`verl.utils` (shared helpers) sits below the workers and the trainer and never reaches into the planner
+(the workers' own model building lives in `verl.workers.model_building`). An import
 placed inside a function counts as much as one at the top of a file.
 """
 import ast
@@ -15,7 +16,7 @@ VERL = Path(__file__).resolve().parents[1] / "verl"
 # (package scanned, module prefixes it must not import)
 RULES = [
     ("verl.compat", ("verl.workers", "verl.trainer")),
-    ("verl.utils", ("verl.trainer", "verl.compat.planner")),
+    ("verl.utils", ("verl.trainer", "verl.workers", "verl.compat.planning.planner")),
 ]
 # The doctor (`python -m verl.compat`) is an entry point like `main_ppo`: it composes the config the way
 # main_ppo does, so it may import the trainer's config loader. Nothing in the library imports it.
@@ -40,7 +41,7 @@ def imported_modules(path: Path) -> list[tuple[int, str]]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            # `from verl.compat import planner` names a module too
+            # `from verl.compat.planning import planner` names a module too
             found += [(node.lineno, base)] + [(node.lineno, f"{base}.{a.name}") for a in node.names]
     return found
 
@@ -71,10 +72,13 @@ def test_the_scan_sees_relative_and_nested_imports(tmp_path, monkeypatch):
     pkg.mkdir(parents=True)
     (tmp_path / "verl" / "trainer").mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "mod.py").write_text("def f():\n    from ...trainer.ppo import reward\n    from verl.compat import planner\n")
+    (pkg / "mod.py").write_text("def f():\n    from ...trainer.ppo import reward\n    from verl.compat.planning import planner\n"
+                                "    from ...workers.model_building import loading\n")
     monkeypatch.setattr(sys.modules[__name__], "VERL", tmp_path / "verl")
     assert violations("verl.utils", RULES[1][1]) == [
         "verl/utils/sub/mod.py:2 imports verl.trainer.ppo",
         "verl/utils/sub/mod.py:2 imports verl.trainer.ppo.reward",
-        "verl/utils/sub/mod.py:3 imports verl.compat.planner",
+        "verl/utils/sub/mod.py:3 imports verl.compat.planning.planner",
+        "verl/utils/sub/mod.py:4 imports verl.workers.model_building",
+        "verl/utils/sub/mod.py:4 imports verl.workers.model_building.loading",
     ]

@@ -15,11 +15,12 @@ from verl.protocol import DataProto
 # ------------------------------------------------------------------------------- verl.utils.device
 
 def test_device_helpers_follow_the_applied_plan_and_the_planner_rule(tmp_path):
-    from verl.compat import apply, build_plan
-    from verl.compat.catalog import get_profile
-    from verl.compat.detect import detect_software
-    from verl.compat.device_names import names_for_backend
-    from verl.compat.planner import make_plan
+    from verl.compat import build_plan
+    from verl.compat.apply import apply_plan as apply
+    from verl.compat.device.catalog import get_profile
+    from verl.compat.device.detect import detect_software
+    from verl.compat.apply.device_names import names_for_backend
+    from verl.compat.planning.planner import make_plan
     from verl.trainer.config_check import load_config
     from verl.utils import device
     from verl.utils.tiny_model import build_tiny_model_dir

@@ -34,7 +34,7 @@ def instruction() -> str:
 
 def tiny_vl_model(out_dir) -> str:
     """A tiny Qwen2.5-VL whose tokenizer was trained on the problems and the instruction (short prompts)."""
-    from verl.utils.tiny_vl_model import build_tiny_vl_model_dir
+    from tiny_vl_model import build_tiny_vl_model_dir
 
     corpus = [p + " " + instruction() for p in PROBLEMS] * 4
     return build_tiny_vl_model_dir(str(out_dir), corpus_texts=corpus, vocab_size=1024, seed=0)
@@ -42,7 +42,7 @@ def tiny_vl_model(out_dir) -> str:
 
 def write_hub_copy(folder, rows_per_split: int = 8, seed: int = 0, image_size: int = 56) -> Path:
     """A geometry3k-shaped copy of the hub repository in `folder`, one random image per problem."""
-    from verl.utils.tiny_vl_model import tiny_images
+    from tiny_vl_model import tiny_images
 
     data = Path(folder) / "data"
     data.mkdir(parents=True, exist_ok=True)

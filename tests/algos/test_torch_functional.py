@@ -288,7 +288,7 @@ def test_logprob_backward_at_qwen_vocab_equals_the_softmax_formula(monkeypatch, 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("entropy", [False, True])
 def test_chunked_logprob_scratch_is_two_float32_chunks(monkeypatch, dtype, entropy):
-    """The memory model (verl/compat/memory.py, `_logprob_scratch`) counts at most two float32 chunks of scratch
+    """The memory model (verl/compat/planning/memory.py, `_logprob_scratch`) counts at most two float32 chunks of scratch
     for the log-prob pass and for its backward; the bytes of every tensor storage created (a
     storage-counting dispatch mode, as benchmarks/memory_model.py measures phases on CPU) stay there."""
     import gc

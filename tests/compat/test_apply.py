@@ -9,10 +9,10 @@ import torch
 from omegaconf import OmegaConf
 
 from verl import compat
-from verl.compat import apply
-from verl.compat.catalog import get_profile
+from verl.compat.apply import apply_plan as apply
+from verl.compat.device.catalog import get_profile
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
-from verl.compat.profile import SoftwareInfo
+from verl.compat.device.profile import SoftwareInfo
 from verl.trainer.config_check import CONFIG_DIR
 
 GiB = 1024**3
@@ -136,7 +136,7 @@ def _planned(name: str) -> Plan:
     """The planner's plan for the field report's settings on a simulated catalog device."""
     from test_planner import FIELD, PLAIN, QWEN05
 
-    from verl.compat.planner import make_plan
+    from verl.compat.planning.planner import make_plan
 
     return make_plan(dataclasses.replace(get_profile(name), simulated=True), FIELD, PLAIN, QWEN05)
 
@@ -352,7 +352,7 @@ def reference_kernel(q, k, v, bias, causal, scale, dropout):
 
 @pytest.fixture
 def xformers_with_reference_kernel():
-    from verl.compat.attention import register_xformers_attention, xformers_kernel
+    from verl.compat.apply.attention import register_xformers_attention, xformers_kernel
 
     reference_kernel.calls = []
     register_xformers_attention(reference_kernel)
@@ -389,7 +389,7 @@ def test_xformers_attention_matches_eager_with_padding_and_gqa(xformers_with_ref
 
 
 def test_xformers_bias_is_row_aligned_and_fully_masked_rows_stay_finite():
-    from verl.compat.attention import _additive_bias
+    from verl.compat.apply.attention import _additive_bias
 
     keep = torch.tensor([[[[False, False, False], [True, True, False]]]])   # [1, 1, 2, 3]
     bias = _additive_bias(keep, num_heads=2, dtype=torch.float16)
@@ -399,7 +399,7 @@ def test_xformers_bias_is_row_aligned_and_fully_masked_rows_stay_finite():
 
 
 def test_xformers_attention_refuses_packed_sequences():
-    from verl.compat.attention import xformers_attention_forward
+    from verl.compat.apply.attention import xformers_attention_forward
 
     q = torch.zeros(1, 2, 4, 8)
     with pytest.raises(ValueError, match="flash_attention_2"):
@@ -441,14 +441,14 @@ def test_simulated_p40_limits_are_enforced_on_the_real_gpu():
 @pytest.mark.gpu
 @needs_gpu
 def test_real_xformers_kernel_matches_eager_where_it_loads():
-    from verl.compat import detect
+    from verl.compat.device import detect
 
     ok, note = detect._xformers_verdict(detect.detect_profile("t4"), detect._version("xformers"))
     if not ok:
         pytest.skip(note)
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from verl.compat.attention import register_xformers_attention
+    from verl.compat.apply.attention import register_xformers_attention
 
     register_xformers_attention()
     torch.manual_seed(0)
@@ -474,9 +474,9 @@ import json, sys
 import torch
 sys.path.insert(0, sys.argv[1])
 from test_planner import FIELD, PLAIN, QWEN05
-from verl.compat import apply
-from verl.compat.detect import detect_profile
-from verl.compat.planner import make_plan
+from verl.compat.apply import apply_plan as apply
+from verl.compat.device.detect import detect_profile
+from verl.compat.planning.planner import make_plan
 
 apply.apply_in_process(make_plan(detect_profile(sys.argv[2]), FIELD, PLAIN, QWEN05))
 a = torch.randn(64, 64, device="cuda", requires_grad=True)

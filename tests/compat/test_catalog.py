@@ -1,7 +1,7 @@
 """The device catalog: every device the planner must know, with figures consistent with its architecture."""
 import pytest
 
-from verl.compat.catalog import ALIASES, CATALOG, get_profile
+from verl.compat.device.catalog import ALIASES, CATALOG, get_profile
 
 REQUIRED = ["cpu", "p40", "p100", "v100-16gb", "v100-32gb", "t4", "rtx2080ti", "rtx3090", "rtx4090", "a10",
             "l4", "a100-40gb", "a100-80gb", "l40s", "h100", "h200", "mi300x"]

@@ -22,10 +22,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from test_memory import HF, QWEN05, role  # noqa: E402
 
-from verl.compat.memory import (BYTES, COMPILED_ACTIVATION_SHARE, GiB, Workload, estimate_memory,  # noqa: E402
+from verl.compat.planning.memory import (BYTES, COMPILED_ACTIVATION_SHARE, GiB, Workload, estimate_memory,  # noqa: E402
                                 layer_activation_bytes)
-from verl.compat.model_spec import ModelSpec  # noqa: E402
-from verl.utils.layer_compile import compile_decoder_layers  # noqa: E402
+from verl.compat.planning.model_spec import ModelSpec  # noqa: E402
+from verl.workers.model_building.layer_compile import compile_decoder_layers  # noqa: E402
 
 QWEN05_LAYER = dict(vocab_size=256, hidden_size=896, intermediate_size=4864, num_hidden_layers=1,
                     num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=1024,

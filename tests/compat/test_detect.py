@@ -5,16 +5,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from verl.compat import detect
-from verl.compat.catalog import CATALOG, get_profile
-from verl.compat.detect import (
+from verl.compat.device import detect
+from verl.compat.device.catalog import CATALOG, get_profile
+from verl.compat.device.detect import (
     UnsupportedDeviceError,
     arch_list_covers,
     check_torch_supports,
     detect_profile,
     detect_software,
 )
-from verl.compat.profile import SoftwareInfo
+from verl.compat.device.profile import SoftwareInfo
 
 GiB = 1024**3
 cpu_host_only = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts what a GPU-less host reports")
@@ -192,7 +192,7 @@ def test_flash_attn_verdict(device, usable, words):
     ("a100-80gb", True, "ships"), ("h200", True, "ships"),
 ])
 def test_torch_varlen_verdict_needs_sm80_and_the_kernel_in_torch(device, usable, words, monkeypatch):
-    from verl.compat import varlen_attention
+    from verl.compat.apply import varlen_attention
 
     monkeypatch.setattr(varlen_attention, "varlen_kernel_available", lambda: (True, "torch 2.11 ships it"))
     ok, note = detect._torch_varlen_verdict(get_profile(device))
@@ -203,7 +203,7 @@ def test_torch_varlen_verdict_needs_sm80_and_the_kernel_in_torch(device, usable,
 
 @cpu_host_only
 def test_torch_varlen_kernel_check_reads_this_torch_build():
-    from verl.compat.varlen_attention import varlen_kernel_available
+    from verl.compat.apply.varlen_attention import varlen_kernel_available
 
     ok, note = varlen_kernel_available()   # a CPU build of torch has no FlashAttention kernels
     assert not ok and ("built without" in note or "no torch.nn.attention.varlen" in note)
@@ -377,9 +377,9 @@ def test_xformers_is_probed_only_when_a_model_asks_for_it(monkeypatch):
     H200's 17 s planning stage on a fresh machine); the planner uses xformers only where a model asks
     for attn_implementation=xformers, so build_plan probes only then."""
     import verl.compat as compat
-    from verl.compat.catalog import get_profile
-    from verl.compat.model_spec import ModelSpec
-    from verl.compat.planner import xformers_asked
+    from verl.compat.device.catalog import get_profile
+    from verl.compat.planning.model_spec import ModelSpec
+    from verl.compat.planning.planner import xformers_asked
     from verl.trainer.config_check import load_config
     from transformers import Qwen2Config
 

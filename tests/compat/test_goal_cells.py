@@ -5,12 +5,12 @@ import dataclasses
 
 import pytest
 
-from verl.compat.catalog import CATALOG
-from verl.compat.decider import MemoryShortfall
-from verl.compat.model_spec import BUILTIN_MODELS, ModelSpec
-from verl.compat.modes import largest_models, mode_rows
-from verl.compat.planner import make_plan
-from verl.compat.profile import SoftwareInfo
+from verl.compat.device.catalog import CATALOG
+from verl.compat.planning.decider import MemoryShortfall
+from verl.compat.planning.model_spec import BUILTIN_MODELS, ModelSpec
+from verl.compat.planning.modes import largest_models, mode_rows
+from verl.compat.planning.planner import make_plan
+from verl.compat.device.profile import SoftwareInfo
 from verl.trainer.config_check import load_config
 
 SOFTWARE = SoftwareInfo(torch_version="2.11.0", triton_usable=True, peft_version="0.17.0",
@@ -124,7 +124,7 @@ def test_docs_table_of_the_largest_model_is_the_planners_answer():
     with `python -m verl.compat --largest ...` when the memory model changes)."""
     from pathlib import Path
 
-    from verl.compat.modes import largest_table
+    from verl.compat.planning.modes import largest_table
 
     docs = (Path(__file__).resolve().parents[2] / "docs" / "compat.md").read_text()
     rows = largest_table(load_config(GRPO), SOFTWARE, ["p40", "t4", "rtx3090", "a100-40gb"]).splitlines()[2:]

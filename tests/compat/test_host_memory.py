@@ -1,10 +1,10 @@
 """The host-memory check of offloaded plans: what FSDP2's CPU offload keeps in RAM, and the refusal."""
 import pytest
 
-from verl.compat.decider import MemoryShortfall
-from verl.compat.host_memory import check_host_memory, host_state_gb
-from verl.compat.memory import GiB
-from verl.compat.model_spec import BUILTIN_MODELS, ModelSpec
+from verl.compat.planning.decider import MemoryShortfall
+from verl.compat.planning.host_memory import check_host_memory, host_state_gb
+from verl.compat.planning.memory import GiB
+from verl.compat.planning.model_spec import BUILTIN_MODELS, ModelSpec
 from verl.compat.plan import RolePlan
 
 Q7 = ModelSpec.from_hf_config(BUILTIN_MODELS["qwen2.5-7b"])
@@ -35,9 +35,9 @@ def test_the_planner_refuses_an_a100_7b_offload_on_a_128_gib_host_and_plans_it_o
     """The a100-40gb 7B full cell: the device fits with offload, the H200 test host's RAM does not."""
     import dataclasses
 
-    from verl.compat.catalog import CATALOG
-    from verl.compat.planner import make_plan
-    from verl.compat.profile import SoftwareInfo
+    from verl.compat.device.catalog import CATALOG
+    from verl.compat.planning.planner import make_plan
+    from verl.compat.device.profile import SoftwareInfo
     from verl.trainer.config_check import load_config
 
     config = load_config(["algorithm.adv_estimator=grpo", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from verl.compat.memory import GiB, Workload, _activations, _tokens, estimate_memory, layer_activation_bytes
-from verl.compat.model_spec import BUILTIN_MODELS, ModelSpec
+from verl.compat.planning.memory import GiB, Workload, _activations, _tokens, estimate_memory, layer_activation_bytes
+from verl.compat.planning.model_spec import BUILTIN_MODELS, ModelSpec
 from verl.compat.plan import RolePlan, RolloutPlan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -257,14 +257,14 @@ def test_script_end_to_end_on_cpu(tmp_path, capsys):
     rows = [line.split() for line in out.splitlines() if line.startswith("cpu ")]
     assert sorted(r[3] for r in rows) == sorted(phases)
     assert all(float(r[4]) > 0 and float(r[5]) > 0 and r[6].endswith("%") for r in rows)
-    assert "calibration (verl/compat/memory.py):" in out and report["calibration"]
+    assert "calibration (verl/compat/planning/memory.py):" in out and report["calibration"]
 
 
 # ----------------------------------------------------------------------------- built-in rollout chunks
 
 def test_rollout_phase_is_one_chunk_of_linear_per_sequence_cost():
     """Generation memory is linear in the sequences generated together; the phase counts one chunk."""
-    from verl.compat.memory import ENGINE_TERMS, generation_bytes_per_sequence
+    from verl.compat.planning.memory import ENGINE_TERMS, generation_bytes_per_sequence
 
     actor = role(compute="float32")
     fp32 = dataclasses.replace(HF, dtype="float32")
@@ -314,7 +314,7 @@ def test_generation_gathers_the_whole_actor_in_its_gather_dtype():
 def test_validation_is_a_phase_of_one_chunk_or_the_whole_val_batch():
     """Validation generates `val_batch_per_gpu` sequences in the plan's chunks; unknown (the whole
     validation set, `data.val_batch_size` null) counts one full chunk."""
-    from verl.compat.memory import ENGINE_TERMS
+    from verl.compat.planning.memory import ENGINE_TERMS
 
     actor, chunked = role(compute="float32"), dataclasses.replace(HF, dtype="float32", micro_batch_size=512)
 
@@ -334,9 +334,9 @@ def test_plan_peak_covers_validation_on_the_field_report():
     """The simulated-P40 field report (batch 1, 256+256) measured 18.97 GB after its first validation
     (the whole GSM8K test set in chunks of the plan's size) while the plan said 14.72: the plan's
     peak now includes that validation chunk, and the chunk still fits the device."""
-    from verl.compat.catalog import get_profile
-    from verl.compat.planner import make_plan
-    from verl.compat.profile import SoftwareInfo
+    from verl.compat.device.catalog import get_profile
+    from verl.compat.planning.planner import make_plan
+    from verl.compat.device.profile import SoftwareInfo
 
     cfg = {"data": {"train_batch_size": 1, "max_prompt_length": 256, "max_response_length": 256},
            "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 1, "ppo_micro_batch_size_per_gpu": 1},
@@ -365,7 +365,7 @@ def test_builtin_engine_under_autocast_casts_one_weight_at_a_time():
     from omegaconf import OmegaConf
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from verl.compat import memory
+    from verl.compat.planning import memory
     from verl.protocol import DataProto
     from verl.workers.rollout import HFRollout
 
@@ -395,7 +395,7 @@ def test_prefill_transients_follow_the_weights_the_engine_computes_with():
     """The prefill formula was measured with float32 weights under bfloat16 autocast (4H*4 + 3I*2 + 4I
     per prompt token). A plan that casts on gather generates with bfloat16 weights and no autocast:
     4H*2 + 3I*2. A guarded float16 actor (float32 gathered, autocast) keeps the autocast form."""
-    from verl.compat.memory import _generation_terms
+    from verl.compat.planning.memory import _generation_terms
 
     m, bf16, fp16 = QWEN05, dataclasses.replace(HF, dtype="bfloat16"), dataclasses.replace(HF, dtype="float16")
     h, i = m.hidden_size, m.intermediate_size
@@ -410,7 +410,7 @@ def test_autocast_caches_the_casts_of_trained_weights_only():
     casts a frozen weight op by op: measured here with the storage counter. So under float16 autocast
     over float32 weights (a guarded t4/v100 plan) the actor's forward holds a cast copy of its weights,
     the frozen reference's only the largest weight's cast (the output projection)."""
-    from verl.compat import memory
+    from verl.compat.planning import memory
 
     def transient(requires_grad):
         layers = torch.nn.Sequential(*[torch.nn.Linear(256, 256, bias=False) for _ in range(8)])

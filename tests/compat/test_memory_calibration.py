@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from verl.compat.memory import Workload, estimate_memory
-from verl.compat.model_spec import BUILTIN_MODELS, ModelSpec
+from verl.compat.planning.memory import Workload, estimate_memory
+from verl.compat.planning.model_spec import BUILTIN_MODELS, ModelSpec
 from verl.compat.plan import RolePlan, RolloutPlan
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"

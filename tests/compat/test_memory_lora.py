@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from verl.compat.memory import ADAMW8BIT_BYTES, NF4_BYTES, GiB, Workload, estimate_memory
-from verl.compat.model_spec import BUILTIN_MODELS, ModelSpec
+from verl.compat.planning.memory import ADAMW8BIT_BYTES, NF4_BYTES, GiB, Workload, estimate_memory
+from verl.compat.planning.model_spec import BUILTIN_MODELS, ModelSpec
 from verl.compat.plan import RolePlan, RolloutPlan
 
 QWEN7 = ModelSpec.from_hf_config(BUILTIN_MODELS["qwen2.5-7b"])

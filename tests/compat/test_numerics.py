@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from verl.compat import numerics
-from verl.compat.numerics import (
+from verl.compat.apply import numerics
+from verl.compat.apply.numerics import (
     GUARD_ROWS,
     MAX_ABS_NATS,
     MEAN_ABS_NATS,

@@ -6,18 +6,18 @@ import os
 import pytest
 import transformers
 
-from verl.compat.catalog import CATALOG, get_profile
-from verl.compat.memory import Workload, estimate_memory
-from verl.compat.model_spec import ModelSpec
-from verl.compat.planner import PlanError, make_plan
-from verl.compat.profile import SoftwareInfo
+from verl.compat.device.catalog import CATALOG, get_profile
+from verl.compat.planning.memory import Workload, estimate_memory
+from verl.compat.planning.model_spec import ModelSpec
+from verl.compat.planning.planner import PlanError, make_plan
+from verl.compat.device.profile import SoftwareInfo
 
 QWEN05 = ModelSpec.from_hf_config(transformers.Qwen2Config(
     vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
     intermediate_size=4864, tie_word_embeddings=True, max_position_embeddings=32768))
 PLAIN = SoftwareInfo(torch_version="2.11.0", triton_usable=True)
 # FULL has every package installed and usable, vLLM included (the engines are this verl's own,
-# verl.compat.engines, which lists vllm): the planner's vLLM rules are planned for real.
+# verl.compat.device.engines, which lists vllm): the planner's vLLM rules are planned for real.
 FULL = SoftwareInfo(torch_version="2.11.0", triton_usable=True, flash_attn_version="2.8", flash_attn_usable=True,
                     xformers_version="0.0.30", xformers_usable=True, vllm_version="0.11", vllm_usable=True)
 NONE = SoftwareInfo(torch_version="2.11.0")
@@ -257,8 +257,8 @@ def test_impossible_override_is_adapted_with_warning_or_refused_in_strict(key, v
 def test_detected_software_lists_the_engines_the_workers_build():
     """compat owns the engine list (it imports no worker); the workers' registry matches it."""
     from verl.compat import detect_software
-    from verl.compat.engines import ENGINES as LISTED
-    from verl.compat.engines import check_registry
+    from verl.compat.device.engines import ENGINES as LISTED
+    from verl.compat.device.engines import check_registry
     from verl.workers.rollout import ENGINES
 
     assert detect_software(get_profile("cpu")).rollout_engines == tuple(LISTED) == tuple(ENGINES) == ("hf", "vllm")
@@ -462,7 +462,7 @@ def test_token_budgets_are_bounded_by_the_mini_batch_the_planner_reads():
 
 @pytest.mark.parametrize("device", ["a100-80gb", "h200"])
 def test_torch_compile_where_triton_runs_names_the_layers_and_the_first_step_cost(device):
-    """The printed reason says what the workers compile (verl.utils.layer_compile, the chunk kernels) and
+    """The printed reason says what the workers compile (verl.workers.model_building.layer_compile, the chunk kernels) and
     what it costs once; without a usable triton the same device plans no compile."""
     plan = make_plan(get_profile(device), QUICKSTART, PLAIN, QWEN05)
     why = plan.reasons["torch_compile"]

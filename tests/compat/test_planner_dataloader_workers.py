@@ -3,11 +3,11 @@ import dataclasses
 
 import pytest
 
-from verl.compat.apply import resolve_config
-from verl.compat.catalog import get_profile
-from verl.compat.detect import detect_profile, host_cpu_count
-from verl.compat.planner import PlanError, make_plan
-from verl.compat.profile import SoftwareInfo
+from verl.compat.apply.apply_plan import resolve_config
+from verl.compat.device.catalog import get_profile
+from verl.compat.device.detect import detect_profile, host_cpu_count
+from verl.compat.planning.planner import PlanError, make_plan
+from verl.compat.device.profile import SoftwareInfo
 from verl.trainer.config_check import load_config
 
 SOFTWARE = SoftwareInfo(torch_version="2.11.0")

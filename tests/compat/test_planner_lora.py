@@ -4,11 +4,11 @@ import dataclasses
 
 import pytest
 
-from verl.compat.catalog import CATALOG
-from verl.compat.decider import bitsandbytes_missing
-from verl.compat.model_spec import BUILTIN_MODELS, ModelSpec
-from verl.compat.planner import PlanError, make_plan
-from verl.compat.profile import SoftwareInfo
+from verl.compat.device.catalog import CATALOG
+from verl.compat.planning.decider import bitsandbytes_missing
+from verl.compat.planning.model_spec import BUILTIN_MODELS, ModelSpec
+from verl.compat.planning.planner import PlanError, make_plan
+from verl.compat.device.profile import SoftwareInfo
 from verl.trainer.config_check import ConfigError, load_config
 
 from tests.compat.test_planner import config

@@ -9,10 +9,10 @@ import math
 
 import transformers
 
-from verl.compat.catalog import get_profile
-from verl.compat.model_spec import ModelSpec
-from verl.compat.planner import make_plan
-from verl.compat.profile import SoftwareInfo
+from verl.compat.device.catalog import get_profile
+from verl.compat.planning.model_spec import ModelSpec
+from verl.compat.planning.planner import make_plan
+from verl.compat.device.profile import SoftwareInfo
 from verl.workers.rollout import ENGINES
 
 TINY = ModelSpec.from_hf_config(transformers.Qwen2Config(

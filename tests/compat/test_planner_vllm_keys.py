@@ -1,9 +1,9 @@
 """vLLM-only rollout keys changed by the user while the built-in engine runs: one plan warning naming them."""
 import pytest
 
-from verl.compat.catalog import get_profile
-from verl.compat.planner import VLLM_ONLY_ROLLOUT_DEFAULTS, make_plan
-from verl.compat.profile import SoftwareInfo
+from verl.compat.device.catalog import get_profile
+from verl.compat.planning.planner import VLLM_ONLY_ROLLOUT_DEFAULTS, make_plan
+from verl.compat.device.profile import SoftwareInfo
 from verl.trainer.config_check import load_config
 
 R = "actor_rollout_ref.rollout"

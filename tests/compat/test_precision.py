@@ -1,18 +1,18 @@
 """compat owns precision: the planner's numerics decisions per role, user values it changes (a
 warning naming key, old and new value, or PlanError under strict), and the plan re-issued when
-the float16 numerics guard fails at run time (`verl.compat.precision.guard_fallback`)."""
+the float16 numerics guard fails at run time (`verl.compat.apply.precision.guard_fallback`)."""
 import dataclasses
 
 import pytest
 import transformers
 from omegaconf import OmegaConf
 
-from verl.compat.apply import resolve_config
-from verl.compat.catalog import get_profile
-from verl.compat.model_spec import ModelSpec
-from verl.compat.planner import PlanError, make_plan
-from verl.compat.precision import describe, guard_fallback
-from verl.compat.profile import SoftwareInfo
+from verl.compat.apply.apply_plan import resolve_config
+from verl.compat.device.catalog import get_profile
+from verl.compat.planning.model_spec import ModelSpec
+from verl.compat.planning.planner import PlanError, make_plan
+from verl.compat.apply.precision import describe, guard_fallback
+from verl.compat.device.profile import SoftwareInfo
 
 TINY = ModelSpec.from_hf_config(transformers.Qwen2Config(
     vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -14,10 +14,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from test_planner import PLAIN, QWEN05, config  # noqa: E402
 
-from verl.compat.catalog import CATALOG  # noqa: E402
-from verl.compat.fit import MULTI_RANK_RESHARD_HEADROOM  # noqa: E402
-from verl.compat.memory import GiB, Workload, estimate_memory  # noqa: E402
-from verl.compat.planner import PlanError, make_plan  # noqa: E402
+from verl.compat.device.catalog import CATALOG  # noqa: E402
+from verl.compat.planning.fit import MULTI_RANK_RESHARD_HEADROOM  # noqa: E402
+from verl.compat.planning.memory import GiB, Workload, estimate_memory  # noqa: E402
+from verl.compat.planning.planner import PlanError, make_plan  # noqa: E402
 
 ACTOR_KEY = "actor_rollout_ref.actor.fsdp_config.reshard_after_forward"
 RESHARD_ALL = {"actor_rollout_ref__actor__fsdp_config__reshard_after_forward": True,

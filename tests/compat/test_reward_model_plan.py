@@ -4,9 +4,9 @@ import pytest
 from test_planner import FULL, PLAIN, QWEN05, config
 
 from verl.compat import format_plan
-from verl.compat.catalog import get_profile
-from verl.compat.planner import make_plan
-from verl.compat.reward_model import rm_setting
+from verl.compat.device.catalog import get_profile
+from verl.compat.planning.planner import make_plan
+from verl.compat.planning.reward_model import rm_setting
 from verl.trainer.config_check import load_config
 
 # micro-batches every load_config needs, left to compat

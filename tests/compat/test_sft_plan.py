@@ -1,8 +1,8 @@
 """The SFT run's plan: the trained model planned as an actor, from upstream's SFT keys."""
 from test_planner import FULL, PLAIN, QWEN05
 
-from verl.compat.catalog import get_profile
-from verl.compat.sft import make_sft_plan, ppo_view
+from verl.compat.device.catalog import get_profile
+from verl.compat.planning.sft import make_sft_plan, ppo_view
 
 
 def sft_config(**data):

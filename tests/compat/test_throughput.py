@@ -1,4 +1,4 @@
-"""The plan's throughput rules (verl/compat/throughput.py) through the real planner and config."""
+"""The plan's throughput rules (verl/compat/planning/throughput.py) through the real planner and config."""
 import pytest
 
 from verl.compat.__main__ import plan_for
@@ -53,8 +53,8 @@ def test_fused_optimizer_on_the_device_and_for_the_offloaded_host_step(offload):
 @pytest.mark.parametrize("version,fused", [("2.3.1+cu121", False), ("2.4.0", True), ("2.11.0+cu128", True),
                                            ("", False)])
 def test_offloaded_step_is_fused_from_torch_2_4_else_foreach(version, fused):
-    from verl.compat.catalog import CATALOG
-    from verl.compat.throughput import decide_fused_optimizer
+    from verl.compat.device.catalog import CATALOG
+    from verl.compat.planning.throughput import decide_fused_optimizer
 
     reasons = {}
     note = lambda key, value, why: reasons.setdefault(key, why) and value  # noqa: E731
@@ -88,7 +88,7 @@ def test_checkpointing_left_to_compat_is_off_where_activations_fit_and_budgets_s
     """The yaml leaves `enable_gradient_checkpointing` to compat: on an H200 the quick-start's activations
     fit whole budgets, so nothing is recomputed; on an A100-40GB the fit halves the budgets (not below
     CHECKPOINT_FLOOR_TOKENS) before it turns recomputation on; a user's `true` is kept."""
-    from verl.compat.fit import CHECKPOINT_FLOOR_TOKENS
+    from verl.compat.planning.fit import CHECKPOINT_FLOOR_TOKENS
 
     _, _, big = plan_for(QUICKSTART, device="h200", model_spec="qwen2.5-0.5b")
     assert not big.actor.gradient_checkpointing and not big.critic.gradient_checkpointing
@@ -108,7 +108,7 @@ def test_auto_budgets_grow_towards_the_whole_pass_while_the_plan_fits():
     decision) towards its whole pass while the plan still fits: on the H200 the quick-start's update
     runs one 64 x 1024-token micro-batch per mini-batch, forwards stop at GROWN_BUDGET_CAP; on an
     A100-80GB the update stops below that because the next doubling does not fit."""
-    from verl.compat.fit import GROWN_BUDGET_CAP
+    from verl.compat.planning.fit import GROWN_BUDGET_CAP
 
     whole_mini_batch = 64 * 1024
     _, _, h200 = plan_for(QUICKSTART, device="h200", model_spec="qwen2.5-0.5b")
@@ -136,7 +136,7 @@ def test_budgets_the_user_sets_are_not_grown():
     assert plan.ref.max_token_len_per_gpu == 16384
     assert plan.reasons["actor.max_token_len_per_gpu"] == "as configured"
     assert plan.critic.max_token_len_per_gpu == 64 * 1024
-    from verl.compat import apply
+    from verl.compat.apply import apply_plan as apply
 
     apply.resolve_config(config, plan)
     assert config.critic.ppo_max_token_len_per_gpu == config.critic.forward_max_token_len_per_gpu == 64 * 1024
@@ -146,7 +146,7 @@ def test_budgets_the_user_sets_are_not_grown():
 def test_budgets_grow_less_far_at_several_ranks():
     """At 2+ ranks a grown budget must leave MULTI_RANK_RESHARD_HEADROOM of the device free (the multi-rank
     memory terms are modelled, not measured); one rank may fill the device up to the margin."""
-    from verl.compat.fit import MULTI_RANK_RESHARD_HEADROOM
+    from verl.compat.planning.fit import MULTI_RANK_RESHARD_HEADROOM
 
     two = [o if not o.startswith("trainer.n_gpus_per_node") else "trainer.n_gpus_per_node=2" for o in QUICKSTART]
     _, _, one_rank = plan_for(QUICKSTART, device="h200", model_spec="qwen2.5-0.5b")

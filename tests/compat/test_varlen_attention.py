@@ -3,7 +3,7 @@ wrapper traces into one graph (meta tensors reach the op's fake implementation, 
 import pytest
 import torch
 
-from verl.compat import varlen_attention
+from verl.compat.apply import varlen_attention
 
 
 def test_no_mask_only_without_padding_and_without_a_cache():

@@ -1,4 +1,4 @@
-"""Whether each role is wrapped in FSDP2: the rule (verl.compat.wrapping), the planner's use of it per
+"""Whether each role is wrapped in FSDP2: the rule (verl.compat.planning.wrapping), the planner's use of it per
 device and setting, and what the memory model stops counting for an unwrapped model.
 
 The field report's settings on the P40 (float32 everywhere, one device) are the case it is for: FSDP2
@@ -14,11 +14,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from test_planner import FIELD, PLAIN, QUICKSTART, QWEN05, config  # noqa: E402
 
-from verl.compat.catalog import CATALOG  # noqa: E402
-from verl.compat.memory import GiB  # noqa: E402
+from verl.compat.device.catalog import CATALOG  # noqa: E402
+from verl.compat.planning.memory import GiB  # noqa: E402
 from verl.compat.plan import RolePlan  # noqa: E402
-from verl.compat.planner import make_plan  # noqa: E402
-from verl.compat.wrapping import wraps_in_fsdp  # noqa: E402
+from verl.compat.planning.planner import make_plan  # noqa: E402
+from verl.compat.planning.wrapping import wraps_in_fsdp  # noqa: E402
 
 FP32 = RolePlan(param_dtype="float32", compute_dtype="float32", grad_scaler=False, attn_implementation="sdpa",
                 use_remove_padding=False, gradient_checkpointing=False, param_offload=False, optimizer_offload=False)

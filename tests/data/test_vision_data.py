@@ -8,8 +8,8 @@ from omegaconf import OmegaConf
 
 from vision_data import PROBLEMS, geo3k_parquet, png_bytes, tiny_vl_model
 from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset
-from verl.utils.model_loading import load_processor, load_tokenizer
-from verl.utils.tiny_vl_model import tiny_images
+from verl.workers.model_building.loading import load_processor, load_tokenizer
+from tiny_vl_model import tiny_images
 
 MAX_PROMPT = 96
 
@@ -124,7 +124,7 @@ def test_over_long_filter_counts_image_tokens(geo3k, model_dir):
 def test_model_spec_counts_the_vision_tower(model_dir):
     from transformers import AutoModelForImageTextToText
 
-    from verl.compat.model_spec import ModelSpec
+    from verl.compat.planning.model_spec import ModelSpec
 
     spec = ModelSpec.from_pretrained(model_dir)
     model = AutoModelForImageTextToText.from_pretrained(model_dir)
@@ -137,7 +137,7 @@ def test_model_spec_of_qwen25_vl_3b_hub_config_counts_every_weight():
     model transformers builds from it (on the meta device: no memory)."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    from verl.compat.model_spec import ModelSpec
+    from verl.compat.planning.model_spec import ModelSpec
 
     hub = {"model_type": "qwen2_5_vl", "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
            "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,

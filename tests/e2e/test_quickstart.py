@@ -84,7 +84,7 @@ def check_run(proc, expect_critic: bool):
     assert "val-core/openai/gsm8k/reward/mean@1" in steps[2] and "timing_s/testing" in steps[2]
     for metric in ("critic/vf_loss", "critic/values/mean", "timing_s/values", "timing_s/update_critic"):
         assert (metric in steps[1]) == expect_critic, metric
-    # the start-up breakdown (verl/utils/startup.py) rides on the first step's record only
+    # the start-up breakdown (verl/utils/startup/clock.py) rides on the first step's record only
     assert "verl start-up:" in proc.stdout and "timing_s/startup" not in steps[2]
     assert steps[1]["timing_s/startup"] > steps[1]["timing_s/startup/ray_init"] > 0
     for stage in ("config", "plan", "spawn_workers", "init_models", "datasets"):

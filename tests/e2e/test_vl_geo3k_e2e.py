@@ -68,7 +68,7 @@ def test_geo3k_grpo_two_steps_checkpoint_and_merge(tmp_path):
         assert (hf / name).is_file(), name
 
     from verl.model_merger.__main__ import main as merger_main   # the stock command, in this process
-    from verl.utils.model_loading import load_processor
+    from verl.workers.model_building.loading import load_processor
 
     target = tmp_path / "merged"
     assert merger_main(["merge", "--backend", "fsdp", "--local_dir", str(hf.parent),

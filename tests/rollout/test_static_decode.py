@@ -13,10 +13,10 @@ import pytest
 import torch
 import transformers
 
-from verl.compat.catalog import get_profile
-from verl.compat.model_spec import ModelSpec
-from verl.compat.planner import make_plan
-from verl.compat.profile import SoftwareInfo
+from verl.compat.device.catalog import get_profile
+from verl.compat.planning.model_spec import ModelSpec
+from verl.compat.planning.planner import make_plan
+from verl.compat.device.profile import SoftwareInfo
 from verl.protocol import DataProto
 from verl.workers.rollout import HFRollout
 from verl.workers.rollout.hf_rollout import TOP_P_CANDIDATES, candidate_logits
@@ -324,7 +324,7 @@ def test_plan_compiles_the_decode_step_where_triton_and_graphs_are():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_compiled_cuda_graph_decode_equals_eager():
     """The real plan on this GPU (detected software: triton) compiles the decode step with inductor."""
-    from verl.compat.detect import detect_profile, detect_software
+    from verl.compat.device.detect import detect_profile, detect_software
 
     device = torch.device("cuda", torch.cuda.current_device())
     model = _model().to(device)
@@ -581,7 +581,7 @@ def test_windowed_graphs_and_compiled_step_equal_eager(monkeypatch):
     window and both chunk sizes."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from verl.compat.detect import detect_profile, detect_software
+    from verl.compat.device.detect import detect_profile, detect_software
     from verl.workers.rollout import static_decoder
 
     monkeypatch.setattr(static_decoder, "WINDOW_BUCKET", 4)

@@ -38,10 +38,10 @@ def _config(model_dir):
 def test_vllm_multi_turn_matches_the_built_in_engine(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from verl.compat.catalog import get_profile
-    from verl.compat.detect import detect_software
-    from verl.compat.model_spec import ModelSpec
-    from verl.compat.planner import make_plan
+    from verl.compat.device.catalog import get_profile
+    from verl.compat.device.detect import detect_software
+    from verl.compat.planning.model_spec import ModelSpec
+    from verl.compat.planning.planner import make_plan
 
     model_dir = build_tool_calling_model(str(tmp_path / "model"))
     config = _config(model_dir)

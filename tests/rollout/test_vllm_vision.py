@@ -18,8 +18,8 @@ pytest.importorskip("torchvision", reason="vLLM's Qwen2.5-VL needs torchvision, 
 from vision_data import geo3k_parquet, instruction, PROBLEMS  # noqa: E402
 from verl.protocol import DataProto  # noqa: E402
 from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset  # noqa: E402
-from verl.utils.model_loading import load_processor, load_tokenizer  # noqa: E402
-from verl.utils.tiny_vl_model import build_tiny_vl_model_dir  # noqa: E402
+from verl.workers.model_building.loading import load_processor, load_tokenizer  # noqa: E402
+from tiny_vl_model import build_tiny_vl_model_dir  # noqa: E402
 from verl.workers.rollout import ENGINES, HFRollout  # noqa: E402
 
 MAX_PROMPT, RESPONSE = 96, 8
@@ -43,10 +43,10 @@ def _config(model_dir):
 def test_vllm_greedy_on_image_prompts_equals_the_builtin_engine(tmp_path):
     from transformers import AutoModelForImageTextToText
 
-    from verl.compat.catalog import get_profile
-    from verl.compat.detect import detect_software
-    from verl.compat.model_spec import ModelSpec
-    from verl.compat.planner import make_plan
+    from verl.compat.device.catalog import get_profile
+    from verl.compat.device.detect import detect_software
+    from verl.compat.planning.model_spec import ModelSpec
+    from verl.compat.planning.planner import make_plan
 
     corpus = [p + " " + instruction() for p in PROBLEMS] * 4
     model_dir = build_tiny_vl_model_dir(str(tmp_path / "model"), corpus_texts=corpus, vocab_size=1024,

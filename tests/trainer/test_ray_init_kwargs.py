@@ -44,7 +44,7 @@ def test_the_users_system_config_wins_and_attaching_passes_none(captured, monkey
 
 
 def test_workers_share_the_drivers_bytecode_cache_only_when_it_turned_one_on(captured, monkeypatch, tmp_path):
-    from verl.utils import bytecode_cache
+    from verl.utils.startup import bytecode_cache
 
     config = load_config(check=False)
     task_runner._init_ray(config)

@@ -183,7 +183,7 @@ def test_ppo_step_order_metrics_and_validation(tmp_path, monkeypatch):
 def test_first_step_record_carries_the_startup_breakdown(tmp_path, monkeypatch, capsys):
     """timing_s/startup (process start to the first step) and its stages in step 1's record only; the
     table is printed once, before that step."""
-    from verl.utils import startup
+    from verl.utils.startup import clock as startup
 
     log = tmp_path / "log.jsonl"
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(log))

@@ -10,8 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from verl.utils import bytecode_cache
-from verl.utils.bytecode_cache import decide
+from verl.utils.startup import SWITCH, bytecode_cache
+from verl.utils.startup.bytecode_cache import decide
+
+
+@pytest.fixture(autouse=True)
+def _tricks_on(monkeypatch):
+    """These tests check the tricks themselves, so they run with them on whatever the suite's setting."""
+    monkeypatch.delenv(SWITCH, raising=False)
 
 FOLDER = "/cache/verl/pycache"
 
@@ -56,7 +62,7 @@ def test_entry_point_caches_bytecode_for_itself_and_the_processes_it_starts(tmp_
     cache_home = tmp_path / "cache"
     code = textwrap.dedent("""
         import subprocess, sys
-        from verl.utils.bytecode_cache import configure
+        from verl.utils.startup.bytecode_cache import configure
         choice = configure(packages=("bigpkg",))
         import bigpkg
         subprocess.run([sys.executable, "-c", "import bigpkg.child"], check=True)
@@ -78,7 +84,7 @@ def test_entry_point_caches_bytecode_for_itself_and_the_processes_it_starts(tmp_
 def test_off_leaves_python_alone(tmp_path):
     src = tmp_path / "src"
     _package(src, "bigpkg", compiled=False)
-    code = "from verl.utils.bytecode_cache import configure; import sys; c = configure(packages=('bigpkg',)); " \
+    code = "from verl.utils.startup.bytecode_cache import configure; import sys; c = configure(packages=('bigpkg',)); " \
            "print(c.folder, sys.pycache_prefix, sys.dont_write_bytecode)"
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", bytecode_cache.SETTING: "off",
            "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
@@ -92,7 +98,7 @@ def test_an_unwritable_folder_is_reported_and_python_left_alone(tmp_path):
     src = tmp_path / "src"
     _package(src, "bigpkg", compiled=False)
     (tmp_path / "not_a_folder").write_text("")
-    code = "from verl.utils.bytecode_cache import configure; import sys; c = configure(packages=('bigpkg',)); " \
+    code = "from verl.utils.startup.bytecode_cache import configure; import sys; c = configure(packages=('bigpkg',)); " \
            "print(c.folder, sys.pycache_prefix)"
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "XDG_CACHE_HOME": str(tmp_path / "not_a_folder"),
            "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}

@@ -15,7 +15,18 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+from verl.utils.startup import SWITCH
+
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _tricks_on(monkeypatch):
+    """These tests check the tricks themselves, so they run with them on whatever the suite's setting."""
+    monkeypatch.delenv(SWITCH, raising=False)
+
 
 EAGER_MODULE = """
 from transformers.utils import is_sklearn_available
@@ -44,7 +55,7 @@ def test_eager_imports_are_skipped_and_transformers_answers_restored(tmp_path):
     out = _run(tmp_path, """
         import sys
         from dataclasses import replace
-        from verl.utils.deferred_imports import DEFERRALS, optional_imports_deferred
+        from verl.utils.startup.deferred_imports import DEFERRALS, optional_imports_deferred
         import transformers.utils as hf_utils
         sklearn, scipy = DEFERRALS
         probed = (replace(sklearn, modules=(*sklearn.modules, "transformers_eager_probe")), scipy)
@@ -87,8 +98,8 @@ def test_a_workers_model_code_import_goes_through_the_deferral(tmp_path):
                 num_key_value_heads=1, vocab_size=64).save_pretrained(model_dir)
     out = _run(tmp_path, f"""
         import sys
-        from verl.utils import transformers_import
-        from verl.utils.model_loading import import_model_code
+        from verl.utils.startup import transformers_import
+        from verl.workers.model_building.loading import import_model_code
         calls = []
         original = transformers_import.optional_imports_deferred
         def counting():

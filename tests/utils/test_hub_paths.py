@@ -69,9 +69,9 @@ def test_a_missing_local_path_is_not_taken_for_a_hub_id():
 
 def test_model_spec_tokenizer_and_weights_load_from_a_hub_id(offline_cache, tiny_dir):
     from verl.compat import build_plan
-    from verl.compat.model_spec import ModelSpec
+    from verl.compat.planning.model_spec import ModelSpec
     from verl.trainer.config_check import load_config
-    from verl.utils.model_loading import build_model, load_tokenizer
+    from verl.workers.model_building.loading import build_model, load_tokenizer
 
     assert ModelSpec.from_pretrained(REPO_ID) == ModelSpec.from_pretrained(tiny_dir)
     assert load_tokenizer(REPO_ID)("1 + 2").input_ids == load_tokenizer(tiny_dir)("1 + 2").input_ids

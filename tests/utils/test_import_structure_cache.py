@@ -8,7 +8,16 @@ import sys
 import textwrap
 from pathlib import Path
 
-from verl.utils import import_structure_cache as cache
+import pytest
+
+from verl.utils.startup import SWITCH
+from verl.utils.startup import import_structure_cache as cache
+
+
+@pytest.fixture(autouse=True)
+def _tricks_on(monkeypatch):
+    """These tests check the tricks themselves, so they run with them on whatever the suite's setting."""
+    monkeypatch.delenv(SWITCH, raising=False)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,7 +101,7 @@ def _opened_model_sources(cache_home: Path) -> tuple[int, str]:
         opened = []
         sys.addaudithook(lambda event, args: event == "open" and isinstance(args[0], str)
                          and args[0].endswith(".py") and "/transformers/models/" in args[0] and opened.append(1))
-        from verl.utils.transformers_import import transformers_import
+        from verl.utils.startup.transformers_import import transformers_import
         with transformers_import():
             import transformers.modeling_utils
             from transformers import AutoModelForCausalLM, Qwen2Config

@@ -11,7 +11,7 @@ import torch
 from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM
 
-from verl.utils.layer_compile import compile_decoder_layers
+from verl.workers.model_building.layer_compile import compile_decoder_layers
 from verl.utils.tiny_model import build_tiny_model_dir
 from verl.workers.rollout.static_decoder import StaticDecoder
 
@@ -124,7 +124,7 @@ def test_generation_stays_eager_and_the_static_decoder_is_unaffected(model_dir):
 def test_a_vision_language_model_compiles_its_decoder_layers_and_leaves_the_vision_blocks_eager(tmp_path):
     from transformers import AutoModelForImageTextToText
 
-    from verl.utils.tiny_vl_model import build_tiny_vl_model_dir
+    from tiny_vl_model import build_tiny_vl_model_dir
 
     model = AutoModelForImageTextToText.from_pretrained(build_tiny_vl_model_dir(str(tmp_path / "vl")))
     assert compile_decoder_layers(model, backend="aot_eager") == model.config.text_config.num_hidden_layers

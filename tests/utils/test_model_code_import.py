@@ -9,7 +9,7 @@ from verl.utils.tiny_model import build_tiny_model_dir
 
 PROBE = """
 import sys
-from verl.utils.model_loading import import_model_code
+from verl.workers.model_building.loading import import_model_code
 import_model_code(sys.argv[1])
 print({m: m in sys.modules for m in ("transformers.models.auto.modeling_auto",
                                      "transformers.models.qwen2.modeling_qwen2")})

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from verl.utils import startup
-from verl.utils.startup import METRIC, Laps, StartupClock
+from verl.utils.startup import clock as startup
+from verl.utils.startup.clock import METRIC, Laps, StartupClock
 
 
 def test_stages_add_up_and_side_pieces_are_not_added():
@@ -30,7 +30,7 @@ def test_stages_add_up_and_side_pieces_are_not_added():
 
 
 def test_process_start_includes_time_before_the_first_import():
-    code = ("import time; time.sleep(0.6); from verl.utils.startup import process_start_time; "
+    code = ("import time; time.sleep(0.6); from verl.utils.startup.clock import process_start_time; "
             "print(time.time() - process_start_time())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     age = float(out.stdout.strip())

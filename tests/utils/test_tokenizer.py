@@ -7,7 +7,7 @@ import pytest
 
 from shared_data import DATA_ENV, data_root, real_data_path
 from verl.utils import hf_processor, hf_tokenizer
-from verl.utils.model_loading import load_tokenizer
+from verl.workers.model_building.loading import load_tokenizer
 
 QWEN = real_data_path("qwen-tokenizer")
 pytestmark = pytest.mark.skipif(QWEN is None, reason=f"the real Qwen tokenizer is not in {data_root()} ({DATA_ENV})")

@@ -9,8 +9,8 @@ from pathlib import PurePosixPath
 
 import pytest
 
-from verl.utils import transformers_import
-from verl.utils.transformers_import import packages_distributions
+from verl.utils.startup import transformers_import
+from verl.utils.startup.transformers_import import packages_distributions
 
 
 def _reference() -> dict[str, list[str]]:

@@ -187,7 +187,7 @@ def test_fp16_plan_uses_autocast_and_grad_scaler(model_dir):
 
 
 def test_failed_numerics_guard_switches_the_role_to_float32(model_dir, monkeypatch):
-    import verl.compat.numerics as numerics
+    import verl.compat.apply.numerics as numerics
 
     monkeypatch.setattr(numerics, "check_half_precision", lambda model, batch, dtype: (False, "forced in a test"))
     worker = _actor(model_dir, role="actor", plan=_fp16_plan(model_dir))
@@ -200,10 +200,10 @@ def test_failed_numerics_guard_switches_the_role_to_float32(model_dir, monkeypat
 
 
 def test_a_failed_guard_reissues_the_plan_for_actor_ref_and_rollout(model_dir, monkeypatch):
-    """The actor's guard fails: the worker re-issues the plan (verl.compat.precision) and applies it to
+    """The actor's guard fails: the worker re-issues the plan (verl.compat.apply.precision) and applies it to
     the actor, the frozen reference (same weights, so it overflows too) and the rollout; the update
     travels in meta_info for the trainer, which logs it once."""
-    import verl.compat.numerics as numerics
+    import verl.compat.apply.numerics as numerics
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     monkeypatch.setattr(numerics, "check_half_precision", lambda model, batch, dtype: (False, "forced in a test"))
@@ -307,7 +307,7 @@ def dynamo_cache():
 
 
 def _compiled_layers(module) -> int:
-    """Decoder layers whose forward the plan's torch_compile replaced (verl.utils.layer_compile)."""
+    """Decoder layers whose forward the plan's torch_compile replaced (verl.workers.model_building.layer_compile)."""
     return sum("forward" in vars(m) for m in module.modules() if type(m).__name__.endswith("DecoderLayer"))
 
 
@@ -323,7 +323,7 @@ def test_planned_torch_compile_compiles_layers_and_log_prob_kernels_with_equal_r
 
     from torch._dynamo.utils import counters
 
-    from verl.utils import layer_compile
+    from verl.workers.model_building import layer_compile
 
     monkeypatch.setattr(layer_compile, "BACKEND", "eager")
     compile_plan = dataclasses.replace(cpu_plan(model_dir), torch_compile=True)
@@ -359,7 +359,7 @@ def test_compiled_layers_under_fsdp2_mixed_precision_and_autocast_match_eager(mo
 
     from torch._dynamo.utils import counters
 
-    from verl.utils import layer_compile
+    from verl.workers.model_building import layer_compile
 
     monkeypatch.setattr(layer_compile, "BACKEND", "eager")
     plan = cpu_plan(model_dir, device="a100-80gb")
@@ -382,7 +382,7 @@ def test_planned_torch_compile_compiles_the_critic_layers_with_equal_results(mod
     """As above for the value model: compiled layers give the eager critic's values and update."""
     import dataclasses
 
-    from verl.utils import layer_compile
+    from verl.workers.model_building import layer_compile
 
     monkeypatch.setattr(layer_compile, "BACKEND", "eager")
     compile_plan = dataclasses.replace(cpu_plan(model_dir), torch_compile=True)
@@ -405,7 +405,7 @@ def test_gradient_checkpointing_stays_in_force_with_compiled_layers_under_fsdp2(
     saves during a training forward: with checkpointing, well under half of what it saves without."""
     import dataclasses
 
-    from verl.utils import layer_compile
+    from verl.workers.model_building import layer_compile
 
     monkeypatch.setattr(layer_compile, "BACKEND", "eager")
     plan = cpu_plan(model_dir)

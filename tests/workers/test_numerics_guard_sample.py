@@ -16,7 +16,7 @@ from worker_setup import (
     tiny_model,
 )
 
-from verl.compat import numerics
+from verl.compat.apply import numerics
 from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
 

@@ -38,7 +38,7 @@ from worker_setup import (  # noqa: E402
 
 from verl.protocol import DataProto  # noqa: E402
 from verl.utils import fsdp_utils  # noqa: E402
-from verl.utils.model_loading import build_model  # noqa: E402
+from verl.workers.model_building.loading import build_model  # noqa: E402
 from verl.workers import fsdp_workers as fw  # noqa: E402
 from verl.workers.actor.dp_actor import DataParallelPPOActor  # noqa: E402
 from verl.workers.critic.dp_critic import DataParallelPPOCritic  # noqa: E402

@@ -4,7 +4,7 @@ plan drives the real workers through one full training step.
 Each case composes the stock config as `main_ppo` does, plans for the catalog device with
 `verl.compat.build_plan` (the device simulated, the software what this host has), writes the plan
 into the config (`resolve_config`), and runs it on this host's CPU through
-`verl.compat.apply.on_host_cpu`: every numerics decision stays the device's (float16 with a grad
+`verl.compat.apply.apply_plan.on_host_cpu`: every numerics decision stays the device's (float16 with a grad
 scaler and the numerics guard on Volta/Turing, bfloat16 from Ampere, float32 on Pascal), while
 the device type, collective backend, GPU-only attention kernels and torch.compile are replaced
 (torch's CPU autocast runs float16 and bfloat16, so no dtype needs a stand-in). Memory figures
@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from worker_setup import PROMPT_LEN, RESPONSE_LEN, tiny_model  # noqa: E402
 
-from verl.compat.catalog import CATALOG  # noqa: E402
+from verl.compat.device.catalog import CATALOG  # noqa: E402
 from verl.protocol import DataProto  # noqa: E402
 
 torch.set_num_threads(1)
@@ -67,7 +67,7 @@ def _config(model_dir: str, device: str, algorithm: str, *extra: str):
 
 def _plan(config):
     from verl import compat
-    from verl.compat.apply import on_host_cpu
+    from verl.compat.apply.apply_plan import on_host_cpu
 
     plan = on_host_cpu(compat.build_plan(config, to_run=False))
     compat.resolve_config(config, plan)
@@ -106,7 +106,7 @@ def _assert_applied(planned, module, role_plan, trained: bool = True) -> None:
     """The worker's model computes exactly as its role plan says; a frozen one (the reference) is stored
     in the plan's `frozen_dtype` where it sets one (float16 under float32 compute on a P40)."""
     from verl.compat import torch_dtype
-    from verl.utils.model_loading import storage_dtype
+    from verl.workers.model_building.loading import storage_dtype
 
     compute = torch_dtype(role_plan.compute_dtype)
     assert planned.precision.autocast_dtype == (None if compute == torch.float32 else compute)

@@ -39,7 +39,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def varlen_reference_kernel(monkeypatch):
     """torch_varlen with the reference kernel, counting packed calls (the test sees the kernel ran)."""
-    from verl.compat import varlen_attention
+    from verl.compat.apply import varlen_attention
 
     calls = []
 
@@ -98,7 +98,7 @@ def test_torch_varlen_kernel_gets_the_autocast_dtype(model_dir, varlen_reference
     embeddings hand over float32), and the packed logits stay those of per-sequence calls."""
     from transformers import AutoModelForCausalLM
 
-    from verl.compat import varlen_attention
+    from verl.compat.apply import varlen_attention
 
     dtypes = []
     kernel = varlen_attention.torch_varlen_kernel

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from worker_setup import PROMPT_LEN, actor_rollout_ref_config, cpu_plan, ppo_batch, tiny_model  # noqa: E402
 
-from verl.compat.model_spec import ModelSpec  # noqa: E402
+from verl.compat.planning.model_spec import ModelSpec  # noqa: E402
 from verl.protocol import DataProto  # noqa: E402
 from verl.workers.fsdp_workers import ActorRolloutRefWorker  # noqa: E402
 

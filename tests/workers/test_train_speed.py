@@ -183,8 +183,8 @@ def test_fused_adamw_updates_like_the_default_kernel():
 def test_training_flops_count_matmuls_and_attention(model_dir):
     from transformers import AutoConfig
 
-    from verl.compat.catalog import get_profile
-    from verl.compat.throughput import peak_flops
+    from verl.compat.device.catalog import get_profile
+    from verl.compat.planning.throughput import peak_flops
     from verl.utils.flops import matmul_params, training_flops
 
     config = AutoConfig.from_pretrained(model_dir)

@@ -82,8 +82,8 @@ def _qwen05_plan(sp: int, gpus: int = 2, heads_ok: bool = True, **extra):
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "compat"))
     from test_planner import PLAIN, QWEN05, config
 
-    from verl.compat.catalog import get_profile
-    from verl.compat.planner import make_plan
+    from verl.compat.device.catalog import get_profile
+    from verl.compat.planning.planner import make_plan
 
     cfg = config(64, 1024, 1024, 16, 2, 4, trainer__n_gpus_per_node=gpus, actor_rollout_ref__actor__use_kl_loss=True,
                  actor_rollout_ref__actor__ulysses_sequence_parallel_size=sp, critic__ulysses_sequence_parallel_size=sp,
@@ -109,7 +109,7 @@ def test_plan_carries_the_size_and_divides_activations_per_device():
 
 
 def test_plan_refuses_a_size_that_divides_neither_ranks_nor_heads():
-    from verl.compat.planner import PlanError
+    from verl.compat.planning.planner import PlanError
 
     with pytest.raises(PlanError, match=r"actor_rollout_ref.actor.ulysses_sequence_parallel_size=3 must be a "
                                         r"positive divisor of the ranks .* = 2"):

@@ -11,13 +11,13 @@ import torch
 from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from verl.compat.varlen_attention import (
+from verl.compat.apply.varlen_attention import (
     reference_kernel,
     register_varlen_attention,
     torch_varlen_kernel,
     varlen_kernel_available,
 )
-from verl.utils import layer_compile
+from verl.workers.model_building import layer_compile
 from verl.workers.actor.dp_actor import DataParallelPPOActor, Precision
 
 pytestmark = [

@@ -13,8 +13,8 @@ from vision_data import geo3k_parquet, tiny_vl_model
 from worker_setup import actor_rollout_ref_config, cpu_plan
 from verl.protocol import DataProto
 from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset
-from verl.utils.model_loading import build_model, load_processor, load_tokenizer
-from verl.utils.tiny_vl_model import tiny_images
+from verl.workers.model_building.loading import build_model, load_processor, load_tokenizer
+from tiny_vl_model import tiny_images
 from verl.workers.actor.dp_actor import DataParallelPPOActor, Precision
 from verl.workers.rollout.hf_rollout import HFRollout
 
@@ -67,7 +67,7 @@ def test_plan_decides_the_vision_tower(setup, device):
 
 
 def test_a_critic_on_a_vl_model_is_refused_by_the_plan(setup):
-    from verl.compat.decider import PlanError
+    from verl.compat.planning.decider import PlanError
 
     model_dir, _, _ = setup
     with pytest.raises(PlanError, match=r"critic \(value head\) on a vision-language model .*adv_estimator=grpo"):
@@ -78,10 +78,10 @@ def test_vision_rules_replace_packing_and_fork_kernels(setup):
     """Where the text model would pack with a variable-length kernel, a VL model is planned padded on SDPA."""
     from dataclasses import replace
 
-    from verl.compat.decider import Decider
-    from verl.compat.detect import detect_profile, detect_software
-    from verl.compat.model_spec import ModelSpec
-    from verl.compat.vision import decide_vision
+    from verl.compat.planning.decider import Decider
+    from verl.compat.device.detect import detect_profile, detect_software
+    from verl.compat.planning.model_spec import ModelSpec
+    from verl.compat.planning.vision import decide_vision
 
     model_dir, _, plan = setup
     profile = detect_profile("h200")
@@ -154,7 +154,7 @@ def test_builtin_engine_greedy_equals_transformers_generate(setup):
 
 
 def test_update_trains_the_tower_unless_frozen(setup):
-    from verl.utils.model_loading import freeze_vision_tower, vision_tower
+    from verl.workers.model_building.loading import freeze_vision_tower, vision_tower
 
     model_dir, dataset, plan = setup
     for frozen in (False, True):
@@ -179,7 +179,7 @@ def test_update_trains_the_tower_unless_frozen(setup):
 
 def test_numerics_guard_runs_a_vl_batch_with_its_pixels(setup, monkeypatch):
     """The fp16 guard forwards VL rows as the actor does: (4, 1, seq) positions and the row's own pixels."""
-    from verl.compat import numerics
+    from verl.compat.apply import numerics
 
     model_dir, dataset, plan = setup
     model = build_model(model_dir, plan.actor, train=True)

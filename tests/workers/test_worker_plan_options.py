@@ -86,7 +86,7 @@ def test_half_precision_rollout_over_a_float32_actor_autocasts(model_dir):
 
 
 def test_rollout_follows_the_fp16_guard(model_dir, monkeypatch):
-    import verl.compat.numerics as numerics
+    import verl.compat.apply.numerics as numerics
 
     passed = _actor(model_dir, cpu_plan(model_dir, device="t4"))
     passed.compute_log_prob(ppo_batch())   # the guard runs here, so its own forwards are not recorded below
@@ -104,7 +104,7 @@ def test_rollout_follows_the_fp16_guard(model_dir, monkeypatch):
 
 def test_value_head_has_no_dropout_in_train_mode(model_dir):
     """transformers' token classifiers default to dropout 0.1 before the head; a critic must not have it."""
-    from verl.utils.model_loading import build_model
+    from verl.workers.model_building.loading import build_model
 
     critic = build_model(model_dir, role_plan(), value_head=True, train=True)
     assert critic.training
@@ -119,7 +119,7 @@ def test_value_head_has_no_dropout_in_train_mode(model_dir):
 def test_numerics_guard_false_skips_the_check_and_casts_on_gather(model_dir, monkeypatch):
     """`compat.numerics_guard: false` reaches the plan: no check, FSDP casts on gather, and the frozen
     reference is kept in float16 (nothing to compare it against)."""
-    import verl.compat.numerics as numerics
+    import verl.compat.apply.numerics as numerics
     from verl.utils import fsdp_utils
 
     def never(*_):

@@ -32,7 +32,7 @@ SP_KEYS = ("actor_rollout_ref__actor__ulysses_sequence_parallel_size", "critic__
 
 def use_varlen_reference_kernel() -> None:
     """torch_varlen with its CPU reference kernel (the real one needs a GPU)."""
-    from verl.compat import varlen_attention
+    from verl.compat.apply import varlen_attention
 
     varlen_attention.torch_varlen_kernel = varlen_attention.reference_kernel
     varlen_attention.register_varlen_attention()

@@ -21,7 +21,7 @@ PROMPT_LEN, RESPONSE_LEN = 8, 6
 
 def whole(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor: a DTensor's (FSDP2-wrapped model), else `t` itself (the one-device plan runs
-    models unwrapped, verl.compat.wrapping)."""
+    models unwrapped, verl.compat.planning.wrapping)."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
@@ -41,14 +41,14 @@ def role_plan(**overrides) -> RolePlan:
 
 def cpu_plan(model_dir: str, actor: RolePlan | None = None, critic: RolePlan | None = None, *,
              device: str = "cpu", **overrides) -> Plan:
-    """What `verl.compat.planner.make_plan` decides for these configs on `device` (a catalog name; a
-    GPU plan is run on the host CPU through `verl.compat.apply.on_host_cpu`, its dtypes unchanged),
+    """What `verl.compat.planning.planner.make_plan` decides for these configs on `device` (a catalog name; a
+    GPU plan is run on the host CPU through `verl.compat.apply.apply_plan.on_host_cpu`, its dtypes unchanged),
     optionally with the actor/critic role plans swapped for a test. `overrides` set config keys, with
     `__` for dots: `compat__numerics_guard=False`."""
-    from verl.compat.apply import on_host_cpu
-    from verl.compat.detect import detect_profile, detect_software
-    from verl.compat.model_spec import ModelSpec
-    from verl.compat.planner import make_plan
+    from verl.compat.apply.apply_plan import on_host_cpu
+    from verl.compat.device.detect import detect_profile, detect_software
+    from verl.compat.planning.model_spec import ModelSpec
+    from verl.compat.planning.planner import make_plan
 
     profile = detect_profile(device)
     config = OmegaConf.create({

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 
-from verl.compat.apply import apply_in_process, dtype_name, resolve_config, torch_dtype
-from verl.compat.detect import (
+from verl.compat.apply.apply_plan import apply_in_process, dtype_name, resolve_config, torch_dtype
+from verl.compat.device.detect import (
     SimulationNeedsGPUError,
     UnsupportedDeviceError,
     check_can_run,
@@ -22,7 +22,7 @@ from verl.compat.detect import (
     simulate_name,
 )
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
-from verl.compat.profile import DeviceProfile, SoftwareInfo
+from verl.compat.device.profile import DeviceProfile, SoftwareInfo
 
 __all__ = [
     "DeviceProfile",
@@ -56,22 +56,22 @@ class StrictModeError(ValueError):
 
 
 def make_plan(profile, config, software, model) -> Plan:
-    """The planner's pure decision function (see verl.compat.planner)."""
-    from verl.compat.planner import make_plan as _make_plan
+    """The planner's pure decision function (see verl.compat.planning.planner)."""
+    from verl.compat.planning.planner import make_plan as _make_plan
 
     return _make_plan(profile, config, software, model)
 
 
 def _select(config, path: str, default=None):
-    """`config.a.b` from a DictConfig or a plain dict (verl.compat.settings, the one reader)."""
-    from verl.compat.settings import get
+    """`config.a.b` from a DictConfig or a plain dict (verl.compat.planning.settings, the one reader)."""
+    from verl.compat.planning.settings import get
 
     return get(config, path, default)
 
 
 def model_spec_for(config):
     """The ModelSpec of the actor's model (`hf_config_path` if set, else `path`), from config.json."""
-    from verl.compat.model_spec import ModelSpec
+    from verl.compat.planning.model_spec import ModelSpec
 
     return ModelSpec.from_pretrained(_select(config, "actor_rollout_ref.model.hf_config_path")
                                      or _select(config, "actor_rollout_ref.model.path"))
@@ -86,7 +86,7 @@ def build_plan(config, model=None, *, to_run: bool = True) -> Plan:
     profile = detect_profile(simulate_name(_select(config, "compat.device")))
     if to_run:
         check_can_run(profile)
-    from verl.compat.planner import xformers_asked
+    from verl.compat.planning.planner import xformers_asked
 
     software = detect_software(profile, probe_xformers=xformers_asked(config))
     check_torch_supports(profile, software)
@@ -105,15 +105,15 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
-def _device_line(p: DeviceProfile) -> str:
-    where = " (simulated)" if p.simulated else ""
-    if p.backend == "cpu":
-        return f"{p.name}{where}: cpu, {p.memory_gb:.1f} GiB RAM"
-    cc = p.compute_capability
-    return (f"{p.name}{where} x{p.count}: {p.backend} sm_{cc[0]}{cc[1]}, {p.memory_gb:.1f} GiB, "
-            f"{p.sm_count} SMs, {p.shared_mem_per_block_kb} KB shared memory/block, "
-            f"bf16 {_yes(p.native_bf16)}, fp16 tensor cores {_yes(p.tensor_core_fp16)}, "
-            f"tf32 {_yes(p.tf32)}; host RAM {p.host_memory_gb:.1f} GiB")
+def _device_line(profile: DeviceProfile) -> str:
+    where = " (simulated)" if profile.simulated else ""
+    if profile.backend == "cpu":
+        return f"{profile.name}{where}: cpu, {profile.memory_gb:.1f} GiB RAM"
+    cc = profile.compute_capability
+    return (f"{profile.name}{where} x{profile.count}: {profile.backend} sm_{cc[0]}{cc[1]}, {profile.memory_gb:.1f} GiB, "
+            f"{profile.sm_count} SMs, {profile.shared_mem_per_block_kb} KB shared memory/block, "
+            f"bf16 {_yes(profile.native_bf16)}, fp16 tensor cores {_yes(profile.tensor_core_fp16)}, "
+            f"tf32 {_yes(profile.tf32)}; host RAM {profile.host_memory_gb:.1f} GiB")
 
 
 def format_device(profile: DeviceProfile, software: SoftwareInfo) -> list[str]:

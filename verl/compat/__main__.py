@@ -20,8 +20,8 @@ from dataclasses import asdict
 
 from omegaconf import OmegaConf
 
-from verl.compat.model_spec import BUILTIN_MODELS
-from verl.compat.decider import PlanError
+from verl.compat.planning.decider import PlanError
+from verl.compat.planning.model_spec import BUILTIN_MODELS
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -41,7 +41,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def _model_spec(name: str | None):
-    from verl.compat.model_spec import ModelSpec
+    from verl.compat.planning.model_spec import ModelSpec
 
     if name is None:
         return None
@@ -83,10 +83,10 @@ def plan_for(overrides: list[str], device: str | None = None, model_spec: str | 
 
 def mode_report(config, model) -> tuple:
     """(profile, rows): what full, full + offload, LoRA and QLoRA training would need on the planned
-    device (`verl.compat.modes`)."""
+    device (`verl.compat.planning.modes`)."""
     from verl import compat
-    from verl.compat.modes import mode_rows
-    from verl.compat.settings import get
+    from verl.compat.planning.modes import mode_rows
+    from verl.compat.planning.settings import get
 
     profile = compat.detect_profile(compat.simulate_name(get(config, "compat.device", None)))
     return profile, mode_rows(profile, config, compat.detect_software(profile, probe_xformers=False), model)
@@ -151,7 +151,7 @@ def _text_report(config, model, plan) -> str:
 
 
 def _modes_text(config, model) -> str:
-    from verl.compat.modes import format_modes
+    from verl.compat.planning.modes import format_modes
 
     profile, rows = mode_report(config, model)
     return format_modes(rows, profile)
@@ -172,7 +172,7 @@ def _largest(overrides: list[str], devices: list[str] | None) -> int:
     """`--largest [--device a,b]`: the table (every catalog GPU, or those named), planned with the installed
     software (peft and bitsandbytes assumed where missing, as the modes are)."""
     from verl import compat
-    from verl.compat.modes import largest_table
+    from verl.compat.planning.modes import largest_table
     from verl.trainer.config_check import load_config
 
     config = load_config(overrides)
@@ -180,19 +180,19 @@ def _largest(overrides: list[str], devices: list[str] | None) -> int:
     return 0
 
 
-def _print_modes_after(err: Exception, config, model, overrides: list[str], args) -> None:
+def _print_modes_after(error: Exception, config, model, overrides: list[str], args) -> None:
     """After a refusal, what each training mode would need; after a config error, the same for the
     config as composed (the planner fills what the checks asked for with its defaults)."""
-    from verl.compat.decider import PlanError
+    from verl.compat.planning.decider import PlanError
     from verl.trainer.config_check import ConfigError
 
-    if isinstance(err, ConfigError):
+    if isinstance(error, ConfigError):
         try:
             config, model = config_and_model(overrides, args.device, args.model_spec, check=False)
         except (FileNotFoundError, ValueError, RuntimeError):
             return
         print("\n(the config as composed, its errors above left to the planner's defaults)")
-    elif not isinstance(err, PlanError) or model is None:
+    elif not isinstance(error, PlanError) or model is None:
         return
     try:
         print("\n" + _modes_text(config, model))

@@ -1,6 +1,6 @@
 """The compat plan: every hardware decision for one run, each with a one-line reason.
 
-Produced by `verl.compat.planner.make_plan(profile, config, software, model)` (a pure function) and
+Produced by `verl.compat.planning.planner.make_plan(profile, config, software, model)` (a pure function) and
 handed to the trainer and every worker. Workers read these fields; they never inspect the GPU.
 Dtypes are written as torch attribute names ("float32", "float16", "bfloat16"); turn them into
 torch dtypes with `verl.compat.torch_dtype(name)`.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from verl.compat.profile import DeviceProfile, SoftwareInfo
+from verl.compat.device.profile import DeviceProfile, SoftwareInfo
 
 
 @dataclass
@@ -35,7 +35,7 @@ class RolePlan:
     reduce_dtype: str = "float32"          # dtype FSDP reduce-scatters gradients in
     numerics_guard: bool = False           # compare half precision with float32 on the first real batch
     guard_fallback_dtype: str | None = None  # compute dtype the role switches to when the guard fails
-    use_dynamic_bsz: bool = False   # token-budgeted micro-batches (verl/compat/throughput.py)
+    use_dynamic_bsz: bool = False   # token-budgeted micro-batches (verl/compat/planning/throughput.py)
     fused_optimizer: bool = False   # AdamW's fused kernel (trainable roles on an accelerator)
     # FSDP2's reshard_after_forward: False keeps each layer's gathered weights from its forward to its
     # backward in an update (no second all-gather, a whole model gathered at the end of forward)
@@ -92,7 +92,7 @@ class Plan:
     dataloader_num_workers: int = 0   # driver-side loader processes (data.dataloader_num_workers)
     # the reference policy is the LoRA actor with its adapters disabled (no second model; `ref` is None)
     ref_in_actor: bool = False
-    reward_model: RolePlan | None = None   # the sequence-classification reward model (verl/compat/reward_model.py)
+    reward_model: RolePlan | None = None   # the sequence-classification reward model (verl/compat/planning/reward_model.py)
 
     @property
     def use_remove_padding(self) -> bool:

@@ -65,7 +65,7 @@ def generate(config, plan):
 
     from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-    from verl.utils.model_loading import load_tokenizer
+    from verl.workers.model_building.loading import load_tokenizer
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
     model = config.actor_rollout_ref.model

@@ -43,7 +43,7 @@ def _task(config) -> None:
         _warn(validate(config))
     except ConfigError as error:
         _fail(error)
-    from verl.utils.startup import startup_clock
+    from verl.utils.startup.clock import startup_clock
 
     startup_clock().mark("config")
     import signal
@@ -85,8 +85,8 @@ def __getattr__(name: str):
 
 def main() -> None:
     """Check the overrides in sys.argv, then let Hydra compose `config/ppo_trainer.yaml` and run."""
-    from verl.utils.bytecode_cache import configure
-    from verl.utils.startup import startup_clock
+    from verl.utils.startup.bytecode_cache import configure
+    from verl.utils.startup.clock import startup_clock
 
     startup_clock().mark("python")   # interpreter start-up and this module's imports
     configure()   # before anything imports torch: where the image keeps no bytecode, cache it

@@ -165,7 +165,7 @@ def scorer_problems(config, datasets: dict) -> list[str]:
     """The built-in scorer of every data source in the data, tried once on an empty answer, so that a scorer
     whose package is missing (geo3k's mathruler) or a data source without one stops the run here, not after
     the first rollout. Skipped when a custom reward function or a reward model scores instead."""
-    from verl.compat.reward_model import reward_model_enabled
+    from verl.compat.planning.reward_model import reward_model_enabled
     from verl.utils.reward_score import _CODE_SOURCES, default_compute_score
 
     custom = any(OmegaConf.select(config, f"{key}.path", default=None)
@@ -191,7 +191,7 @@ def scorer_problems(config, datasets: dict) -> list[str]:
 
 def reward_model_problems(config) -> list[str]:
     """A reward model folder that is missing or has no classification head."""
-    from verl.compat.reward_model import reward_model_enabled, rm_setting, rm_setting_key
+    from verl.compat.planning.reward_model import reward_model_enabled, rm_setting, rm_setting_key
 
     path = rm_setting(config, "model_path")
     if not reward_model_enabled(config) or not path:

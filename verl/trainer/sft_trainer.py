@@ -2,7 +2,7 @@
 `torchrun --nproc_per_node=N -m verl.trainer.sft_trainer` (N ranks), with upstream 0.9.1's keys
 (`config/sft_trainer_engine.yaml`).
 
-The model is set up by the compat plan exactly as main_ppo's actor (verl/compat/sft.py): dtype,
+The model is set up by the compat plan exactly as main_ppo's actor (verl/compat/planning/sft.py): dtype,
 attention, FSDP2 wrapping, offload, gradient checkpointing, micro-batches, the float16 numerics guard.
 The loss is the mean negative log-likelihood of the assistant tokens of the whole batch (over all
 ranks), computed in float32. Checkpoints go to `trainer.default_local_dir/global_step_<N>/` with a
@@ -74,8 +74,8 @@ class SFTTrainer:
 
     def __init__(self, config, plan=None, device_index: int | None = None):
         """`device_index`: the accelerator this rank uses (torchrun's LOCAL_RANK when not given)."""
-        from verl.compat.apply import apply_in_process
-        from verl.compat.sft import build_sft_plan
+        from verl.compat.apply.apply_plan import apply_in_process
+        from verl.compat.planning.sft import build_sft_plan
         from verl.utils import fsdp_utils
 
         self.config = config
@@ -90,7 +90,7 @@ class SFTTrainer:
 
     def _build_data(self) -> None:
         from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
-        from verl.utils.model_loading import load_tokenizer
+        from verl.workers.model_building.loading import load_tokenizer
 
         model, data = self.config.model, self.config.data
         self.tokenizer = load_tokenizer(model.get("tokenizer_path") or model.path, bool(model.trust_remote_code))
@@ -120,7 +120,7 @@ class SFTTrainer:
     def _build_model(self) -> None:
         from omegaconf import OmegaConf
 
-        from verl.utils.model_loading import build_model
+        from verl.workers.model_building.loading import build_model
         from verl.workers.fsdp_workers import _build_optimizer, _checkpoint_manager, _PlannedModel
 
         role = self.plan.actor
@@ -197,7 +197,7 @@ class SFTTrainer:
         """The plan's float16 numerics guard on the first batch; float32 from then on if it fails."""
         if not self.planned.guard_pending:
             return
-        from verl.compat.precision import guard_fallback
+        from verl.compat.apply.precision import guard_fallback
         from verl.utils.dataset.multiturn_sft_dataset import collate_sft
 
         batch = {k: v.to(self.device) for k, v in collate_sft(rows, self.pad_id).items()}
@@ -297,7 +297,7 @@ def run_sft(config) -> dict[str, float]:
     if problems:
         print("verl: config error:\n" + "\n".join(f"- {p}" for p in problems), file=sys.stderr)
         raise SystemExit(CONFIG_ERROR_EXIT)
-    from verl.compat.sft import build_sft_plan
+    from verl.compat.planning.sft import build_sft_plan
 
     plan = build_sft_plan(config)
     if int(os.environ.get("RANK", 0)) == 0:

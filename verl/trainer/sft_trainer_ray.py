@@ -40,7 +40,7 @@ def run_sft_ray(config) -> dict[str, float]:
     import ray
 
     from verl import compat
-    from verl.compat.sft import build_sft_plan
+    from verl.compat.planning.sft import build_sft_plan
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
     from verl.trainer.ppo.task_runner import _init_ray
 

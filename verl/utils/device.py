@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from verl.compat.device_names import current_names
+from verl.compat.apply.device_names import current_names
 
 __all__ = ["get_device_id", "get_device_name", "get_nccl_backend", "get_torch_device", "is_cuda_available",
            "is_npu_available"]

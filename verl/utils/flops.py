@@ -4,7 +4,7 @@ The count is the usual dense-transformer estimate: 6 x (matmul parameters) per t
 backward, plus 12 x seq_len^2 x head_dim x heads per layer per sequence for the attention scores and
 their use. The embedding lookup is free, but the vocabulary projection is a matmul, so it is counted
 once whether or not its weight is tied to the embedding. The device's peak rate comes from the compat
-plan's device profile (`verl.compat.throughput.peak_flops`), never from the device.
+plan's device profile (`verl.compat.planning.throughput.peak_flops`), never from the device.
 """
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ def get_device_flops(unit: str = "T", device_name: str | None = None) -> float:
     """The device's dense peak in `unit` FLOP/s: its fastest half-precision rate where it has one, else fp32.
     `device_name` names a catalog device (e.g. "h100-80gb"); by default the detected device. inf where the
     profile has no figure (a CPU), so MFU reads 0 as upstream's does for an unknown device."""
-    from verl.compat.catalog import get_profile
-    from verl.compat.detect import detect_profile
+    from verl.compat.device.catalog import get_profile
+    from verl.compat.device.detect import detect_profile
 
     if unit not in _UNITS:
         raise ValueError(f"unit must be one of {sorted(_UNITS)}, got {unit!r}")

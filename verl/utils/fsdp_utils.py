@@ -75,7 +75,7 @@ def shard_model(
         kwargs["mesh"] = mesh
     gather_dtype = compute_dtype if cast_params_for_compute else param_dtype
     if len({p.dtype for p in model.parameters()}) > 1:
-        # frozen weights kept in another dtype than the trained ones (verl.utils.frozen_weights): a unit's
+        # frozen weights kept in another dtype than the trained ones (verl.workers.model_building.frozen_weights): a unit's
         # parameters are gathered together, so every one is cast to the gather dtype, one layer at a time
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=gather_dtype, reduce_dtype=reduce_dtype)
     elif gather_dtype != param_dtype or reduce_dtype != gather_dtype:
@@ -95,7 +95,7 @@ def shard_model(
     fully_shard(model, **kwargs)
     for unit in fsdp_modules(model):
         # Average gradients as SUM then divide: under AVG, gloo's reduce-scatter sums in torch 2.8
-        # (measured: doubled gradients at world size 2). SUM means the same on every backend.
+        # (doubled gradients at world size 2). SUM means the same on every backend.
         unit.set_force_sum_reduction_for_comms(True)
     model._planned_reshard_after_forward = reshard_after_forward
     if not reshard_after_forward:
@@ -115,8 +115,8 @@ def place_unwrapped(model: torch.nn.Module, device_type: str) -> torch.nn.Module
 
     The input embedding's gradient is added row by row into its `.grad` (`rows_into_grad`) instead of
     being materialised as a vocabulary-sized matrix. Tied to the output projection, the weight's two
-    gradients are then never summed out of place in backward; measured on CPU, backward ends holding
-    the `.grad` alone instead of three vocabulary matrices (two with sparse embedding gradients).
+    gradients are then never summed out of place in backward, which ends holding the `.grad` alone
+    instead of three vocabulary matrices (two with sparse embedding gradients).
     Only here: under FSDP2 the weight's `.grad` is the gathered parameter's, which FSDP2 reduces itself."""
     _to_device(model, device_type)
     inputs = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
@@ -260,8 +260,8 @@ def offload_optimizer_state(optimizer: torch.optim.Optimizer, device) -> None:
     lazily (its first step) is made beside the shard by torch and sent to the host after that step.
 
     The host copies live in page-locked buffers made once and reused every step, so both copies run
-    at the bus's DMA speed without a staging copy (with pageable copies, offload added 1.6 s to each
-    update of a 0.5B model on the H200: 7.4 GiB moved at ~4.5 GB/s).
+    at the bus's DMA speed without a staging copy (pageable copies halve that speed: docs/performance.md,
+    "Why the code does it this way").
     """
     accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     pinned = _PinnedHostState(pin=accelerator is not None and torch.device(device).type == accelerator.type)

@@ -33,7 +33,7 @@ def _fill_pad_token(tokenizer) -> None:
 def hf_tokenizer(name_or_path, correct_pad_token: bool = True, correct_gemma2: bool = True, **kwargs):
     """`AutoTokenizer.from_pretrained(name_or_path, **kwargs)` with a pad token (EOS when it has none,
     unless `correct_pad_token=False`) and gemma-2-2b-it's end-of-turn EOS (unless `correct_gemma2=False`)."""
-    from verl.utils.transformers_import import transformers_import
+    from verl.utils.startup.transformers_import import transformers_import
 
     if correct_gemma2 and isinstance(name_or_path, str) and _GEMMA2_IT in name_or_path:
         warnings.warn(f"{_GEMMA2_IT}: using <end_of_turn> (id 107) as the EOS token", stacklevel=2)

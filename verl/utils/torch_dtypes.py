@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from verl.compat.apply import torch_dtype
-from verl.compat.settings import dtype_name
+from verl.compat.apply.apply_plan import torch_dtype
+from verl.compat.planning.settings import dtype_name
 
 __all__ = ["HALF_LIST", "FLOAT_LIST", "BFLOAT_LIST", "PrecisionType"]
 

@@ -19,21 +19,22 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from verl.compat import torch_dtype
-from verl.compat.throughput import peak_flops
+from verl.compat.planning.throughput import peak_flops
 from verl.protocol import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.base.worker import Worker
-from verl.utils import frozen_weights, fsdp_utils, layer_compile, lora, ulysses
+from verl.utils import fsdp_utils, lora, ulysses
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.flops import training_flops
-from verl.utils.model_loading import build_model, freeze_vision_tower, import_model_code, load_tokenizer
-from verl.utils.startup import Laps
+from verl.utils.startup.clock import Laps
 from verl.utils.torch_functional import (
     get_constant_schedule_with_warmup,
     get_cosine_schedule_with_warmup,
 )
 from verl.workers.actor.dp_actor import DataParallelPPOActor, Precision
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
+from verl.workers.model_building import frozen_weights, layer_compile
+from verl.workers.model_building.loading import build_model, freeze_vision_tower, import_model_code, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -58,9 +59,8 @@ def _process_tokenizer(path: str, trust_remote_code: bool):
 class _TokenizerOnUse:
     """The role's tokenizer, loaded on first use (a checkpoint save, a generate call whose meta_info lacks
     eos/pad ids). The trainer sends those ids with every generate call, so most runs only need it to
-    save a checkpoint; parsing the 150k-word Qwen vocabulary up front cost the worker's start-up about
-    0.7 s on the 2-core CI machine (the H200 run's first-loading lap, 5.8 s, was mostly the import of
-    transformers, which the model load pays now)."""
+    save a checkpoint, and parsing a large vocabulary up front only delays the worker's start-up
+    (figures: docs/performance.md, "Why the code does it this way")."""
 
     def __init__(self, path: str, trust_remote_code: bool):
         self._source = (path, trust_remote_code)
@@ -199,7 +199,7 @@ class _PlannedModel:
     casting on gather and reduce dtype, grad scaler, offload, and whether the numerics guard runs.
 
     Nothing here is decided: a role plan re-issued at run time (the guard failed, see
-    `verl.compat.precision`) is put in force with `apply`.
+    `verl.compat.apply.precision`) is put in force with `apply`.
     """
 
     def __init__(self, name: str, role_plan, device_type: str):
@@ -271,7 +271,7 @@ class _PlannedModel:
         if not self.guard_pending:
             return None
         self.guard_pending = False
-        from verl.compat import numerics
+        from verl.compat.apply import numerics
 
         sample = _same_row_count_on_every_rank(numerics.guard_sample(batch, numerics.GUARD_ROWS))
         ok, reason = _agreed_verdict(*numerics.check_half_precision(module, sample, self.compute_dtype))
@@ -311,9 +311,9 @@ def _agreed_verdict(ok: bool, reason: str) -> tuple[bool, str]:
 
 
 def _reissue(plan, role: str, reason: str, updates: list[dict]):
-    """The plan after `role`'s guard failed (decided by verl.compat.precision), logged and kept for
+    """The plan after `role`'s guard failed (decided by verl.compat.apply.precision), logged and kept for
     the outputs' meta_info, where the trainer re-issues its own copy from `role` and `reason`."""
-    from verl.compat.precision import describe, guard_fallback
+    from verl.compat.apply.precision import describe, guard_fallback
 
     plan, changes = guard_fallback(plan, role, reason)
     line = describe(changes, reason)
@@ -386,7 +386,7 @@ class ActorRolloutRefWorker(Worker):
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         if plan is None:
             raise ValueError("ActorRolloutRefWorker needs the compat plan: pass plan=verl.compat.build_plan(config)")
-        from verl.compat.apply import apply_in_process
+        from verl.compat.apply.apply_plan import apply_in_process
 
         self.device = apply_in_process(plan, self.device_index)
         self.plan = plan
@@ -669,7 +669,7 @@ class CriticWorker(Worker):
         if plan.critic.lora_rank > 0:
             raise NotImplementedError("LoRA on the critic (critic.model.lora_rank > 0) is not built: its value head "
                                       "would have to train beside the adapters; set critic.model.lora_rank=0")
-        from verl.compat.apply import apply_in_process
+        from verl.compat.apply.apply_plan import apply_in_process
 
         self.device = apply_in_process(plan, self.device_index)
         self.plan = plan

@@ -327,6 +327,246 @@ def compute_reinforce_plus_plus_outcome_advantage(
     return advantages, returns
 
 
+def _scores_and_groups(token_level_rewards, index):
+    """Sequence scores in float64 and each row's group number (0..G-1)."""
+    gid, n_groups = _group_ids(index)
+    return token_level_rewards.sum(dim=-1).double(), gid.to(token_level_rewards.device), n_groups
+
+
+def _broadcast(per_row: torch.Tensor, like: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    return per_row.to(like.dtype).unsqueeze(-1) * response_mask
+
+
+@register_adv_est(AdvantageEstimator.GRPO_VECTORIZED)
+def compute_grpo_vectorized_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config=None,
+):
+    """GRPO computed with scatter sums instead of a per-group loop: the same advantages as `grpo`
+    (a group of one keeps its raw score, std 1)."""
+    return compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon,
+                                          _cfg(config, "norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo))
+
+
+@register_adv_est(AdvantageEstimator.RLOO_VECTORIZED)
+def compute_rloo_vectorized_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    config=None,
+    **kwargs,
+):
+    """RLOO (arXiv:2402.14740) with scatter sums: r_i minus the mean of the group's other responses.
+    Unlike the looped `rloo`, a group of one gets advantage 0 (it has no other response to compare)."""
+    with torch.no_grad():
+        scores, gid, n_groups = _scores_and_groups(token_level_rewards, index)
+        count = torch.zeros(n_groups, dtype=torch.float64, device=scores.device).index_add_(
+            0, gid, torch.ones_like(scores))[gid]
+        total = torch.zeros(n_groups, dtype=torch.float64, device=scores.device).index_add_(0, gid, scores)[gid]
+        adv = (count * scores - total) / (count - 1).clamp(min=1) * (count > 1)
+        adv = _broadcast(adv, token_level_rewards, response_mask)
+    return adv, adv
+
+
+@register_adv_est(AdvantageEstimator.OPO)
+def compute_opo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    config=None,
+    **kwargs,
+):
+    """OPO (arXiv:2505.23585): the baseline is the group's length-weighted mean score,
+    b = sum_j |o_j| r_j / sum_j |o_j|, the variance-optimal baseline for on-policy sampling.
+    A group of one has baseline 0."""
+    with torch.no_grad():
+        scores, gid, n_groups = _scores_and_groups(token_level_rewards, index)
+        lengths = response_mask.sum(dim=-1).double()
+        zeros = torch.zeros(n_groups, dtype=torch.float64, device=scores.device)
+        count = zeros.clone().index_add_(0, gid, torch.ones_like(scores))[gid]
+        weighted = zeros.clone().index_add_(0, gid, lengths * scores)[gid]
+        total_len = zeros.clone().index_add_(0, gid, lengths)[gid]
+        baseline = torch.where(count > 1, weighted / total_len.clamp(min=1), torch.zeros_like(scores))
+        adv = _broadcast(scores - baseline, token_level_rewards, response_mask)
+    return adv, adv
+
+
+@register_adv_est(AdvantageEstimator.GRPO_PASSK)
+def compute_grpo_passk_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config=None,
+    **kwargs,
+):
+    """Pass@k training (arXiv:2503.19595): only each group's best response is credited, with
+    r_max - r_second (divided by the group's unbiased std + epsilon unless
+    `algorithm.norm_adv_by_std_in_grpo=false`); every other response gets 0. Needs rollout.n >= 2."""
+    norm = _cfg(config, "norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo)
+    with torch.no_grad():
+        scores, gid, n_groups = _scores_and_groups(token_level_rewards, index)
+        adv = torch.zeros_like(scores)
+        for g in range(n_groups):
+            rows = torch.nonzero(gid == g).flatten()
+            if rows.numel() < 2:
+                raise ValueError(f"grpo_passk needs at least 2 responses per prompt (set actor_rollout_ref.rollout.n "
+                                 f">= 2); a group has {rows.numel()}")
+            top = torch.topk(scores[rows], 2)
+            value = top.values[0] - top.values[1]
+            if norm:
+                value = value / (scores[rows].std() + epsilon)
+            adv[rows[top.indices[0]]] = value
+        adv = _broadcast(adv, token_level_rewards, response_mask)
+    return adv, adv
+
+
+@register_adv_est(AdvantageEstimator.GPG)
+def compute_gpg_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    f_norm: float = 1.0,
+    alpha: float = 1.0,
+    config=None,
+    **kwargs,
+):
+    """GPG (arXiv:2504.02546): (r_i - group mean) * alpha / f_norm, where alpha = batch size / number
+    of non-zero scores corrects for groups whose responses all scored 0. A group of one has mean 0.
+    (As upstream, the `alpha` argument is replaced by that batch correction.)"""
+    with torch.no_grad():
+        scores, gid, n_groups = _scores_and_groups(token_level_rewards, index)
+        alpha = scores.numel() / max(int(torch.count_nonzero(scores)), 1)
+        zeros = torch.zeros(n_groups, dtype=torch.float64, device=scores.device)
+        count = zeros.clone().index_add_(0, gid, torch.ones_like(scores))[gid]
+        mean = zeros.clone().index_add_(0, gid, scores)[gid] / count
+        mean = torch.where(count > 1, mean, torch.zeros_like(mean))
+        adv = _broadcast(alpha * (scores - mean) / f_norm, token_level_rewards, response_mask)
+    return adv, adv
+
+
+@register_adv_est(AdvantageEstimator.REMAX)
+def compute_remax_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    reward_baselines: torch.Tensor,
+    response_mask: torch.Tensor,
+    config=None,
+    **kwargs,
+):
+    """ReMax (arXiv:2310.10505): returns-to-go minus the reward of the greedy response to the same
+    prompt (`reward_baselines`, one per row, filled by the trainer's greedy baseline rollout)."""
+    with torch.no_grad():
+        returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+        advantages = returns - reward_baselines.to(returns.dtype).unsqueeze(-1) * response_mask
+    return advantages, returns
+
+
+def compute_gdpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config=None,
+    non_tensor_batch: dict | None = None,
+    batch: dict | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO (arXiv:2601.05242): each reward component is normalised within its prompt group on its own (GRPO
+    per component), the results summed with `gdpo_reward_weights` (default 1 each), and the sum whitened over
+    the batch's response tokens. The components are the per-sample columns `config.gdpo_reward_keys` names in
+    `non_tensor_batch` (what a reward function returns besides "score"), placed on each response's last token;
+    without config and batches, the token-level rewards are the one component. Returns (advantages, advantages).
+
+    Not a registered estimator here: the trainer hands estimators neither the batches nor those keys, so
+    `algorithm.adv_estimator=gdpo` is refused by the config check."""
+    components, weights = [token_level_rewards], None
+    if config is not None and non_tensor_batch is not None and batch is not None:
+        keys = _cfg(config, "gdpo_reward_keys", None)
+        if not keys:
+            raise ValueError("GDPO needs algorithm.gdpo_reward_keys: the reward components your compute_score "
+                             "returns in its dict (e.g. ['format_reward', 'accuracy_reward'])")
+        last = (batch["attention_mask"][:, batch["prompts"].size(1):].sum(-1) - 1).long()
+        rows = torch.arange(len(last), device=token_level_rewards.device)
+        components = []
+        for key in keys:
+            if key not in non_tensor_batch:
+                raise KeyError(f"GDPO reward key {key!r} is not a batch column (have {sorted(non_tensor_batch)}); "
+                               f"return it from compute_score's dict")
+            scores = torch.zeros_like(response_mask, dtype=torch.float32)
+            scores[rows, last] = torch.as_tensor(np.asarray(non_tensor_batch[key], dtype=np.float32),
+                                                 device=scores.device)
+            components.append(scores)
+        weights = _cfg(config, "gdpo_reward_weights", None)
+    weights = [1.0] * len(components) if weights is None else list(weights)
+    if len(weights) != len(components):
+        raise ValueError(f"algorithm.gdpo_reward_weights has {len(weights)} entries for {len(components)} keys")
+    total = None
+    for weight, component in zip(weights, components):
+        normalised, _ = compute_grpo_outcome_advantage(component, response_mask, index, epsilon,
+                                                       norm_adv_by_std_in_grpo, config)
+        total = weight * normalised if total is None else total + weight * normalised
+    advantages = verl_F.masked_whiten(total, response_mask) * response_mask
+    return advantages, advantages
+
+
+def compute_optimal_token_baseline_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    old_log_probs: torch.Tensor,
+    sum_pi_squared: torch.Tensor,
+    rollout_is_weights: torch.Tensor | None = None,
+    handle_zero_tail: bool = True,
+    epsilon: float = 1e-8,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Optimal Token Baseline: A_t = G_t - B_t with one baseline per prompt group and position,
+    B_t = sum_i G_it W_it / sum_i W_it over the group's responses that reach t, where G is the reward-to-go and
+    W_t = sum_{j<=t} (1 - 2 pi_j + sum_v pi_v^2) the accumulated squared score norm (times the squared rollout
+    importance weight when given). A group of one keeps its returns. With `handle_zero_tail`, the part of a
+    single longest response past the second longest gets no baseline.
+
+    Not a registered estimator here: it needs `sum_pi_squared` (sum over the vocabulary of pi^2 per token),
+    which this verl's actor does not compute, so `algorithm.adv_estimator=optimal_token_baseline` is refused.
+    Returns (advantages, returns)."""
+    with torch.no_grad():
+        mask = response_mask.to(token_level_rewards.dtype)
+        returns = (token_level_rewards * mask).flip(-1).cumsum(-1).flip(-1)
+        step = 1 - 2 * torch.exp(old_log_probs) + sum_pi_squared
+        if rollout_is_weights is not None:
+            step = step * rollout_is_weights.square()
+        weight = (step * mask).cumsum(-1) * mask
+        baselines = torch.zeros_like(returns)
+        groups: dict = {}
+        for row, key in enumerate(index):
+            groups.setdefault(key, []).append(row)
+        for rows in groups.values():
+            if len(rows) < 2:
+                continue
+            rows_t = torch.tensor(rows, device=returns.device)
+            w = weight[rows_t]
+            baseline = (returns[rows_t] * w).sum(0) / (w.sum(0) + epsilon)
+            baselines[rows_t] = baseline.expand(len(rows), -1)
+            if handle_zero_tail:
+                lengths = mask[rows_t].sum(-1)
+                ordered = torch.sort(lengths).values
+                longest, runner_up = int(ordered[-1]), int(ordered[-2])
+                holders = (lengths == longest).nonzero(as_tuple=True)[0]
+                if holders.numel() == 1 and longest > runner_up:
+                    baselines[rows[int(holders[0])], runner_up:] = 0.0
+        advantages = (returns - baselines) * mask
+    return advantages, returns
+
+
 def compute_rewards(token_level_scores, old_log_prob, ref_log_prob, kl_ratio):
     """Scores minus kl_ratio times the k1 KL estimate, token by token (KL in the reward)."""
     return token_level_scores - (old_log_prob - ref_log_prob) * kl_ratio
@@ -548,151 +788,6 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
         return value
     k2 = 0.5 * (logprob - ref_logprob).square()
     return k2 - k2.detach() + value.detach()
-
-
-# --------------------------------------------------------------------------- more estimators (upstream names)
-
-
-def _scores_and_groups(token_level_rewards, index):
-    """Sequence scores in float64 and each row's group number (0..G-1)."""
-    gid, n_groups = _group_ids(index)
-    return token_level_rewards.sum(dim=-1).double(), gid.to(token_level_rewards.device), n_groups
-
-
-def _broadcast(per_row: torch.Tensor, like: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    return per_row.to(like.dtype).unsqueeze(-1) * response_mask
-
-
-@register_adv_est(AdvantageEstimator.GRPO_VECTORIZED)
-def compute_grpo_vectorized_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    config=None,
-):
-    """GRPO computed with scatter sums instead of a per-group loop: the same advantages as `grpo`
-    (a group of one keeps its raw score, std 1)."""
-    return compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon,
-                                          _cfg(config, "norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo))
-
-
-@register_adv_est(AdvantageEstimator.RLOO_VECTORIZED)
-def compute_rloo_vectorized_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    config=None,
-    **kwargs,
-):
-    """RLOO (arXiv:2402.14740) with scatter sums: r_i minus the mean of the group's other responses.
-    Unlike the looped `rloo`, a group of one gets advantage 0 (it has no other response to compare)."""
-    with torch.no_grad():
-        scores, gid, n_groups = _scores_and_groups(token_level_rewards, index)
-        count = torch.zeros(n_groups, dtype=torch.float64, device=scores.device).index_add_(
-            0, gid, torch.ones_like(scores))[gid]
-        total = torch.zeros(n_groups, dtype=torch.float64, device=scores.device).index_add_(0, gid, scores)[gid]
-        adv = (count * scores - total) / (count - 1).clamp(min=1) * (count > 1)
-        adv = _broadcast(adv, token_level_rewards, response_mask)
-    return adv, adv
-
-
-@register_adv_est(AdvantageEstimator.OPO)
-def compute_opo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    config=None,
-    **kwargs,
-):
-    """OPO (arXiv:2505.23585): the baseline is the group's length-weighted mean score,
-    b = sum_j |o_j| r_j / sum_j |o_j|, the variance-optimal baseline for on-policy sampling.
-    A group of one has baseline 0."""
-    with torch.no_grad():
-        scores, gid, n_groups = _scores_and_groups(token_level_rewards, index)
-        lengths = response_mask.sum(dim=-1).double()
-        zeros = torch.zeros(n_groups, dtype=torch.float64, device=scores.device)
-        count = zeros.clone().index_add_(0, gid, torch.ones_like(scores))[gid]
-        weighted = zeros.clone().index_add_(0, gid, lengths * scores)[gid]
-        total_len = zeros.clone().index_add_(0, gid, lengths)[gid]
-        baseline = torch.where(count > 1, weighted / total_len.clamp(min=1), torch.zeros_like(scores))
-        adv = _broadcast(scores - baseline, token_level_rewards, response_mask)
-    return adv, adv
-
-
-@register_adv_est(AdvantageEstimator.GRPO_PASSK)
-def compute_grpo_passk_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    config=None,
-    **kwargs,
-):
-    """Pass@k training (arXiv:2503.19595): only each group's best response is credited, with
-    r_max - r_second (divided by the group's unbiased std + epsilon unless
-    `algorithm.norm_adv_by_std_in_grpo=false`); every other response gets 0. Needs rollout.n >= 2."""
-    norm = _cfg(config, "norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo)
-    with torch.no_grad():
-        scores, gid, n_groups = _scores_and_groups(token_level_rewards, index)
-        adv = torch.zeros_like(scores)
-        for g in range(n_groups):
-            rows = torch.nonzero(gid == g).flatten()
-            if rows.numel() < 2:
-                raise ValueError(f"grpo_passk needs at least 2 responses per prompt (set actor_rollout_ref.rollout.n "
-                                 f">= 2); a group has {rows.numel()}")
-            top = torch.topk(scores[rows], 2)
-            value = top.values[0] - top.values[1]
-            if norm:
-                value = value / (scores[rows].std() + epsilon)
-            adv[rows[top.indices[0]]] = value
-        adv = _broadcast(adv, token_level_rewards, response_mask)
-    return adv, adv
-
-
-@register_adv_est(AdvantageEstimator.GPG)
-def compute_gpg_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    f_norm: float = 1.0,
-    alpha: float = 1.0,
-    config=None,
-    **kwargs,
-):
-    """GPG (arXiv:2504.02546): (r_i - group mean) * alpha / f_norm, where alpha = batch size / number
-    of non-zero scores corrects for groups whose responses all scored 0. A group of one has mean 0.
-    (As upstream, the `alpha` argument is replaced by that batch correction.)"""
-    with torch.no_grad():
-        scores, gid, n_groups = _scores_and_groups(token_level_rewards, index)
-        alpha = scores.numel() / max(int(torch.count_nonzero(scores)), 1)
-        zeros = torch.zeros(n_groups, dtype=torch.float64, device=scores.device)
-        count = zeros.clone().index_add_(0, gid, torch.ones_like(scores))[gid]
-        mean = zeros.clone().index_add_(0, gid, scores)[gid] / count
-        mean = torch.where(count > 1, mean, torch.zeros_like(mean))
-        adv = _broadcast(alpha * (scores - mean) / f_norm, token_level_rewards, response_mask)
-    return adv, adv
-
-
-@register_adv_est(AdvantageEstimator.REMAX)
-def compute_remax_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    reward_baselines: torch.Tensor,
-    response_mask: torch.Tensor,
-    config=None,
-    **kwargs,
-):
-    """ReMax (arXiv:2310.10505): returns-to-go minus the reward of the greedy response to the same
-    prompt (`reward_baselines`, one per row, filled by the trainer's greedy baseline rollout)."""
-    with torch.no_grad():
-        returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
-        advantages = returns - reward_baselines.to(returns.dtype).unsqueeze(-1) * response_mask
-    return advantages, returns
 
 
 # --------------------------------------------------------------------------- more policy losses (upstream names)
@@ -935,104 +1030,6 @@ def compute_policy_loss_cispo(
     pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
     return pg_loss, _pg_metrics(pg_clipfrac=verl_F.masked_mean((ratio != weight).float(), response_mask),
                                 ppo_kl=verl_F.masked_mean(-log_ratio, response_mask), pg_clipfrac_lower=0.0)
-
-
-def compute_gdpo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    config=None,
-    non_tensor_batch: dict | None = None,
-    batch: dict | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GDPO (arXiv:2601.05242): each reward component is normalised within its prompt group on its own (GRPO
-    per component), the results summed with `gdpo_reward_weights` (default 1 each), and the sum whitened over
-    the batch's response tokens. The components are the per-sample columns `config.gdpo_reward_keys` names in
-    `non_tensor_batch` (what a reward function returns besides "score"), placed on each response's last token;
-    without config and batches, the token-level rewards are the one component. Returns (advantages, advantages).
-
-    Not a registered estimator here: the trainer hands estimators neither the batches nor those keys, so
-    `algorithm.adv_estimator=gdpo` is refused by the config check."""
-    components, weights = [token_level_rewards], None
-    if config is not None and non_tensor_batch is not None and batch is not None:
-        keys = _cfg(config, "gdpo_reward_keys", None)
-        if not keys:
-            raise ValueError("GDPO needs algorithm.gdpo_reward_keys: the reward components your compute_score "
-                             "returns in its dict (e.g. ['format_reward', 'accuracy_reward'])")
-        last = (batch["attention_mask"][:, batch["prompts"].size(1):].sum(-1) - 1).long()
-        rows = torch.arange(len(last), device=token_level_rewards.device)
-        components = []
-        for key in keys:
-            if key not in non_tensor_batch:
-                raise KeyError(f"GDPO reward key {key!r} is not a batch column (have {sorted(non_tensor_batch)}); "
-                               f"return it from compute_score's dict")
-            scores = torch.zeros_like(response_mask, dtype=torch.float32)
-            scores[rows, last] = torch.as_tensor(np.asarray(non_tensor_batch[key], dtype=np.float32),
-                                                 device=scores.device)
-            components.append(scores)
-        weights = _cfg(config, "gdpo_reward_weights", None)
-    weights = [1.0] * len(components) if weights is None else list(weights)
-    if len(weights) != len(components):
-        raise ValueError(f"algorithm.gdpo_reward_weights has {len(weights)} entries for {len(components)} keys")
-    total = None
-    for weight, component in zip(weights, components):
-        normalised, _ = compute_grpo_outcome_advantage(component, response_mask, index, epsilon,
-                                                       norm_adv_by_std_in_grpo, config)
-        total = weight * normalised if total is None else total + weight * normalised
-    advantages = verl_F.masked_whiten(total, response_mask) * response_mask
-    return advantages, advantages
-
-
-def compute_optimal_token_baseline_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    old_log_probs: torch.Tensor,
-    sum_pi_squared: torch.Tensor,
-    rollout_is_weights: torch.Tensor | None = None,
-    handle_zero_tail: bool = True,
-    epsilon: float = 1e-8,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Optimal Token Baseline: A_t = G_t - B_t with one baseline per prompt group and position,
-    B_t = sum_i G_it W_it / sum_i W_it over the group's responses that reach t, where G is the reward-to-go and
-    W_t = sum_{j<=t} (1 - 2 pi_j + sum_v pi_v^2) the accumulated squared score norm (times the squared rollout
-    importance weight when given). A group of one keeps its returns. With `handle_zero_tail`, the part of a
-    single longest response past the second longest gets no baseline.
-
-    Not a registered estimator here: it needs `sum_pi_squared` (sum over the vocabulary of pi^2 per token),
-    which this verl's actor does not compute, so `algorithm.adv_estimator=optimal_token_baseline` is refused.
-    Returns (advantages, returns)."""
-    with torch.no_grad():
-        mask = response_mask.to(token_level_rewards.dtype)
-        returns = (token_level_rewards * mask).flip(-1).cumsum(-1).flip(-1)
-        step = 1 - 2 * torch.exp(old_log_probs) + sum_pi_squared
-        if rollout_is_weights is not None:
-            step = step * rollout_is_weights.square()
-        weight = (step * mask).cumsum(-1) * mask
-        baselines = torch.zeros_like(returns)
-        groups: dict = {}
-        for row, key in enumerate(index):
-            groups.setdefault(key, []).append(row)
-        for rows in groups.values():
-            if len(rows) < 2:
-                continue
-            rows_t = torch.tensor(rows, device=returns.device)
-            w = weight[rows_t]
-            baseline = (returns[rows_t] * w).sum(0) / (w.sum(0) + epsilon)
-            baselines[rows_t] = baseline.expand(len(rows), -1)
-            if handle_zero_tail:
-                lengths = mask[rows_t].sum(-1)
-                ordered = torch.sort(lengths).values
-                longest, runner_up = int(ordered[-1]), int(ordered[-2])
-                holders = (lengths == longest).nonzero(as_tuple=True)[0]
-                if holders.numel() == 1 and longest > runner_up:
-                    baselines[rows[int(holders[0])], runner_up:] = 0.0
-        advantages = (returns - baselines) * mask
-    return advantages, returns
 
 
 def _dppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights,

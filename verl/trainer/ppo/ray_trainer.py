@@ -49,7 +49,7 @@ from verl.utils.checkpoint.checkpoint_manager import (
 from verl.utils.checkpoint.manifest import verify
 from verl.utils.checkpoint.plain_state import host_rng_state, load_plain, set_host_rng_state
 from verl.utils.dataset.resumable_sampler import ResumableSampler
-from verl.utils.startup import end_startup, startup_clock
+from verl.utils.startup.clock import end_startup, startup_clock
 from verl.utils.timer import marked_timer
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking
@@ -391,7 +391,7 @@ class RayPPOTrainer:
                 self._plan_lines.add(update["line"])
                 print(f"verl.compat (worker): {update['line']}", flush=True)
             return
-        from verl.compat.precision import describe, guard_fallback
+        from verl.compat.apply.precision import describe, guard_fallback
 
         self.plan, changes = guard_fallback(self.plan, update["role"], update["reason"])
         if changes:   # empty when this update was applied already

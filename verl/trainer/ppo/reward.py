@@ -105,7 +105,7 @@ def load_reward_manager(config, tokenizer, num_examine: int = 0, **reward_kwargs
     reward, unless a custom scoring function is set: that function then decides, reading the model's
     score as `extra_info["rm_score"]`.
     """
-    from verl.compat.reward_model import reward_model_enabled
+    from verl.compat.planning.reward_model import reward_model_enabled
 
     custom = get_custom_reward_fn(config)
     if custom is None and reward_model_enabled(config):

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 from omegaconf import OmegaConf
 
-from verl.utils.startup import Laps, startup_clock
+from verl.utils.startup.clock import Laps, startup_clock
 
 # Environment every Ray worker starts with (upstream sets the same ones).
 WORKER_ENV = {
@@ -227,7 +227,7 @@ def _init_ray(config) -> None:
     """
     import ray
 
-    from verl.utils.bytecode_cache import worker_env
+    from verl.utils.startup.bytecode_cache import worker_env
 
     init_kwargs = OmegaConf.select(config, "ray_kwargs.ray_init", default=None)
     init_kwargs = OmegaConf.to_container(init_kwargs, resolve=True) if init_kwargs is not None else {}
@@ -350,7 +350,7 @@ def build_inputs(config) -> dict:
     from verl.trainer.ppo.reward import load_reward_manager
     from verl.trainer.preflight import InputError, input_problems, scorer_problems
     from verl.utils.dataset.rl_dataset import create_rl_sampler
-    from verl.utils.model_loading import load_processor, load_tokenizer
+    from verl.workers.model_building.loading import load_processor, load_tokenizer
 
     lap = Laps()
     model_cfg = config.actor_rollout_ref.model

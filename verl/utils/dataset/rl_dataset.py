@@ -82,7 +82,7 @@ class RLHFDataset(Dataset):
         if processor is not None and getattr(processor, "rope_index", None) is None:
             raise ValueError(
                 f"{type(processor).__name__} came without the model's multimodal position ids; load it with "
-                "verl.utils.model_loading.load_processor(model path)"
+                "verl.workers.model_building.loading.load_processor(model path)"
             )
         self.data_files = [data_files] if isinstance(data_files, str) else [str(f) for f in data_files]
         self.tokenizer = tokenizer

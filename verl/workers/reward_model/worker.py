@@ -1,6 +1,6 @@
 """RewardModelWorker: scores rollouts with a sequence-classification reward model, one process per device.
 
-Set up entirely by the plan's `reward_model` role (verl/compat/reward_model.py): weight and compute
+Set up entirely by the plan's `reward_model` role (verl/compat/planning/reward_model.py): weight and compute
 dtypes, attention kernel, host offload between passes, rows per forward, and the float16 numerics
 guard. Each rank holds a whole copy and scores its share of the batch; the score of a row is the
 classifier's output at its last token, placed at the row's last response token as `rm_scores`.
@@ -14,13 +14,13 @@ import math
 import torch
 
 from verl.compat import torch_dtype
-from verl.compat.reward_model import max_length, rm_setting, rm_setting_key
+from verl.compat.planning.reward_model import max_length, rm_setting, rm_setting_key
 from verl.protocol import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.base.worker import Worker
 from verl.utils import fsdp_utils
-from verl.utils.model_loading import load_tokenizer
-from verl.utils.startup import Laps
+from verl.workers.model_building.loading import load_tokenizer
+from verl.utils.startup.clock import Laps
 from verl.workers.reward_model.inputs import (
     classification_head_problem,
     left_padded,
@@ -43,7 +43,7 @@ class RewardModelWorker(Worker):
         if plan is None or plan.reward_model is None:
             raise ValueError("RewardModelWorker needs a compat plan with a reward_model role "
                              "(verl.compat.build_plan(config) with reward_model.enable=True)")
-        from verl.compat.apply import apply_in_process
+        from verl.compat.apply.apply_plan import apply_in_process
 
         self.device = apply_in_process(plan, self.device_index)
         self.plan = plan

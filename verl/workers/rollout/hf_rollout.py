@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from verl.protocol import DataProto
-from verl.utils.frozen_weights import compute_dtype_of
+from verl.workers.model_building.frozen_weights import compute_dtype_of
 
 from .base import BaseRollout, inner_module, output_tensors, special_tokens
 from .static_decoder import StaticDecoder, static_decoding_unsupported
@@ -219,7 +219,7 @@ class HFRollout(BaseRollout):
     generation runs in its `rollout.dtype`, by autocast when the weights
     are in another dtype, on every device. The engine alone decides this (callers add no autocast of
     their own); `dtype` holds the decision, which the actor worker resets from the re-issued plan when
-    the fp16 numerics guard rejects the model (verl.compat.precision).
+    the fp16 numerics guard rejects the model (verl.compat.apply.precision).
     Every call is generated `micro_batch_size` rows at a time (the plan's `rollout.micro_batch_size`,
     sized by the memory model; else the config's; else the whole batch), so a batch of any size, a
     whole validation set included, peaks at one chunk's memory.

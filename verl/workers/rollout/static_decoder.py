@@ -240,8 +240,8 @@ def decode_layer(layer, x, cos, sin, hidden, keys, values, slot, head_dim: int, 
     model, and (shapes symbolic) every window.
 
     The whole cache comes in and the window is sliced here, after the write: handed a window view
-    instead, a compiled step writes the mutated view back in full on every call (measured on CPU with
-    inductor: 5.6x slower at a 4,096-slot window; 2.5x on the H200)."""
+    instead, a compiled step writes the mutated view back in full on every call, several times slower
+    at long windows (docs/performance.md, "Why the code does it this way")."""
     attn = layer.self_attn
     batch = x.shape[0]
     q, k, v = _project(attn, layer.input_layernorm(x), cos, sin, head_dim, keys.dtype)
@@ -262,9 +262,9 @@ def decode_layer(layer, x, cos, sin, hidden, keys, values, slot, head_dim: int, 
 @functools.lru_cache(maxsize=None)
 def _warmup_stream(device: torch.device) -> torch.cuda.Stream:
     """The one side stream every recording's warm-up runs on, per device. cuBLAS keeps a workspace for
-    each stream it has run on for the life of the process (32 MiB on the H200), so a new stream per
-    recording (a decoder per generate call, a graph per window) grew device memory ~0.25 GiB a step
-    until torch's stream pool (32 streams) wrapped around."""
+    each stream it has run on for the life of the process, so a new stream per recording (a decoder per
+    generate call, a graph per window) grows device memory every step until torch's stream pool wraps
+    around."""
     return torch.cuda.Stream(device=device)
 
 

@@ -24,7 +24,7 @@ from torch import nn
 
 from verl.protocol import DataProto
 from verl.utils.lora import inference_weights
-from verl.utils.model_loading import is_vision_language
+from verl.workers.model_building.loading import is_vision_language
 
 from .base import BaseRollout, inner_module, output_tensors, special_tokens
 

@@ -1,0 +1,71 @@
+"""torch.compile for the repeated decoder layers of a trained or scoring model (the plan's torch_compile).
+
+Most of a layer's device time outside its matmuls and attention is small elementwise kernels (RMSNorm,
+rotary, SiLU gating, residual adds, dtype casts); compiling the layer fuses them. Only each layer's
+`forward` is compiled, and before FSDP2 shards the model: FSDP2's hooks run around `forward` in
+`nn.Module.__call__`, so its all-gathers and reduce-scatters stay outside the compiled region.
+transformers' gradient checkpointing wraps the layer's call in 4.x (outside the compiled code) and
+runs inside the layer's forward in 5.x (compiled with it; torch.compile traces torch.utils.checkpoint).
+All layers run the same code, so one compiled graph per kind of pass (grad mode, autocast state)
+serves every layer, and the reference and value models of the same class too.
+
+Shapes are compiled dynamic (`dynamic=True`) from the first call: micro-batches differ in rows and
+in padded width (64-column steps, `verl.utils.packing`) and packed rows in length; left to
+torch's automatic dynamic shapes the first call would compile a static graph and the second a
+dynamic one, so the dynamic one is compiled once up front.
+
+A vision-language model's vision blocks stay eager: each call carries its images' patch counts
+(`cu_seqlens`) and the attention splits at them, so a compiled block would be retraced for every new
+mix of image sizes; the decoder layers after the tower are compiled as for a text model.
+
+A call with a KV cache (generation through transformers' forward) runs the layer eagerly: decoding
+is not what this compiles for, and a cache object would be traced per step. The built-in rollout's
+static decoder calls the layers' submodules directly and never goes through this `forward`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from verl.utils.fsdp_utils import _layer_classes
+from verl.workers.model_building.loading import vision_tower
+
+# torch.compile's default (triton kernels on a GPU); the plan turns compilation on only where triton
+# is usable. Tests pass a backend that generates no code.
+BACKEND = "inductor"
+
+# the names transformers has used for a layer's KV cache argument (4.x, 4.5x, 5.x)
+_CACHE_KWARGS = ("cache", "past_key_values", "past_key_value")
+
+
+def compile_decoder_layers(model: torch.nn.Module, backend: str | Callable | None = None) -> int:
+    """Compile the `forward` of every decoder layer of `model` (unsharded) in place; the layer count.
+
+    `backend` is torch.compile's (default `BACKEND`). Parameters, state dict and module tree are
+    unchanged (checkpoints and weight syncs see the same names)."""
+    names = _layer_classes(model)
+    tower = vision_tower(model)
+    skip = {id(m) for m in tower.modules()} if tower is not None else set()
+    layers = [m for m in model.modules() if type(m).__name__ in names and id(m) not in skip]
+    for layer in layers:
+        _compile_forward(layer, backend or BACKEND)
+    return len(layers)
+
+
+def _class_forward(layer: torch.nn.Module, *args, **kwargs):
+    # The class's forward, looked up per call: FSDP2 swaps in a subclass when it shards the layer, and
+    # transformers 5 wraps every subclass's forward for checkpointing, acting only in the outermost one.
+    return type(layer).forward(layer, *args, **kwargs)
+
+
+def _compile_forward(layer: torch.nn.Module, backend: str | Callable) -> None:
+    # one compiled function per layer, all of the same code: dynamo's cache serves every layer
+    compiled = torch.compile(_class_forward, backend=backend, dynamic=True)
+
+    def forward(*args, **kwargs):
+        if kwargs.get("use_cache") or any(kwargs.get(k) is not None for k in _CACHE_KWARGS):
+            return _class_forward(layer, *args, **kwargs)
+        return compiled(layer, *args, **kwargs)
+
+    layer.forward = forward
