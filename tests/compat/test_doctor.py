@@ -224,7 +224,7 @@ def test_a_disabled_role_the_host_cannot_hold_is_reported_not_fatal(monkeypatch,
     """7B LoRA GRPO on a 24 GB card: the actor fits on the device; the critic the doctor switches on to
     show would be a full 7B offloaded to a 32 GiB host, which the real planner refuses. The doctor still
     answers (matrix.py reads it for every cell), with the refusal in the critic's place."""
-    from verl.compat import detect
+    from verl.compat.device import detect
 
     monkeypatch.setattr(detect, "host_memory_gb", lambda: (32.0, 30.0))
     out = doctor_json(capsys, "rtx3090", "--model-spec", "qwen2.5-7b", "actor_rollout_ref.model.lora_rank=32",
