@@ -43,6 +43,11 @@ def _run(tmp_path: Path, code: str) -> str:
     (tmp_path / "scipy").mkdir(exist_ok=True)
     (tmp_path / "scipy" / "__init__.py").write_text("")
     (tmp_path / "scipy" / "optimize.py").write_text("def linear_sum_assignment(m):\n    return ('stand-in', m)\n")
+    # distribution metadata too: transformers 4.x asks importlib.metadata for a version before it says "available"
+    for dist, version in (("scikit_learn", "1.5.0"), ("scipy", "1.13.0")):
+        info = tmp_path / f"{dist}-{version}.dist-info"
+        info.mkdir(exist_ok=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: {version}\n")
     (tmp_path / "transformers_eager_probe.py").write_text(EAGER_MODULE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
