@@ -33,12 +33,14 @@ QWEN05_LAYER = dict(vocab_size=256, hidden_size=896, intermediate_size=4864, num
 TOKENS = 128
 
 
-def _saved_bytes_per_token(dtype: torch.dtype, compiled: bool) -> float:
+def _saved_bytes_per_token(dtype: torch.dtype, compiled: bool, checkpointing: bool = False) -> float:
     torch._dynamo.reset()
     cfg = transformers.Qwen2Config(**QWEN05_LAYER)
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = transformers.Qwen2ForCausalLM(cfg).to(dtype)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if compiled:
         compile_decoder_layers(model, backend="aot_eager_decomp_partition")
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -66,6 +68,13 @@ def test_a_compiled_layer_keeps_at_most_the_models_share_of_the_eager_layer(dtyp
     assert eager == pytest.approx(formula, rel=0.10)
     share = COMPILED_ACTIVATION_SHARE[BYTES[name]]
     assert share - 0.08 <= compiled / eager <= share
+
+
+def test_a_checkpointed_compiled_layer_keeps_only_its_input_as_the_eager_one():
+    """The memory model's checkpointed activations (layer inputs plus one layer's recompute) hold for
+    compiled layers: the compiled forward runs inside the checkpoint and keeps nothing of its own."""
+    row = QWEN05_LAYER["hidden_size"] * 4
+    assert [_saved_bytes_per_token(torch.float32, c, checkpointing=True) for c in (False, True)] == [row, row]
 
 
 def test_the_plans_torch_compile_shrinks_only_the_updates_activations():

@@ -400,9 +400,10 @@ def test_planned_torch_compile_compiles_the_critic_layers_with_equal_results(mod
 
 
 def test_gradient_checkpointing_stays_in_force_with_compiled_layers_under_fsdp2(model_dir, monkeypatch, dynamo_cache):
-    """transformers 5 checkpoints inside a layer's forward, only in the outermost class's (FSDP2 subclasses
-    the layer when it shards it): the compiled forward must reach that one. Measured by what autograd
-    saves during a training forward: with checkpointing, well under half of what it saves without."""
+    """transformers 5 checkpoints inside a layer's forward, and FSDP2 subclasses the layer when it shards
+    it (wrapped again): layer_compile checkpoints the compiled forward itself for such a class, as the
+    plan and transformers' per-layer flag say. Measured by what autograd saves during a training forward:
+    with checkpointing, well under half of what it saves without."""
     import dataclasses
 
     from verl.workers.model_building import layer_compile

@@ -4,8 +4,17 @@ Most of a layer's device time outside its matmuls and attention is small element
 rotary, SiLU gating, residual adds, dtype casts); compiling the layer fuses them. Only each layer's
 `forward` is compiled, and before FSDP2 shards the model: FSDP2's hooks run around `forward` in
 `nn.Module.__call__`, so its all-gathers and reduce-scatters stay outside the compiled region.
-transformers' gradient checkpointing wraps the layer's call in 4.x (outside the compiled code) and
-runs inside the layer's forward in 5.x (compiled with it; torch.compile traces torch.utils.checkpoint).
+
+Gradient checkpointing stays outside the compiled region too. transformers 4.x checkpoints the layer's
+`__call__`, around this `forward`. transformers 5.x checkpoints inside the class's `forward`; compiled,
+that would put torch.utils.checkpoint inside the graph, where dynamo refuses any write to state from
+outside the region (backward's recompute would not replay it), such as the hub `kernels` package's
+context variable set in every attention call, and falls back to eager for the whole layer. So the compiled code is the class's forward
+without transformers' checkpointing wrapper, and a 5.x layer that transformers would checkpoint is
+checkpointed here instead, with the function and arguments transformers set on it
+(`_gradient_checkpointing_func`, per layer, so `every_n_layers` holds): the compiled forward runs again
+in backward, and only the layer's inputs are kept between the passes.
+
 All layers run the same code, so one compiled graph per kind of pass (grad mode, autocast state)
 serves every layer, and the reference and value models of the same class too.
 
@@ -24,6 +33,7 @@ static decoder calls the layers' submodules directly and never goes through this
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -53,19 +63,44 @@ def compile_decoder_layers(model: torch.nn.Module, backend: str | Callable | Non
     return len(layers)
 
 
-def _class_forward(layer: torch.nn.Module, *args, **kwargs):
-    # The class's forward, looked up per call: FSDP2 swaps in a subclass when it shards the layer, and
-    # transformers 5 wraps every subclass's forward for checkpointing, acting only in the outermost one.
-    return type(layer).forward(layer, *args, **kwargs)
+@functools.cache
+def _checkpointing_wrapper_code():
+    """The code object of transformers 5.x's checkpointing wrapper around a layer class's forward, or
+    None where the layer's call is checkpointed instead (4.x)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    class Probe(GradientCheckpointingLayer):
+        def forward(self):
+            return None
+
+    return Probe.forward.__code__ if hasattr(Probe.forward, "__wrapped__") else None
+
+
+def _plain_forward(cls: type) -> tuple[Callable, bool]:
+    """The class's forward without transformers' checkpointing wrappers, and whether it had any.
+
+    Looked up per call: FSDP2 swaps in a subclass when it shards the layer, and transformers 5 wraps
+    every subclass's forward again."""
+    forward, code, wrapped = cls.forward, _checkpointing_wrapper_code(), False
+    while code is not None and getattr(forward, "__code__", None) is code:
+        forward, wrapped = forward.__wrapped__, True
+    return forward, wrapped
+
+
+def _run(forward: Callable, layer: torch.nn.Module, *args, **kwargs):
+    return forward(layer, *args, **kwargs)
 
 
 def _compile_forward(layer: torch.nn.Module, backend: str | Callable) -> None:
     # one compiled function per layer, all of the same code: dynamo's cache serves every layer
-    compiled = torch.compile(_class_forward, backend=backend, dynamic=True)
+    compiled = torch.compile(_run, backend=backend, dynamic=True)
 
     def forward(*args, **kwargs):
         if kwargs.get("use_cache") or any(kwargs.get(k) is not None for k in _CACHE_KWARGS):
-            return _class_forward(layer, *args, **kwargs)
-        return compiled(layer, *args, **kwargs)
+            return type(layer).forward(layer, *args, **kwargs)
+        plain, wrapped = _plain_forward(type(layer))
+        if wrapped and layer.gradient_checkpointing and layer.training and torch.is_grad_enabled():
+            return layer._gradient_checkpointing_func(functools.partial(compiled, plain, layer, **kwargs), *args)
+        return compiled(plain, layer, *args, **kwargs)
 
     layer.forward = forward
