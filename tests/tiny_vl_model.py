@@ -57,7 +57,10 @@ def build_tiny_vl_model_dir(
     import torch
     from transformers import (GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration,
                               Qwen2_5_VLProcessor)
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    try:   # transformers 5: the PIL-backed processor (no torchvision)
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil as ImageProcessor
+    except ImportError:   # transformers 4.x: its slow processor is the PIL/numpy one
+        from transformers import Qwen2VLImageProcessor as ImageProcessor
 
     os.makedirs(out_dir, exist_ok=True)
     # ChatML plus Qwen's vision tokens as special tokens; saved with the processor below
@@ -95,7 +98,7 @@ def build_tiny_vl_model_dir(
         torch.random.set_rng_state(generator_state)
     model.save_pretrained(out_dir)
     # By default small images stay small: at most 16x16 patches (64 image tokens) per image.
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=max_pixels, patch_size=14,
+    image_processor = ImageProcessor(min_pixels=56 * 56, max_pixels=max_pixels, patch_size=14,
                                                temporal_patch_size=2, merge_size=2)
     # The processor's own files, written part by part: transformers builds a Qwen2_5_VLProcessor only with
     # torchvision installed (see verl.utils.tokenizer.hf_processor), and these tests must not need it.
