@@ -55,11 +55,11 @@ class StrictModeError(ValueError):
     """`compat.strict=true` and a setting had to be adapted to the device."""
 
 
-def make_plan(profile, config, software, model) -> Plan:
+def make_plan(profile, config, software, model, *, reward_model=None) -> Plan:
     """The planner's pure decision function (see verl.compat.planning.planner)."""
     from verl.compat.planning.planner import make_plan as _make_plan
 
-    return _make_plan(profile, config, software, model)
+    return _make_plan(profile, config, software, model, reward_model=reward_model)
 
 
 def _select(config, path: str, default=None):
