@@ -55,11 +55,11 @@ class StrictModeError(ValueError):
     """`compat.strict=true` and a setting had to be adapted to the device."""
 
 
-def make_plan(profile, config, software, model) -> Plan:
+def make_plan(profile, config, software, model, *, reward_model=None) -> Plan:
     """The planner's pure decision function (see verl.compat.planning.planner)."""
     from verl.compat.planning.planner import make_plan as _make_plan
 
-    return _make_plan(profile, config, software, model)
+    return _make_plan(profile, config, software, model, reward_model=reward_model)
 
 
 def _select(config, path: str, default=None):
@@ -77,6 +77,21 @@ def model_spec_for(config):
                                      or _select(config, "actor_rollout_ref.model.path"))
 
 
+def reward_model_spec_for(config):
+    """The reward model's ModelSpec when `reward_model.enable` is on (None otherwise, or when its path has no
+    readable config.json: the worker then names the path when it loads it)."""
+    from verl.compat.planning.model_spec import ModelSpec
+    from verl.compat.planning.reward_model import reward_model_enabled, rm_setting
+
+    path = rm_setting(config, "model_path") if reward_model_enabled(config) else None
+    if not path:
+        return None
+    try:
+        return ModelSpec.from_pretrained(path)
+    except (FileNotFoundError, KeyError, TypeError, ValueError):
+        return None
+
+
 def build_plan(config, model=None, *, to_run: bool = True) -> Plan:
     """Driver side: profile the device (or the one `compat.device` / $VERL_COMPAT_DEVICE names),
     judge the software, read the model's config.json, and plan. Adapted settings are logged as
@@ -90,7 +105,8 @@ def build_plan(config, model=None, *, to_run: bool = True) -> Plan:
 
     software = detect_software(profile, probe_xformers=xformers_asked(config))
     check_torch_supports(profile, software)
-    plan = make_plan(profile, config, software, model if model is not None else model_spec_for(config))
+    plan = make_plan(profile, config, software, model if model is not None else model_spec_for(config),
+                     reward_model=reward_model_spec_for(config))
     if profile.note:
         plan.reasons.setdefault("device", profile.note)
     if plan.warnings and bool(_select(config, "compat.strict", False)):

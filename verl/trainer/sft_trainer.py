@@ -7,7 +7,10 @@ attention, FSDP2 wrapping, offload, gradient checkpointing, micro-batches, the f
 The loss is the mean negative log-likelihood of the assistant tokens of the whole batch (over all
 ranks), computed in float32. Checkpoints go to `trainer.default_local_dir/global_step_<N>/` with a
 complete Hugging Face folder in `huggingface/` (checkpoint.save_contents has hf_model), which
-`actor_rollout_ref.model.path` of main_ppo can point to.
+`actor_rollout_ref.model.path` of main_ppo can point to. With `model.lora_rank` > 0 only peft adapters
+train: the shards hold them under peft's names beside `lora_train_meta.json` (upstream's layout),
+`huggingface/` holds the merged weights, and `python -m verl.model_merger merge` writes the adapters
+alone as `lora_adapter/` for main_ppo's `actor_rollout_ref.model.lora_adapter_path`.
 """
 from __future__ import annotations
 
@@ -24,7 +27,6 @@ from verl.utils.checkpoint.checkpoint_manager import STEP_PREFIX, step_of, track
 CONFIG_ERROR_EXIT = 2
 # feature switches of upstream's SFT config this build does not implement: (key, is on, feature)
 _UNSUPPORTED = (
-    ("model.lora_rank", lambda v: bool(v) and int(v) > 0, "LoRA"),
     ("model.use_liger", bool, "Liger kernels"),
     ("model.enable_activation_offload", bool, "activation offload"),
     ("engine.ulysses_sequence_parallel_size", lambda v: v not in (None, 1), "Ulysses sequence parallelism"),
@@ -120,6 +122,7 @@ class SFTTrainer:
     def _build_model(self) -> None:
         from omegaconf import OmegaConf
 
+        from verl.utils import lora
         from verl.workers.model_building.loading import build_model
         from verl.workers.fsdp_workers import _build_optimizer, _checkpoint_manager, _PlannedModel
 
@@ -128,6 +131,12 @@ class SFTTrainer:
         self.planned = _PlannedModel("actor", role, self.plan.device_type)
         module = build_model(model_cfg.path, role, trust_remote_code=bool(model_cfg.trust_remote_code),
                              override_config=dict(model_cfg.get("override_config") or {}), train=True)
+        if role.lora_rank > 0:   # only the adapters train; checkpoints hold them under peft's names
+            module = lora.add_adapters(module, model_cfg, role.lora_rank, self.planned.param_dtype,
+                                       seed=int(self.config.engine.get("seed", 42)))
+        elif model_cfg.get("lora_adapter_path"):
+            raise ValueError("model.lora_adapter_path is set but model.lora_rank is 0: set model.lora_rank to the "
+                             "adapter's rank to continue training it")
         self.module = self.planned.shard(module, compile_layers=self.plan.torch_compile)
         optim = OmegaConf.to_container(self.config.optim, resolve=True)
         optim["total_training_steps"] = self.total_steps

@@ -457,16 +457,19 @@ class _Step:
     rollout: RolloutPlan
     device_memory_gb: float
     compiled_layers: bool = False   # the plan's torch_compile: decoder layers compiled for training
+    reward_model: _RewardModel | None = None
 
     def spec(self, name: str) -> ModelSpec:
         return self.critic_model if name == "critic" else self.model
 
     def idle(self, active: str) -> dict[str, float]:
-        """What the roles other than `active` keep on the device."""
+        """What the roles other than `active` keep on the device (a reward model kept there included)."""
         out = {}
         for name, role in self.roles.items():
             if name != active:
                 out.update(role.resident(self.wl.world_size))
+        if self.reward_model is not None and active != REWARD_MODEL:
+            out.update(self.reward_model.resident())
         return out
 
     def on_device(self, role: _Role) -> dict[str, float]:
@@ -598,6 +601,71 @@ def _head_stages(s: _Step, name: str, rows: int, grads: float) -> list[dict[str,
              "log-prob scratch": _logprob_scratch(spec, resp, c, backward=True, fused=s.compiled_layers)}]
 
 
+# ----------------------------------------------------------------------------- reward model
+
+REWARD_MODEL = "reward_model"
+
+
+def reward_model_params(spec: ModelSpec) -> int:
+    """A one-label sequence classifier: the trunk, its vocabulary head replaced by a bias-free 1-wide score."""
+    return spec.num_params - spec.lm_head_params + spec.hidden_size
+
+
+@dataclass(frozen=True)
+class _RewardModel:
+    """The reward model's role: a whole frozen copy per rank (never wrapped), scoring `rows` sequences of
+    up to `seq_len` tokens per forward."""
+
+    spec: ModelSpec
+    plan: RolePlan
+    rows: int
+    seq_len: int
+
+    def weights(self) -> float:
+        return reward_model_params(self.spec) * BYTES[self.plan.param_dtype]
+
+    def resident(self) -> dict[str, float]:
+        """Between reward passes: nothing where its weights wait in host memory."""
+        return {f"{REWARD_MODEL}.weights": 0.0 if self.plan.param_offload else self.weights()}
+
+
+def reward_model_forward(spec: ModelSpec, plan: RolePlan, rows: int, seq_len: int) -> dict[str, float]:
+    """Bytes of one reward-model forward over `rows` padded sequences of `seq_len` tokens, beside its weights:
+    in the compute dtype, or, where the plan guards float16, the larger of that and the guard's one float32
+    pass over the first micro-batch (`RewardModelWorker._check_numerics`)."""
+    passes = [_reward_model_pass(spec, plan.compute_dtype, plan.param_dtype, plan.attn_implementation, rows, seq_len)]
+    if plan.numerics_guard:
+        passes.append(_reward_model_pass(spec, "float32", plan.param_dtype, plan.attn_implementation, rows, seq_len))
+    return max(passes, key=lambda t: sum(t.values()))
+
+
+def _reward_model_pass(spec: ModelSpec, c: str, stored: str, attn: str, rows: int, seq_len: int) -> dict[str, float]:
+    """One forward computed in `c` over weights stored in `stored`, at the larger of two moments (nothing is
+    kept from one layer to the next, no vocabulary logits): inside a decoder layer (the input embeddings the
+    worker passes in, one layer's transients, and autocast's cast of the largest linear weight when stored
+    in another dtype) and at the head (the embeddings, the final hidden states and their norm, the 1-wide
+    float32 scores). The residual stream is as wide as the wider of the two dtypes (autocast's outputs are
+    added to it)."""
+    residual = stored if BYTES[stored] > BYTES[c] else c
+    tokens = rows * seq_len
+    embeds = {"inputs_embeds": tokens * spec.hidden_size * BYTES[stored]}
+    cast = max(i * o for i, o in spec.linear_shapes()) * BYTES[c] if stored != c else 0.0
+    layer = {**embeds, "activations (1 layer)": tokens * layer_forward_bytes(spec, c, residual, attn, seq_len),
+             f"{REWARD_MODEL}.compute_copy": cast}
+    head = {**embeds, "hidden states": tokens * spec.hidden_size * 2 * BYTES[residual], "scores": tokens * 4}
+    return max((layer, head), key=lambda t: sum(t.values()))
+
+
+def _reward_model_phase(s: _Step) -> dict[str, float]:
+    """The reward pass: every role's resident state, the reward model's weights (brought over for the pass
+    when they wait in host memory) and one forward."""
+    rm = s.reward_model
+    terms = s.idle(REWARD_MODEL)
+    terms[f"{REWARD_MODEL}.weights"] = rm.weights()
+    terms.update(reward_model_forward(rm.spec, rm.plan, rm.rows, rm.seq_len))
+    return terms
+
+
 def _role(name: str, plan: RolePlan, spec: ModelSpec, params: int, trainable: bool) -> _Role:
     adapters = spec.lora_params(plan.lora_rank) if plan.lora_rank else 0
     if adapters and name == "critic":
@@ -620,19 +688,29 @@ def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollo
                     critic: RolePlan | None = None, ref: RolePlan | None = None, *,
                     device_memory_gb: float, backend: str = "cuda", fragmentation: float = 0.05,
                     critic_model: ModelSpec | None = None, compiled_layers: bool = False,
-                    ref_in_actor: bool = False) -> MemoryEstimate:
+                    ref_in_actor: bool = False, reward_model: RolePlan | None = None,
+                    reward_model_spec: ModelSpec | None = None, reward_seq_len: int | None = None) -> MemoryEstimate:
     """Peak allocated memory of each phase of one PPO step on one device (GiB); `compiled_layers`:
     the plan's torch_compile compiles the decoder layers (they keep less for backward); `ref_in_actor`:
-    the reference log-probs are a forward of the LoRA actor with its adapters disabled."""
+    the reference log-probs are a forward of the LoRA actor with its adapters disabled; `reward_model`
+    (with its model's spec): a `reward_model` phase scoring sequences of `reward_seq_len` tokens (default:
+    prompt + response), its weights resident in the other phases unless offloaded."""
     cmodel = critic_model or model
+    rm = None
+    if reward_model is not None and reward_model_spec is not None:
+        rows = min(reward_model.forward_micro_batch_size_per_gpu or workload.rollout_batch_per_gpu,
+                   workload.rollout_batch_per_gpu)
+        rm = _RewardModel(reward_model_spec, reward_model, rows, reward_seq_len or workload.seq_len)
     s = _Step(model, cmodel, workload, _roles(model, cmodel, actor, critic, ref), rollout, device_memory_gb,
-              compiled_layers)
+              compiled_layers, rm)
     phases = {"rollout": _generation_phase(s, workload.rollout_batch_per_gpu),
               "validation": _generation_phase(s, workload.val_batch_per_gpu)}
     phases.update({label: _forward_phase(s, name) for name, label in FORWARD_PHASES.items() if name in s.roles})
     if ref_in_actor:
         phases["ref"] = _forward_phase(s, "actor")
     phases.update({f"{name}_update": _update_phase(s, name) for name in ("actor", "critic") if name in s.roles})
+    if rm is not None:
+        phases[REWARD_MODEL] = _reward_model_phase(s)
     in_gib = {label: PhaseMemory(label, {k: v / GiB for k, v in terms.items()}) for label, terms in phases.items()}
     context = 0.0 if backend == "cpu" else CUDA_CONTEXT_GB
     return MemoryEstimate(phases=in_gib, context_gb=context, fragmentation=fragmentation)

@@ -458,9 +458,10 @@ def _decide_globals(decider: _Decider, config: Any) -> dict:
 
 
 def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model: ModelSpec | None = None, *,
-              levers: bool = True) -> Plan:
+              levers: bool = True, reward_model: ModelSpec | None = None) -> Plan:
     """Decide dtypes, attention, rollout engine, compile, backend and the memory plan for one run.
-    A memory refusal names the LoRA / QLoRA setting that would fit (`levers`; `verl.compat.planning.modes`)."""
+    A memory refusal names the LoRA / QLoRA setting that would fit (`levers`; `verl.compat.planning.modes`).
+    `reward_model`: the reward model's spec, whose pass and resident weights the memory plan then counts."""
     d = _Decider(profile, software, bool(_flag(_get(config, "compat.strict", False))))
     glob = _decide_globals(d, config)
     roles_cfg = _role_configs(config)
@@ -486,7 +487,7 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
         if not levers:
             raise
         raise MemoryShortfall(str(err) + lever_hint(profile, config, software, model)) from None
-    return add_reward_model(d, config, _throughput(d, fitted, inp.dynamic))
+    return add_reward_model(d, config, _throughput(d, fitted, inp.dynamic), inp, reward_model)
 
 
 def _throughput(decider: _Decider, plan: Plan, dynamic: bool) -> Plan:

@@ -2,7 +2,8 @@
 policy-gradient run with the same rules (dtype, attention, offload, checkpointing, micro-batches).
 
 SFT's keys (upstream 0.9.1's `sft_trainer_engine.yaml`: `model.*`, `engine.*`, `data.*`, `trainer.*`)
-are read into the actor's places of the PPO key tree; its one pass per batch is a mini-batch of
+are read into the actor's places of the PPO key tree (LoRA's `model.lora_rank` / `lora_alpha` /
+`target_modules` too, so the same LoRA rules plan the frozen base and its adapters); its one pass per batch is a mini-batch of
 `data.train_batch_size` sequences of up to `data.max_length` tokens, all of them scored (a one-token
 prompt and a response of the rest, as the memory model sees it).
 """
@@ -20,6 +21,11 @@ _KEYS = {
     "model.attn_implementation": "actor_rollout_ref.model.attn_implementation",
     "model.override_config.attn_implementation": "actor_rollout_ref.model.override_config.attn_implementation",
     "model.enable_gradient_checkpointing": "actor_rollout_ref.model.enable_gradient_checkpointing",
+    "model.lora_rank": "actor_rollout_ref.model.lora_rank",
+    "model.lora_alpha": "actor_rollout_ref.model.lora_alpha",
+    "model.target_modules": "actor_rollout_ref.model.target_modules",
+    "model.exclude_modules": "actor_rollout_ref.model.exclude_modules",
+    "model.lora_adapter_path": "actor_rollout_ref.model.lora_adapter_path",
     "engine.dtype": "actor_rollout_ref.actor.fsdp_config.dtype",
     "engine.model_dtype": "actor_rollout_ref.actor.fsdp_config.model_dtype",
     "engine.param_offload": "actor_rollout_ref.actor.fsdp_config.param_offload",
