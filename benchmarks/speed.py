@@ -7,6 +7,7 @@ record) and the trainer's start-up stages; `--repeat N` gives medians over N run
 
     python benchmarks/speed.py --rows quickstart,p40,grpo --steps 3 --out DIR [--extra KEY=VALUE ...]
     python benchmarks/speed.py --rows p40 --steps 1 --repeat 4 --out DIR          # cold start
+    MODEL=/tmp/qwen-tiny python benchmarks/speed.py --rows p40 --steps 1 --repeat 3 --extra data.max_response_length=16  # CPU
 """
 from __future__ import annotations
 

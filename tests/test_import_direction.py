@@ -1,6 +1,8 @@
 """The layers import downwards only, read statically from every import statement in `verl/`.
 
-`verl.compat` (hardware decisions) sits below the workers and the trainer that receive its plan;
+`verl.compat` (hardware decisions) sits below the workers and the trainer that receive its plan, and
+inside it `device` (what the machine is) sits below `planning` (what to do on it), which sits below `apply`
+(putting the plan in force);
 `verl.utils` (shared helpers) sits below the workers and the trainer and never reaches into the planner
 (the workers' own model building lives in `verl.workers.model_building`). An import
 placed inside a function counts as much as one at the top of a file.
@@ -16,6 +18,9 @@ VERL = Path(__file__).resolve().parents[1] / "verl"
 # (package scanned, module prefixes it must not import)
 RULES = [
     ("verl.compat", ("verl.workers", "verl.trainer")),
+    # compat's own flow: the device is read, a plan made from it, the plan applied
+    ("verl.compat.device", ("verl.compat.planning", "verl.compat.apply")),
+    ("verl.compat.planning", ("verl.compat.apply",)),
     ("verl.utils", ("verl.trainer", "verl.workers", "verl.compat.planning.planner")),
 ]
 # The doctor (`python -m verl.compat`) is an entry point like `main_ppo`: it composes the config the way
@@ -75,7 +80,7 @@ def test_the_scan_sees_relative_and_nested_imports(tmp_path, monkeypatch):
     (pkg / "mod.py").write_text("def f():\n    from ...trainer.ppo import reward\n    from verl.compat.planning import planner\n"
                                 "    from ...workers.model_building import loading\n")
     monkeypatch.setattr(sys.modules[__name__], "VERL", tmp_path / "verl")
-    assert violations("verl.utils", RULES[1][1]) == [
+    assert violations("verl.utils", dict(RULES)["verl.utils"]) == [
         "verl/utils/sub/mod.py:2 imports verl.trainer.ppo",
         "verl/utils/sub/mod.py:2 imports verl.trainer.ppo.reward",
         "verl/utils/sub/mod.py:3 imports verl.compat.planning.planner",

@@ -192,18 +192,16 @@ def test_flash_attn_verdict(device, usable, words):
     ("a100-80gb", True, "ships"), ("h200", True, "ships"),
 ])
 def test_torch_varlen_verdict_needs_sm80_and_the_kernel_in_torch(device, usable, words, monkeypatch):
-    from verl.compat.apply import varlen_attention
-
-    monkeypatch.setattr(varlen_attention, "varlen_kernel_available", lambda: (True, "torch 2.11 ships it"))
+    monkeypatch.setattr(detect, "varlen_kernel_available", lambda: (True, "torch 2.11 ships it"))
     ok, note = detect._torch_varlen_verdict(get_profile(device))
     assert ok is usable and words in note
-    monkeypatch.setattr(varlen_attention, "varlen_kernel_available", lambda: (False, "torch 2.9 has none"))
+    monkeypatch.setattr(detect, "varlen_kernel_available", lambda: (False, "torch 2.9 has none"))
     assert detect._torch_varlen_verdict(get_profile(device))[0] is False
 
 
 @cpu_host_only
 def test_torch_varlen_kernel_check_reads_this_torch_build():
-    from verl.compat.apply.varlen_attention import varlen_kernel_available
+    from verl.compat.device.support import varlen_kernel_available
 
     ok, note = varlen_kernel_available()   # a CPU build of torch has no FlashAttention kernels
     assert not ok and ("built without" in note or "no torch.nn.attention.varlen" in note)

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from verl.compat.device.catalog import CATALOG
-from verl.compat.planning.decider import bitsandbytes_missing
+from verl.compat.device.support import bitsandbytes_missing
 from verl.compat.planning.model_spec import BUILTIN_MODELS, ModelSpec
 from verl.compat.planning.planner import PlanError, make_plan
 from verl.compat.device.profile import SoftwareInfo

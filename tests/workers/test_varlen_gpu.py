@@ -11,12 +11,8 @@ import torch
 from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from verl.compat.apply.varlen_attention import (
-    reference_kernel,
-    register_varlen_attention,
-    torch_varlen_kernel,
-    varlen_kernel_available,
-)
+from verl.compat.apply.varlen_attention import reference_kernel, register_varlen_attention, torch_varlen_kernel
+from verl.compat.device.support import varlen_kernel_available
 from verl.workers.model_building import layer_compile
 from verl.workers.actor.dp_actor import DataParallelPPOActor, Precision
 

@@ -182,10 +182,10 @@ def format_plan(plan: Plan) -> str:
             f"{r.attn_implementation:17s} {_yes(r.use_remove_padding):6s} {_yes(r.gradient_checkpointing):4s} "
             f"{_yes(r.fsdp):4s} {_yes(r.param_offload) + '/' + _yes(r.optimizer_offload):11s} {micro:5s} {r.predicted_peak_gb:8.2f}")
     lines += _trained_what(plan)
-    ro = plan.rollout
-    lines.append(f"  {'rollout':8s} {ro.name} ({ro.dtype}, {ro.attn_implementation}, "
-                 f"gpu_memory_utilization {ro.gpu_memory_utilization:.2f}, "
-                 f"enforce_eager {_yes(ro.enforce_eager)}) {ro.predicted_peak_gb:8.2f}")
+    rollout = plan.rollout
+    lines.append(f"  {'rollout':8s} {rollout.name} ({rollout.dtype}, {rollout.attn_implementation}, "
+                 f"gpu_memory_utilization {rollout.gpu_memory_utilization:.2f}, "
+                 f"enforce_eager {_yes(rollout.enforce_eager)}) {rollout.predicted_peak_gb:8.2f}")
     lines.append(f"  global   device {plan.device_type}, backend {plan.dist_backend}, "
                  f"torch.compile {_yes(plan.torch_compile)}, tf32 {_yes(plan.tf32)}; predicted peak "
                  f"{plan.predicted_peak_gb:.2f} GiB of {plan.memory_limit_gb:.2f} GiB")

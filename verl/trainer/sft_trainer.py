@@ -298,25 +298,35 @@ class SFTTrainer:
         return metrics
 
 
-def run_sft(config) -> dict[str, float]:
-    """Check, plan, train; returns the last step's metrics."""
+def checked_plan(config):
+    """The SFT plan of a config without problems (printed by rank 0); a config with problems lists them and
+    exits with CONFIG_ERROR_EXIT before anything starts. Both launchers (torchrun, Ray) begin here."""
     from verl import compat
+    from verl.compat.planning.sft import build_sft_plan
 
     problems = config_problems(config)
     if problems:
         print("verl: config error:\n" + "\n".join(f"- {p}" for p in problems), file=sys.stderr)
         raise SystemExit(CONFIG_ERROR_EXIT)
-    from verl.compat.planning.sft import build_sft_plan
-
     plan = build_sft_plan(config)
     if int(os.environ.get("RANK", 0)) == 0:
         print(compat.format_plan(plan), flush=True)
-    trainer = SFTTrainer(config, plan)
+    return plan
+
+
+def fit_rank(config, plan, device_index: int | None = None) -> dict[str, float]:
+    """Run this rank's SFT loop to the end and close its process group; returns its last-step metrics."""
+    trainer = SFTTrainer(config, plan, device_index=device_index)
     try:
         return trainer.fit()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def run_sft(config) -> dict[str, float]:
+    """Check, plan, train; returns the last step's metrics."""
+    return fit_rank(config, checked_plan(config))
 
 
 def main() -> None:

@@ -6,11 +6,9 @@ the driver starts Ray (`ray_kwargs.ray_init` when given) and one worker per devi
 """
 from __future__ import annotations
 
-import sys
-
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.base.worker import Worker
-from verl.trainer.sft_trainer import CONFIG_ERROR_EXIT, config_problems
+from verl.trainer.sft_trainer import checked_plan, fit_rank
 
 
 class SFTWorker(Worker):
@@ -23,33 +21,17 @@ class SFTWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def fit(self) -> dict[str, float]:
         """Train to the end; returns this rank's last-step metrics."""
-        import torch.distributed as dist
-
-        from verl.trainer.sft_trainer import SFTTrainer
-
-        trainer = SFTTrainer(self.config, self.plan, device_index=self.device_index)
-        try:
-            return trainer.fit()
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        return fit_rank(self.config, self.plan, device_index=self.device_index)
 
 
 def run_sft_ray(config) -> dict[str, float]:
     """Check, plan, start Ray and the ranks, train; returns rank 0's last-step metrics."""
     import ray
 
-    from verl import compat
-    from verl.compat.planning.sft import build_sft_plan
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
     from verl.trainer.ppo.task_runner import _init_ray
 
-    problems = config_problems(config)
-    if problems:
-        print("verl: config error:\n" + "\n".join(f"- {p}" for p in problems), file=sys.stderr)
-        raise SystemExit(CONFIG_ERROR_EXIT)
-    plan = build_sft_plan(config)
-    print(compat.format_plan(plan), flush=True)
+    plan = checked_plan(config)
     _init_ray(config)
     try:
         pool = RayResourcePool([int(config.trainer.n_gpus_per_node)] * int(config.trainer.nnodes),

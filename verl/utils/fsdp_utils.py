@@ -253,9 +253,8 @@ def offload_optimizer_state(optimizer: torch.optim.Optimizer, device) -> None:
     The state (two float32 tensors per parameter for AdamW) is read only by the step, so it comes to
     `device` right before each step and goes back right after it: forwards and backwards (whose
     activations are the largest transient) never share the device with it, which is what the memory
-    model assumes. Held for a whole update instead, from the second step of training on (once the
-    state exists) it sat next to the update's activations: +3.7 GiB over the plan on a T4 for
-    Qwen2.5-0.5B. With param offload FSDP2's CPUOffloadPolicy keeps shards and gradients in host
+    model assumes (held for a whole update, it would sit next to the update's activations from the
+    second step on, once the state exists). With param offload FSDP2's CPUOffloadPolicy keeps shards and gradients in host
     memory and steps them there, so their state never moves to `device`. State the optimizer creates
     lazily (its first step) is made beside the shard by torch and sent to the host after that step.
 

@@ -26,28 +26,13 @@ def _installed(name: str) -> bool:
         return False
 
 
-def is_megatron_core_available() -> bool:
-    return _installed("megatron.core")
-
-
-def is_vllm_available() -> bool:
-    return _installed("vllm")
-
-
-def is_sglang_available() -> bool:
-    return _installed("sglang")
-
-
-def is_nvtx_available() -> bool:
-    return _installed("nvtx")
-
-
-def is_trl_available() -> bool:
-    return _installed("trl")
-
-
-def is_msprobe_available() -> bool:
-    return _installed("msprobe")
+# upstream's availability checks, one per optional package
+is_megatron_core_available = functools.partial(_installed, "megatron.core")
+is_vllm_available = functools.partial(_installed, "vllm")
+is_sglang_available = functools.partial(_installed, "sglang")
+is_nvtx_available = functools.partial(_installed, "nvtx")
+is_trl_available = functools.partial(_installed, "trl")
+is_msprobe_available = functools.partial(_installed, "msprobe")
 
 
 def import_external_libs(external_libs=None) -> None:

@@ -24,6 +24,8 @@ from collections.abc import Callable
 
 import torch
 
+from verl.compat.device.support import varlen_kernel_available
+
 NAME = "torch_varlen"
 
 # kernel(q, k, v, cu_seq_lens, max_length, scale) -> out, causal within each sequence; q (tokens,
@@ -130,14 +132,3 @@ def register_varlen_attention(kernel: Kernel | None = None) -> None:
             _varlen_options()   # read the signature now, outside any compiled region
     AttentionInterface.register(NAME, functools.partial(varlen_attention_forward, kernel=kernel))
     AttentionMaskInterface.register(NAME, varlen_mask)
-
-
-def varlen_kernel_available() -> tuple[bool, str]:
-    """Whether this torch build has the varlen FlashAttention kernel (the device check is the planner's)."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
-    except ImportError:
-        return False, f"torch {torch.__version__} has no torch.nn.attention.varlen (added in 2.10)"
-    if not torch.backends.cuda.is_flash_attention_available():
-        return False, f"torch {torch.__version__} was built without its FlashAttention kernels"
-    return True, f"torch {torch.__version__} ships a variable-length FlashAttention kernel"

@@ -24,8 +24,8 @@ import torch
 
 from verl.compat.device.catalog import CATALOG, get_profile
 from verl.compat.device.engines import engine_names
-from verl.compat.planning.decider import bitsandbytes_missing
 from verl.compat.device.profile import DeviceProfile, SoftwareInfo
+from verl.compat.device.support import bitsandbytes_missing, varlen_kernel_available
 
 logger = logging.getLogger(__name__)
 
@@ -339,7 +339,6 @@ def _flash_attn_verdict(profile: DeviceProfile, version: str | None) -> tuple[bo
 
 def _torch_varlen_verdict(profile: DeviceProfile) -> tuple[bool, str]:
     """torch's built-in varlen FlashAttention kernel: this torch build and an sm_80+ CUDA device."""
-    from verl.compat.apply.varlen_attention import varlen_kernel_available
 
     if profile.backend != "cuda":
         return False, f"torch's varlen FlashAttention kernel runs on CUDA only (this is {profile.backend})"

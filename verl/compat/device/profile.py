@@ -38,6 +38,13 @@ class DeviceProfile:
         return asdict(self)
 
 
+def cc_name(profile: DeviceProfile) -> str:
+    """The compute capability as CUDA names its architectures ("sm_61"); the backend's name without one."""
+    if profile.backend == "cpu" or profile.compute_capability is None:
+        return profile.backend
+    return f"sm_{profile.compute_capability[0]}{profile.compute_capability[1]}"
+
+
 @dataclass(frozen=True)
 class SoftwareInfo:
     """Installed software and whether each piece can run on the profiled device.
@@ -57,7 +64,7 @@ class SoftwareInfo:
     vllm_usable: bool = False
     triton_usable: bool = False
     peft_version: str | None = None          # LoRA adapters (`model.lora_rank` > 0) are built with peft
-    bitsandbytes_version: str | None = None  # 4-bit base (QLoRA) and 8-bit AdamW; support per device: decider
+    bitsandbytes_version: str | None = None  # 4-bit base (QLoRA) and 8-bit AdamW; support per device: support.py
     # The rollout engines this verl builds (verl.compat.device.engines); vLLM may be usable on the device
     # and still not be planned while its engine is not listed there.
     rollout_engines: tuple[str, ...] = field(default_factory=engine_names)

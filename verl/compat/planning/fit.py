@@ -54,16 +54,17 @@ def micro_batches(config: Any, workload: Workload, samples_per_prompt: int) -> _
     auto_train = min(per_gpu, 8)
 
     def pick(*paths, default):
-        v = first(config, *paths)
-        return (int(v), True) if v is not AUTO else (default, False)
+        value = first(config, *paths)
+        return (int(value), True) if value is not AUTO else (default, False)
 
-    actor, ea = pick(f"{arr}.actor.ppo_micro_batch_size_per_gpu", default=auto_train)
-    actor_fwd, eaf = pick(f"{arr}.rollout.log_prob_micro_batch_size_per_gpu", default=2 * actor)
-    critic, ec = pick("critic.ppo_micro_batch_size_per_gpu", default=actor)
-    critic_fwd, ecf = pick("critic.forward_micro_batch_size_per_gpu", default=critic)
-    ref, er = pick(f"{arr}.ref.log_prob_micro_batch_size_per_gpu", default=actor_fwd)
+    actor, actor_set = pick(f"{arr}.actor.ppo_micro_batch_size_per_gpu", default=auto_train)
+    actor_fwd, actor_forward_set = pick(f"{arr}.rollout.log_prob_micro_batch_size_per_gpu", default=2 * actor)
+    critic, critic_set = pick("critic.ppo_micro_batch_size_per_gpu", default=actor)
+    critic_fwd, critic_forward_set = pick("critic.forward_micro_batch_size_per_gpu", default=critic)
+    ref, ref_set = pick(f"{arr}.ref.log_prob_micro_batch_size_per_gpu", default=actor_fwd)
     return _Batch(actor, actor_fwd, critic, critic_fwd, ref,
-                  {"actor": ea, "actor_forward": eaf, "critic": ec, "critic_forward": ecf, "ref": er})
+                  {"actor": actor_set, "actor_forward": actor_forward_set, "critic": critic_set,
+                   "critic_forward": critic_forward_set, "ref": ref_set})
 
 
 def apply_batches(roles: dict[str, RolePlan], batching: _Batch, dynamic: bool, budgets: dict) -> dict[str, RolePlan]:
@@ -103,13 +104,14 @@ def ladder(asked_off: dict, roles: dict):
     steps them (its 8-bit AdamW has no host implementation): param offload would move both to the host."""
     def offload(level: int) -> dict[str, tuple[bool, bool]]:
         out = {}
-        for name, rp in roles.items():
-            po, oo = asked_off[name]
+        for name, role_plan in roles.items():
+            asked_params, asked_optimizer = asked_off[name]
             trainable = name != "ref"
             want_o = level >= 1 and trainable
-            want_p = (level >= 3 or (level == 2 and trainable)) and rp.base_quantization is None \
-                and not rp.optimizer_8bit
-            out[name] = (po if po is not AUTO else want_p, (oo if oo is not AUTO else want_o) and trainable)
+            want_p = (level >= 3 or (level == 2 and trainable)) and role_plan.base_quantization is None \
+                and not role_plan.optimizer_8bit
+            out[name] = (asked_params if asked_params is not AUTO else want_p,
+                         (asked_optimizer if asked_optimizer is not AUTO else want_o) and trainable)
         return out
     rungs = [("nothing offloaded", offload(0)), ("optimizer offload", offload(1)),
              ("params + optimizer offload, reference kept", offload(2)), ("params + optimizer offload", offload(3))]
@@ -160,7 +162,7 @@ class FitInputs:
 
 
 def settled(decider: Decider, inputs: FitInputs, name: str, role_plan: RolePlan) -> RolePlan:
-    """`rp` with what follows from the offload the fit chose, which the memory counts: its FSDP2 wrapping
+    """`role_plan` with what follows from the offload the fit chose, which the memory counts: its FSDP2 wrapping
     and its optimizer's kernel (the planner notes both reasons once the plan is final)."""
     fused = name != "ref" and decide_fused_optimizer(lambda _key, value, _why: value, decider.profile, name,
                                                      role_plan.param_offload, decider.software.torch_version, role_plan.optimizer_8bit)
@@ -177,7 +179,7 @@ class _Search:
     """The fit's search: offload rungs x checkpointing x micro-batch halvings, smallest change first."""
 
     def __init__(self, decider: Decider, inputs: FitInputs):
-        self.d, self.inp = decider, inputs
+        self.decider, self.inputs = decider, inputs
         self.limit = decider.profile.memory_gb
         self.util_asked = inputs.rollout_asked["gpu_memory_utilization"]
         self.micro_asked = inputs.rollout_asked["micro_batch_size"]
@@ -189,47 +191,47 @@ class _Search:
             self.ckpt_options.append({n: (asked[n] if asked[n] is not AUTO else True) for n in roles})
 
     def build(self, offload, ckpt_on, batching, budgets_now, util, chunk=None):
-        inp = self.inp
-        rs = apply_batches(inp.roles, batching, inp.dynamic, budgets_now)
-        for name in rs:
-            rs[name] = settled(self.d, inp, name, replace(rs[name], gradient_checkpointing=ckpt_on[name],
-                                                          param_offload=offload[name][0],
-                                                          optimizer_offload=offload[name][1]))
-        ro = replace(inp.rollout, gpu_memory_utilization=util, micro_batch_size=chunk)
-        return rs, ro, _estimate(self.d, inp, rs, ro)
+        inputs = self.inputs
+        role_plans = apply_batches(inputs.roles, batching, inputs.dynamic, budgets_now)
+        for name in role_plans:
+            role_plans[name] = settled(self.decider, inputs, name, replace(
+                role_plans[name], gradient_checkpointing=ckpt_on[name], param_offload=offload[name][0],
+                optimizer_offload=offload[name][1]))
+        rollout_plan = replace(inputs.rollout, gpu_memory_utilization=util, micro_batch_size=chunk)
+        return role_plans, rollout_plan, _estimate(self.decider, inputs, role_plans, rollout_plan)
 
     def hf_chunk(self, offload, ckpt_on, batching, budgets_now, whole: bool) -> int | None:
         """The built-in engine's chunk: as many sequences as the memory free while generating holds."""
-        est = self.build(offload, ckpt_on, batching, budgets_now, 0.0, chunk=1)[2]
-        free = est.room_gb(self.limit) - est.rollout_resident_gb()
-        return chunk_size(max(int(free // self.per_seq), 0), self.inp.workload.rollout_batch_per_gpu,
+        estimate = self.build(offload, ckpt_on, batching, budgets_now, 0.0, chunk=1)[2]
+        free = estimate.room_gb(self.limit) - estimate.rollout_resident_gb()
+        return chunk_size(max(int(free // self.per_seq), 0), self.inputs.workload.rollout_batch_per_gpu,
                           self.micro_asked, whole)
 
     def vllm_util(self, offload, ckpt_on, batching, budgets_now) -> tuple[float | None, str]:
         """The vLLM share: user's if it fits, else what the other phases leave (None: too little)."""
-        est = self.build(offload, ckpt_on, batching, budgets_now, 0.0)[2]
-        free = est.room_gb(self.limit) - est.rollout_resident_gb()
+        estimate = self.build(offload, ckpt_on, batching, budgets_now, 0.0)[2]
+        free = estimate.room_gb(self.limit) - estimate.rollout_resident_gb()
         left = math.floor(100 * free / self.limit) / 100
-        need = vllm_need_gb(self.inp.model, self.inp.workload, self.inp.rollout.dtype) / self.limit
+        need = vllm_need_gb(self.inputs.model, self.inputs.workload, self.inputs.rollout.dtype) / self.limit
         if self.util_asked is not AUTO:
-            u = float(self.util_asked)
-            if u <= left:
-                return u, "set by the user; fits next to the resident training state"
+            share = float(self.util_asked)
+            if share <= left:
+                return share, "set by the user; fits next to the resident training state"
             if left >= need:
-                return self.d.adapt("rollout.gpu_memory_utilization",
-                                    "actor_rollout_ref.rollout.gpu_memory_utilization", u, min(left, 0.9),
+                return self.decider.adapt("rollout.gpu_memory_utilization",
+                                    "actor_rollout_ref.rollout.gpu_memory_utilization", share, min(left, 0.9),
                                     "that share does not fit next to the training state"), ""
             return None, ""
         if left < need:
             return None, ""
-        if self.d.profile.backend == "cpu":  # host memory is shared with everything else: take only what it needs
+        if self.decider.profile.backend == "cpu":  # host memory is shared with everything else: take only what it needs
             return math.ceil(100 * need) / 100, ("vLLM's CPU build: its weights, KV cache for min(batch, 16) "
                                                  "sequences and scratch, as a share of host memory")
         return min(left, 0.9), "share of device memory left after the resident training state (memory model)"
 
     def attempt(self, batching: _Batch, budgets_now: dict, whole: bool, rungs: int | None = None, ckpt: int | None = None):
-        vllm = self.inp.rollout.name == "vllm"
-        for rung, offload in ladder(self.inp.asked_off, self.inp.roles)[:rungs]:
+        vllm = self.inputs.rollout.name == "vllm"
+        for rung, offload in ladder(self.inputs.asked_off, self.inputs.roles)[:rungs]:
             for ckpt_on in self.ckpt_options[:ckpt]:
                 util, why, chunk = 0.0, "", None
                 if vllm:
@@ -240,55 +242,55 @@ class _Search:
                     chunk = self.hf_chunk(offload, ckpt_on, batching, budgets_now, whole)
                     if chunk is None:
                         continue
-                rs, ro, est = self.build(offload, ckpt_on, batching, budgets_now, util, chunk)
+                role_plans, rollout_plan, estimate = self.build(offload, ckpt_on, batching, budgets_now, util, chunk)
                 if not vllm:
-                    engine = sum(v for k, v in est.phases["rollout"].terms.items() if k.startswith("rollout."))
+                    engine = sum(v for k, v in estimate.phases["rollout"].terms.items() if k.startswith("rollout."))
                     util = round(min(engine / self.limit, 1.0), 3)
                     why = "built-in engine allocates on demand; predicted share of its weights, KV cache and logits"
-                    ro = replace(ro, gpu_memory_utilization=util)
-                if est.required_gb <= self.limit:
-                    return rung, ckpt_on, rs, ro, est, why
+                    rollout_plan = replace(rollout_plan, gpu_memory_utilization=util)
+                if estimate.required_gb <= self.limit:
+                    return rung, ckpt_on, role_plans, rollout_plan, estimate, why
         return None
 
     def _without_recompute(self, whole: bool):
         """Nothing offloaded, checkpointing off where compat decides it, budgets halved to the floor."""
-        inp = self.inp
-        b, bud, halvings = inp.batches, dict(inp.budgets), 0
-        floor = max(CHECKPOINT_FLOOR_TOKENS, inp.workload.seq_len)
-        while (found := self.attempt(b, bud, whole, rungs=1, ckpt=1)) is None:
-            if min(bud.values()) // 2 < floor:
+        inputs = self.inputs
+        batching, budgets, halvings = inputs.batches, dict(inputs.budgets), 0
+        floor = max(CHECKPOINT_FLOOR_TOKENS, inputs.workload.seq_len)
+        while (found := self.attempt(batching, budgets, whole, rungs=1, ckpt=1)) is None:
+            if min(budgets.values()) // 2 < floor:
                 return None
-            b, bud = halve(b, bud, inp.dynamic, inp.workload.seq_len)
+            batching, budgets = halve(batching, budgets, inputs.dynamic, inputs.workload.seq_len)
             halvings += 1
-        return found, b, bud, halvings
+        return found, batching, budgets, halvings
 
     def search(self, whole: bool):
         """Walk the ladder, halving micro-batches until a rung fits; None at the floor."""
-        inp = self.inp
-        if inp.dynamic:
+        inputs = self.inputs
+        if inputs.dynamic:
             # Token budgets are a speed device: shrink them before recomputing activations (down to
             # CHECKPOINT_FLOOR_TOKENS a pass), and before offloading anything (to one sequence a pass),
             # whose host round trips every step cost more than smaller passes.
             found = self._without_recompute(whole)
             if found is not None:
                 return found
-            b, bud, halvings = inp.batches, dict(inp.budgets), 0
-            while (found := self.attempt(b, bud, whole, rungs=1)) is None:
-                smaller = halve(b, bud, inp.dynamic, inp.workload.seq_len)
+            batching, budgets, halvings = inputs.batches, dict(inputs.budgets), 0
+            while (found := self.attempt(batching, budgets, whole, rungs=1)) is None:
+                smaller = halve(batching, budgets, inputs.dynamic, inputs.workload.seq_len)
                 if smaller is None:
                     break
-                b, bud = smaller
+                batching, budgets = smaller
                 halvings += 1
             if found is not None:
-                return found, b, bud, halvings
-        b, bud, halvings = inp.batches, dict(inp.budgets), 0
-        while (found := self.attempt(b, bud, whole)) is None:
-            smaller = halve(b, bud, inp.dynamic, inp.workload.seq_len)
+                return found, batching, budgets, halvings
+        batching, budgets, halvings = inputs.batches, dict(inputs.budgets), 0
+        while (found := self.attempt(batching, budgets, whole)) is None:
+            smaller = halve(batching, budgets, inputs.dynamic, inputs.workload.seq_len)
             if smaller is None:
-                return None, b, bud, halvings
-            b, bud = smaller
+                return None, batching, budgets, halvings
+            batching, budgets = smaller
             halvings += 1
-        return found, b, bud, halvings
+        return found, batching, budgets, halvings
 
 
 def fit(decider: Decider, inputs: FitInputs, plan_kwargs: dict) -> Plan:
@@ -296,12 +298,12 @@ def fit(decider: Decider, inputs: FitInputs, plan_kwargs: dict) -> Plan:
     search = _Search(decider, inputs)
     # First keep each training rollout in one pass (offloading for it, as before chunking existed);
     # the built-in engine may then settle for chunked training rollouts.
-    found, b, bud, halvings = search.search(whole=True)
+    found, batching, budgets, halvings = search.search(whole=True)
     if found is None and inputs.rollout.name == "hf":
-        found, b, bud, halvings = search.search(whole=False)
+        found, batching, budgets, halvings = search.search(whole=False)
     if found is None:
-        raise_shortfall(decider, inputs, b, bud, search.limit)
-    plan = _fitted_plan(decider, inputs, search, found, b, halvings, plan_kwargs)
+        raise_shortfall(decider, inputs, batching, budgets, search.limit)
+    plan = _fitted_plan(decider, inputs, search, found, batching, halvings, plan_kwargs)
     nodes = max(inputs.nnodes, 1)
     roles = {n: r for n, r in (("actor", plan.actor), ("critic", plan.critic), ("ref", plan.ref)) if r is not None}
     check_host_memory(decider.profile.host_memory_gb, inputs.model, roles, max(inputs.ranks // nodes, 1), nodes)
@@ -309,53 +311,56 @@ def fit(decider: Decider, inputs: FitInputs, plan_kwargs: dict) -> Plan:
 
 
 def _note_roles(decider: Decider, inputs: FitInputs, roles: dict, rung: str, halvings: int) -> None:
-    for name, rp in roles.items():
-        decider.note(f"{name}.fsdp", rp.fsdp, wraps_in_fsdp(rp, inputs.ranks, inputs.always_fsdp)[1])
-        ck = inputs.asked_ckpt[name]
-        decider.note(f"{name}.gradient_checkpointing", rp.gradient_checkpointing,
-               "set by the user" if ck is not AUTO else
-               ("activations do not fit without it" if rp.gradient_checkpointing else "activations fit without it"))
-        po, oo = inputs.asked_off[name]
+    for name, role_plan in roles.items():
+        decider.note(f"{name}.fsdp", role_plan.fsdp, wraps_in_fsdp(role_plan, inputs.ranks, inputs.always_fsdp)[1])
+        asked_ckpt = inputs.asked_ckpt[name]
+        decider.note(f"{name}.gradient_checkpointing", role_plan.gradient_checkpointing,
+               "set by the user" if asked_ckpt is not AUTO else
+               ("activations do not fit without it" if role_plan.gradient_checkpointing
+                else "activations fit without it"))
+        asked_params, asked_optimizer = inputs.asked_off[name]
         if decider.profile.backend != "cpu":   # on CPU the planner gave the offload reasons (host memory already)
-            decider.note(f"{name}.param_offload", rp.param_offload,
-                   "set by the user" if po is not AUTO else f"memory plan: {rung}")
-            decider.note(f"{name}.optimizer_offload", rp.optimizer_offload,
-                   "set by the user" if oo is not AUTO else
+            decider.note(f"{name}.param_offload", role_plan.param_offload,
+                   "set by the user" if asked_params is not AUTO else f"memory plan: {rung}")
+            decider.note(f"{name}.optimizer_offload", role_plan.optimizer_offload,
+                   "set by the user" if asked_optimizer is not AUTO else
                    (f"memory plan: {rung}" if name != "ref" else "a frozen model has no optimizer"))
         key = "max_token_len_per_gpu" if inputs.dynamic else "micro_batch_size_per_gpu"
-        decider.note(f"{name}.{key}", getattr(rp, key),
+        decider.note(f"{name}.{key}", getattr(role_plan, key),
                f"halved {halvings}x to fit (mini-batch unchanged, so the update's math is unchanged)"
                if halvings else "as configured")
 
 
 def _fitted_plan(decider: Decider, inputs: FitInputs, search: _Search, found, batching: _Batch, halvings: int,
                  plan_kwargs: dict) -> Plan:
-    rung, _, rs, ro, est, util_why = found
+    rung, _, role_plans, rollout_plan, estimate, util_why = found
     limit = search.limit
-    _note_roles(decider, inputs, rs, rung, halvings)
-    rs, est = decide_reshard(decider, inputs, rs, ro, est)
-    rs, est = decide_forward_gather(decider, inputs, rs, ro, est)
-    rs, est = grow_budgets(decider, inputs, rs, ro, est)
+    _note_roles(decider, inputs, role_plans, rung, halvings)
+    role_plans, estimate = decide_reshard(decider, inputs, role_plans, rollout_plan, estimate)
+    role_plans, estimate = decide_forward_gather(decider, inputs, role_plans, rollout_plan, estimate)
+    role_plans, estimate = grow_budgets(decider, inputs, role_plans, rollout_plan, estimate)
     if halvings:
         for name, explicit in batching.explicit.items():
             if explicit:
                 decider.warnings.append(f"{name} micro-batch reduced to fit {decider.profile.name} ({halvings} halvings); "
                                   f"gradient accumulation keeps the mini-batch and the math unchanged.")
                 break
-    decider.note("rollout.gpu_memory_utilization", ro.gpu_memory_utilization, util_why)
-    if ro.name == "hf":
-        note_chunk(decider, ro.micro_batch_size, search.micro_asked, est, limit, search.per_seq, inputs.workload)
-    for name, rp in rs.items():
-        phases = [p for k, p in est.phases.items() if k.startswith(name) or (name == "critic" and k == "values")]
-        rs[name] = replace(rp, predicted_peak_gb=round(max(p.total_gb for p in phases), 3))
-    ro = replace(ro, predicted_peak_gb=round(max(est.phases[k].total_gb for k in ("rollout", "validation")), 3))
-    decider.note("memory", round(est.predicted_peak_gb, 3),
-           f"peak {est.predicted_peak_gb:.2f} GiB in {est.peak_phase}; with context and {inputs.margin:.0%} margin "
-           f"{est.required_gb:.2f} of {limit:.1f} GiB ({rung})")
-    memory = est.to_dict()
-    memory["phases_total"] = {k: {"total_gb": round(p.total_gb, 3)} for k, p in est.phases.items()}
-    plan_kwargs.update(actor=rs["actor"], critic=rs.get("critic"), ref=rs.get("ref"), rollout=ro,
-                       predicted_peak_gb=round(est.predicted_peak_gb, 3))
+    decider.note("rollout.gpu_memory_utilization", rollout_plan.gpu_memory_utilization, util_why)
+    if rollout_plan.name == "hf":
+        note_chunk(decider, rollout_plan.micro_batch_size, search.micro_asked, estimate, limit, search.per_seq,
+                   inputs.workload)
+    for name, rp in role_plans.items():
+        phases = [p for k, p in estimate.phases.items() if k.startswith(name) or (name == "critic" and k == "values")]
+        role_plans[name] = replace(rp, predicted_peak_gb=round(max(p.total_gb for p in phases), 3))
+    rollout_peak = max(estimate.phases[phase].total_gb for phase in ("rollout", "validation"))
+    rollout_plan = replace(rollout_plan, predicted_peak_gb=round(rollout_peak, 3))
+    decider.note("memory", round(estimate.predicted_peak_gb, 3),
+           f"peak {estimate.predicted_peak_gb:.2f} GiB in {estimate.peak_phase}; with context and {inputs.margin:.0%} margin "
+           f"{estimate.required_gb:.2f} of {limit:.1f} GiB ({rung})")
+    memory = estimate.to_dict()
+    memory["phases_total"] = {k: {"total_gb": round(p.total_gb, 3)} for k, p in estimate.phases.items()}
+    plan_kwargs.update(actor=role_plans["actor"], critic=role_plans.get("critic"), ref=role_plans.get("ref"),
+                       rollout=rollout_plan, predicted_peak_gb=round(estimate.predicted_peak_gb, 3))
     return Plan(reasons=decider.reasons, warnings=decider.warnings, memory=memory, **plan_kwargs)
 
 
@@ -379,7 +384,7 @@ def decide_reshard(decider: Decider, inputs: FitInputs, roles: dict, rollout: Ro
     device) leaves MULTI_RANK_RESHARD_HEADROOM of the device free. An explicit value is kept; an
     explicit False that does not fit is adapted (a warning, or PlanError under compat.strict).
     """
-    limit, ws = decider.profile.memory_gb, inputs.workload.world_size
+    limit, world_size = decider.profile.memory_gb, inputs.workload.world_size
     for name in list(roles):
         key, asked = inputs.asked_reshard[name]
         if not roles[name].fsdp:
@@ -397,10 +402,10 @@ def decide_reshard(decider: Decider, inputs: FitInputs, roles: dict, rollout: Ro
         update = trial_est.phases[f"{name}_update"].total_gb * (1 + inputs.margin) + trial_est.context_gb
         need = f"the {name} update needs {update:.2f} of {limit:.1f} GiB with every layer kept gathered"
         fits = trial_est.required_gb <= limit
-        if fits and (ws == 1 or asked is False or update <= limit * (1 - MULTI_RANK_RESHARD_HEADROOM)):
+        if fits and (world_size == 1 or asked is False or update <= limit * (1 - MULTI_RANK_RESHARD_HEADROOM)):
             roles, estimate = trial, trial_est
             decider.note(f"{name}.reshard_after_forward", False,
-                   f"set by the user; {need}" if asked is False else _why_kept(ws, need))
+                   f"set by the user; {need}" if asked is False else _why_kept(world_size, need))
         elif asked is False:
             decider.adapt(f"{name}.reshard_after_forward", key, False, True, need)
         else:
@@ -412,10 +417,10 @@ def decide_reshard(decider: Decider, inputs: FitInputs, roles: dict, rollout: Ro
 def decide_forward_gather(decider: Decider, inputs: FitInputs, roles: dict, rollout: RolloutPlan, estimate):
     """Whether each role's forward-only passes (old and reference log-probs, values) gather the whole
     model once per call; returns (roles, estimate). Otherwise FSDP2 gathers (copies, casts) every
-    layer again for every micro-batch, a per-parameter host cost that left the H200 idle 60% of an
-    old-log-prob pass. The whole model in the gather dtype must fit beside the pass's activations:
+    layer again for every micro-batch, a per-parameter host cost that can leave the device idle for most
+    of the pass (docs/compat.md). The whole model in the gather dtype must fit beside the pass's activations:
     always tried at world size 1, at more ranks only with MULTI_RANK_RESHARD_HEADROOM to spare."""
-    limit, ws = decider.profile.memory_gb, inputs.workload.world_size
+    limit, world_size = decider.profile.memory_gb, inputs.workload.world_size
     for name in list(roles):
         phase = FORWARD_PHASES[name]
         if not roles[name].fsdp:
@@ -429,7 +434,7 @@ def decide_forward_gather(decider: Decider, inputs: FitInputs, roles: dict, roll
         trial_est = _estimate(decider, inputs, trial, rollout)
         need = trial_est.phases[phase].total_gb * (1 + inputs.margin) + trial_est.context_gb
         why = f"the {phase} pass needs {need:.2f} of {limit:.1f} GiB with the whole model gathered"
-        if trial_est.required_gb <= limit and (ws == 1 or need <= limit * (1 - MULTI_RANK_RESHARD_HEADROOM)):
+        if trial_est.required_gb <= limit and (world_size == 1 or need <= limit * (1 - MULTI_RANK_RESHARD_HEADROOM)):
             roles, estimate = trial, trial_est
             decider.note(f"{name}.gather_for_forward", True, f"one gather per call, not per layer and micro-batch ({why})")
         else:

@@ -139,10 +139,10 @@ def _decide_8bit(decider: Decider, config: Any, name: str) -> bool:
 def keep_bitsandbytes_on_device(decider: Decider, roles: dict[str, RolePlan], asked_off: dict, fsdp_prefix: dict) -> None:
     """A user's `param_offload=true` on a role whose weights or optimizer bitsandbytes holds is adapted
     to false: a 4-bit base runs unwrapped on the device and 8-bit AdamW has no host step."""
-    for name, rp in roles.items():
-        po, oo = asked_off[name]
-        if po is True and (rp.base_quantization or rp.optimizer_8bit):
-            what = "the 4-bit base runs unwrapped on the device" if rp.base_quantization else \
+    for name, role_plan in roles.items():
+        asked_params, asked_optimizer = asked_off[name]
+        if asked_params is True and (role_plan.base_quantization or role_plan.optimizer_8bit):
+            what = "the 4-bit base runs unwrapped on the device" if role_plan.base_quantization else \
                 "bitsandbytes' 8-bit AdamW steps on the device only (no host implementation)"
             asked_off[name] = (decider.adapt(f"{name}.param_offload", f"{fsdp_prefix[name]}.param_offload", True, False,
-                                       what), oo)
+                                       what), asked_optimizer)

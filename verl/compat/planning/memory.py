@@ -2,8 +2,8 @@
 
 Pure arithmetic on `ModelSpec` and the role plans; no torch. `predicted_peak_gb` is the peak of tensor
 allocations (what `torch.cuda.max_memory_allocated` reports); `required_gb` adds the CUDA context and a
-fragmentation margin, and is what the planner fits into the device. Every term, its formula and where it
-was measured: docs/compat.md, "The memory model".
+fragmentation margin, and is what the planner fits into the device. Every term, its formula and its
+calibration: docs/compat.md, "The memory model".
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ GiB = 1024 ** 3
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 LOGPROB_CHUNK_ROWS = 1024        # rows per float32 chunk in verl.utils.torch_functional
 CUDA_CONTEXT_GB = 0.75           # CUDA context and kernel images, outside the allocator's count (cuBLAS
-                                 # workspaces are inside it, in the measured per-phase residue)
+                                 # workspaces are inside it, in each phase's terms)
 # foreach AdamW temporaries, in units of one fp32 shard of params. The fused kernel updates in place; only
 # FSDP2-wrapped roles with offloaded state keep the scratch (docs/compat.md, "Memory model", has the runs).
 ADAM_STEP_SCRATCH = 1.0
@@ -143,15 +143,15 @@ def _logprob_scratch(model: ModelSpec, response_tokens: int, compute: str, backw
 def _vocab_grad_bytes(model: ModelSpec, role: _Role, accumulates: bool) -> float:
     """Backward materialises (vocab x hidden) gradients whole before FSDP2 reduces them into .grad.
 
-    Tied embeddings get two (output projection and dense embedding gradient) plus their sum,
-    all in the master dtype (measured: 3x). Untied, the output projection's gradient exists in
-    compute dtype and then in the master dtype, one matrix at a time. A critic has only the
-    embedding's, plus the copy FSDP2 reduces from (measured on CPU: 2x).
+    Tied embeddings get two (output projection and dense embedding gradient) plus their sum, all in
+    the master dtype. Untied, the output projection's gradient exists in compute dtype and then in
+    the master dtype, one matrix at a time. A critic has only the embedding's, plus the copy FSDP2
+    reduces from.
 
     An unwrapped model's .grad is in the grads term already, and its input embedding adds rows into
     it (`fsdp_utils.rows_into_grad`): nothing more at the end of backward, except that a tied output
     projection's gradient, once `accumulates` (a later micro-batch of the mini-batch), exists next to
-    the .grad it is added to (measured on CPU: 1x either way, counted here)."""
+    the .grad it is added to."""
     if role.lora:   # the embeddings and the output projection are frozen: no vocabulary-sized gradient
         return 0.0
     vh = model.vocab_size * model.hidden_size
@@ -177,8 +177,7 @@ def _generation_terms(model: ModelSpec, actor: RolePlan, rollout: RolloutPlan, p
     transients over the prompt) and the end of decoding (full KV, float32 sampling over the last
     position's logits).
 
-    Prefill transients per token (measured on an H200, float32 weights under bfloat16 autocast):
-    4H*r + 3I*c, plus 4I under autocast, with c the rollout dtype and r the residual width: that of
+    Prefill transients per token: 4H*r + 3I*c, plus 4I under autocast, with c the rollout dtype and r the residual width: that of
     the weights the engine computes with, the gathered ones (`gather_dtype`), so a plan that casts
     on gather generates in the rollout dtype without autocast (r = c)."""
     c = BYTES[rollout.dtype]
@@ -204,15 +203,15 @@ def generation_bytes_per_sequence(model: ModelSpec, actor: RolePlan, rollout: Ro
     return max(sum(t.values()) for t in _generation_terms(model, actor, rollout, prompt_length, response_length))
 
 
-def _builtin_rollout(model: ModelSpec, actor: _Role, wl: Workload, rollout: RolloutPlan,
+def _builtin_rollout(model: ModelSpec, actor: _Role, workload: Workload, rollout: RolloutPlan,
                      batch: int | None) -> dict[str, float]:
     """The actor's weights as the engine computes with them, plus one chunk of sequences
     (`rollout.micro_batch_size` of them, or the whole batch when that is smaller or unset;
     `batch` None: a batch of unknown size, i.e. at least one full chunk)."""
     if batch is None:
-        batch = rollout.micro_batch_size or wl.rollout_batch_per_gpu
+        batch = rollout.micro_batch_size or workload.rollout_batch_per_gpu
     chunk = min(batch, rollout.micro_batch_size or batch)
-    prefill, decode = _generation_terms(model, actor.plan, rollout, wl.prompt_length, wl.response_length)
+    prefill, decode = _generation_terms(model, actor.plan, rollout, workload.prompt_length, workload.response_length)
     peak = max((prefill, decode), key=lambda t: sum(t.values()))
     return {**_generation_weights(model, actor, rollout), **{k: v * chunk for k, v in peak.items()}}
 
@@ -223,7 +222,7 @@ def _generation_weights(model: ModelSpec, actor: _Role, rollout: RolloutPlan) ->
     engine computes in another dtype, autocast's cast of the largest weight: the engine runs
     autocast without its weight cache (a recorded CUDA graph must recast on every replay), so each
     matmul casts its weight for that op only, and the output projection (vocab x hidden) is the
-    largest (measured on CPU, bfloat16 over float32 weights: one such copy, not the whole model)."""
+    largest: one such copy, not the whole model."""
     stored = read_dtype(actor.plan)
     gather = rollout.dtype if actor.lora else gather_dtype(actor.plan)   # a LoRA model gathers in compute dtype
     cast = model.vocab_size * model.hidden_size * BYTES[rollout.dtype] if stored != rollout.dtype else 0.0
@@ -260,36 +259,36 @@ class _Role:
             return 0
         return self.adapters if self.lora else self.params
 
-    def weights(self, ws: int) -> float:
+    def weights(self, world_size: int) -> float:
         """Stored weights: a full trained role in its master dtype; a frozen model or a LoRA base in
         `frozen_dtype` (4-bit linear weights under nf4), a LoRA role's adapters in the master dtype."""
         p = self.plan
         if self.trainable and not self.lora:
-            return self.params * BYTES[p.param_dtype] / ws
+            return self.params * BYTES[p.param_dtype] / world_size
         frozen = BYTES[p.frozen_dtype or p.param_dtype]
         base = (self.params - self.quantized) * frozen + self.quantized * NF4_BYTES
-        return (base + self.adapters * BYTES[p.param_dtype]) / ws
+        return (base + self.adapters * BYTES[p.param_dtype]) / world_size
 
-    def optimizer(self, ws: int) -> float:
+    def optimizer(self, world_size: int) -> float:
         if not self.trainable:
             return 0.0
         moments = ADAMW8BIT_BYTES if self.plan.optimizer_8bit else 8
         master = 4 if BYTES[self.plan.param_dtype] < 4 else 0
-        return self.trained * (moments + master) / ws
+        return self.trained * (moments + master) / world_size
 
-    def grads(self, ws: int) -> float:
-        return self.trained * BYTES[self.plan.param_dtype] / ws
+    def grads(self, world_size: int) -> float:
+        return self.trained * BYTES[self.plan.param_dtype] / world_size
 
     def on_host(self) -> tuple[bool, bool]:
         """(weights, optimizer) kept in host memory. Under param offload FSDP2's CPUOffloadPolicy keeps
         shards and their gradients on the host and AdamW steps them there: the states never come over."""
         return self.plan.param_offload, self.plan.optimizer_offload or self.plan.param_offload
 
-    def resident(self, ws: int) -> dict[str, float]:
+    def resident(self, world_size: int) -> dict[str, float]:
         """What stays on the device while another role is active."""
         weights_home, optimizer_home = self.on_host()
-        return {f"{self.name}.weights": 0.0 if weights_home else self.weights(ws),
-                f"{self.name}.optimizer": 0.0 if optimizer_home else self.optimizer(ws)}
+        return {f"{self.name}.weights": 0.0 if weights_home else self.weights(world_size),
+                f"{self.name}.optimizer": 0.0 if optimizer_home else self.optimizer(world_size)}
 
 
 def read_dtype(plan: RolePlan, trainable: bool = True) -> str:
@@ -370,14 +369,14 @@ def _frozen_compute_copy(model: ModelSpec, role: _Role, dtype: str, train: bool,
     return upcast + _dequantized(model, role, dtype) + adapters
 
 
-def _tokens(plan: RolePlan, wl: Workload, role: str, forward: bool) -> tuple[int, int, int]:
+def _tokens(plan: RolePlan, workload: Workload, role: str, forward: bool) -> tuple[int, int, int]:
     """(tokens, response tokens, sequences) in the largest micro-batch of this role: its size, or
     as many full-length sequences as its token budget holds, but never more sequences than the
     role is handed at once (`Workload.sequences_seen`). Full length (prompt + response) is the
     worst case of both splitters: the padded one trims each micro-batch to its longest prompt and
     response, the packed one counts real tokens."""
-    seq_len, response_len = wl.seq_len, wl.response_length
-    seen = wl.sequences_seen(role, forward)
+    seq_len, response_len = workload.seq_len, workload.response_length
+    seen = workload.sequences_seen(role, forward)
     mbs = plan.forward_micro_batch_size_per_gpu if forward else plan.micro_batch_size_per_gpu
     if mbs is None and forward:
         mbs = plan.micro_batch_size_per_gpu
@@ -452,7 +451,7 @@ class _Step:
 
     model: ModelSpec
     critic_model: ModelSpec
-    wl: Workload
+    workload: Workload
     roles: dict[str, _Role]
     rollout: RolloutPlan
     device_memory_gb: float
@@ -467,7 +466,7 @@ class _Step:
         out = {}
         for name, role in self.roles.items():
             if name != active:
-                out.update(role.resident(self.wl.world_size))
+                out.update(role.resident(self.workload.world_size))
         if self.reward_model is not None and active != REWARD_MODEL:
             out.update(self.reward_model.resident())
         return out
@@ -475,71 +474,71 @@ class _Step:
     def on_device(self, role: _Role) -> dict[str, float]:
         """The active role's own state on the device: its weights and optimizer states unless they live
         in host memory (an offloaded optimizer comes over for its step only, counted in the update)."""
-        return role.resident(self.wl.world_size)
+        return role.resident(self.workload.world_size)
 
 
 FORWARD_PHASES = {"actor": "log_prob", "ref": "ref", "critic": "values"}
 
 
-def _generation_phase(s: _Step, batch: int | None) -> dict[str, float]:
+def _generation_phase(step: _Step, batch: int | None) -> dict[str, float]:
     """Training rollout or validation: vLLM holds its own weights and KV cache inside its share; the
     built-in engine generates with the actor's weights gathered whole (cast under autocast)."""
-    actor, ws = s.roles["actor"], s.wl.world_size
-    terms = s.idle("actor")
+    actor, world_size = step.roles["actor"], step.workload.world_size
+    terms = step.idle("actor")
     # offloaded shards stay on the host (the built-in engine uses the gathered copy it counts)
-    terms.update(actor.resident(ws))
-    if s.rollout.name == "vllm":
-        terms["rollout.engine share"] = s.rollout.gpu_memory_utilization * s.device_memory_gb * GiB
+    terms.update(actor.resident(world_size))
+    if step.rollout.name == "vllm":
+        terms["rollout.engine share"] = step.rollout.gpu_memory_utilization * step.device_memory_gb * GiB
     else:
-        terms.update(_builtin_rollout(s.model, actor, s.wl, s.rollout, batch))
+        terms.update(_builtin_rollout(step.model, actor, step.workload, step.rollout, batch))
     return terms
 
 
-def _forward_phase(s: _Step, name: str) -> dict[str, float]:
+def _forward_phase(step: _Step, name: str) -> dict[str, float]:
     """A no-grad forward over the rollout batch: old log-probs (actor), reference log-probs, values. Its
     peak is the largest of three moments, as nothing is kept from one to the next: inside a decoder layer
     (two layer units gathered, one layer's transients), at the output projection (only the root unit
     gathered, or the output projection cast for its matmul, the final hidden states and the new logits),
     and in the chunked log-prob pass over the logits (the root unit still gathered)."""
-    role, spec = s.roles[name], s.spec(name)
-    terms = s.idle(name)
-    terms.update(s.on_device(role))
+    role, spec = step.roles[name], step.spec(name)
+    terms = step.idle(name)
+    terms.update(step.on_device(role))
     c = role.plan.compute_dtype
-    tokens, resp, _ = _tokens(role.plan, s.wl, name, forward=True)
-    layer = {f"{name}.compute_copy": _compute_copy(spec, role, c, compiled=s.compiled_layers)}
-    layer.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=False))
+    tokens, resp, _ = _tokens(role.plan, step.workload, name, forward=True)
+    layer = {f"{name}.compute_copy": _compute_copy(spec, role, c, compiled=step.compiled_layers)}
+    layer.update(_activations(spec, role.plan, tokens, step.workload.seq_len, train=False))
     tokens, resp = _head_rows(role.plan, tokens, resp)
     stream = residual_dtype(role.plan) if role.trainable else read_dtype(role.plan, False)
     hidden = {"hidden states": tokens * spec.hidden_size * 2 * max(BYTES[c], BYTES[stream])}
     if name == "critic":
-        head = {f"{name}.compute_copy": _compute_copy(spec, role, c, compiled=s.compiled_layers, layers=0),
+        head = {f"{name}.compute_copy": _compute_copy(spec, role, c, compiled=step.compiled_layers, layers=0),
                 **hidden, "values": tokens * spec.hidden_size * 4}
         terms.update(max((layer, head), key=lambda t: sum(t.values())))
         return terms
     logits = resp * spec.vocab_size * BYTES[c]
-    head = {f"{name}.compute_copy": _compute_copy(spec, role, c, compiled=s.compiled_layers, layers=0),
+    head = {f"{name}.compute_copy": _compute_copy(spec, role, c, compiled=step.compiled_layers, layers=0),
             **hidden, "logits": logits}
     # FSDP2 does not reshard the root unit after a forward: it stays gathered through the log-prob pass
     log_prob = {f"{name}.compute_copy": _gathered_units(spec, role, c, False, 0), "logits": logits,
-                "log-prob scratch": _logprob_scratch(spec, resp, c, backward=False, fused=s.compiled_layers)}
+                "log-prob scratch": _logprob_scratch(spec, resp, c, backward=False, fused=step.compiled_layers)}
     terms.update(max((layer, head, log_prob), key=lambda t: sum(t.values())))
     return terms
 
 
-def _update_phase(s: _Step, name: str) -> dict[str, float]:
+def _update_phase(step: _Step, name: str) -> dict[str, float]:
     """Forward + backward + optimizer step of a trained role, at the largest of its candidate peaks:
     the end of a forward, the log-prob backward (`_head_stages`), a
     layer's backward, the end of backward, the optimizer step. Gradients exist from the first backward
     of a mini-batch to its optimizer step (which frees them): the first micro-batch (the largest:
     token-budgeted splits take the longest rows first) reaches the end of its forward without them,
     the later ones (at most the rows left) with them."""
-    role, spec, ws = s.roles[name], s.spec(name), s.wl.world_size
-    terms = s.idle(name)
-    terms.update(s.on_device(role))
-    tokens, resp, rows = _tokens(role.plan, s.wl, name, forward=False)
-    grads = 0.0 if role.plan.param_offload else role.grads(ws)   # under param offload reduced onto the host
-    later = min(rows, s.wl.sequences_seen(name, forward=False) - rows)
-    heads = _head_stages(s, name, rows, 0.0) + (_head_stages(s, name, later, grads) if later > 0 else [])
+    role, spec, world_size = step.roles[name], step.spec(name), step.workload.world_size
+    terms = step.idle(name)
+    terms.update(step.on_device(role))
+    tokens, resp, rows = _tokens(role.plan, step.workload, name, forward=False)
+    grads = 0.0 if role.plan.param_offload else role.grads(world_size)   # under param offload reduced onto the host
+    later = min(rows, step.workload.sequences_seen(name, forward=False) - rows)
+    heads = _head_stages(step, name, rows, 0.0) + (_head_stages(step, name, later, grads) if later > 0 else [])
     # mid-backward: the checkpointed inputs, the layer being recomputed and its gradients, and that unit's
     # parameter gradients, unsharded and in the flat copy FSDP2 reduces from, next to the gathered units
     # (all of them when the plan keeps them gathered for backward; what bounds a model of few wide layers
@@ -549,7 +548,7 @@ def _update_phase(s: _Step, name: str) -> dict[str, float]:
     layer_bwd = {f"{name}.grads": grads,
                  f"{name}.compute_copy": _compute_copy(spec, role, role.plan.compute_dtype, train=True,
                                                        checkpointed=ckpt and name != "critic"),
-                 **_activations(spec, role.plan, tokens, s.wl.seq_len, train=True, compiled=s.compiled_layers),
+                 **_activations(spec, role.plan, tokens, step.workload.seq_len, train=True, compiled=step.compiled_layers),
                  "layer grads (backward)": 2 * per_layer * BYTES[role.plan.param_dtype] if wrapped else 0.0}
     # the root unit stays gathered until its gradients are reduced, at the very end of backward
     root_dtype = role.plan.compute_dtype if role.lora else gather_dtype(role.plan)
@@ -559,15 +558,15 @@ def _update_phase(s: _Step, name: str) -> dict[str, float]:
     # bitsandbytes' 8-bit step updates in place; under param offload the step runs on the host
     in_place = role.plan.optimizer_8bit or (role.plan.fused_optimizer and not (role.plan.fsdp and
                                                                                role.plan.optimizer_offload))
-    scratch = 0.0 if in_place or role.plan.param_offload else ADAM_STEP_SCRATCH * role.trained * 4 / ws
-    step = {f"{name}.grads": grads, "optimizer step": scratch}
+    scratch = 0.0 if in_place or role.plan.param_offload else ADAM_STEP_SCRATCH * role.trained * 4 / world_size
+    optimizer_stage = {f"{name}.grads": grads, "optimizer step": scratch}
     if role.plan.optimizer_offload and not role.plan.param_offload:
-        step[f"{name}.optimizer"] = role.optimizer(ws)
-    terms.update(max((*heads, layer_bwd, bwd_end, step), key=lambda t: sum(t.values())))
+        optimizer_stage[f"{name}.optimizer"] = role.optimizer(world_size)
+    terms.update(max((*heads, layer_bwd, bwd_end, optimizer_stage), key=lambda t: sum(t.values())))
     return terms
 
 
-def _head_stages(s: _Step, name: str, rows: int, grads: float) -> list[dict[str, float]]:
+def _head_stages(step: _Step, name: str, rows: int, grads: float) -> list[dict[str, float]]:
     """Candidate peaks around the output of a training forward over `rows` full-length sequences (`grads`:
     bytes of gradients already accumulated by earlier micro-batches of the mini-batch), where no decoder
     layer is gathered (only the root unit) and, under checkpointing, only the layer inputs are saved:
@@ -575,30 +574,29 @@ def _head_stages(s: _Step, name: str, rows: int, grads: float) -> list[dict[str,
     still alive; (2) the log-prob's backward: the saved logits, their gradient and its chunk scratch,
     autocast's cache gone (what stays cast is what backward saved), and the output projection's weight
     gradient. A critic: its values head."""
-    role, spec = s.roles[name], s.spec(name)
+    role, spec = step.roles[name], step.spec(name)
     c, ckpt = role.plan.compute_dtype, role.plan.gradient_checkpointing
-    tokens, resp = rows * s.wl.seq_len, rows * s.wl.response_length
+    tokens, resp = rows * step.workload.seq_len, rows * step.workload.response_length
     base = {f"{name}.grads": grads}
     if name == "critic":
         base[f"{name}.compute_copy"] = _compute_copy(spec, role, c, train=True)
-        base.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=True, compiled=s.compiled_layers))
+        base.update(_activations(spec, role.plan, tokens, step.workload.seq_len, train=True, compiled=step.compiled_layers))
         tokens, _ = _head_rows(role.plan, tokens, resp)
         return [{**base, "values": tokens * spec.hidden_size * 4 * 2}]
     # without checkpointing every layer's saved activations, and FSDP2's units around them, as in a layer's backward
-    base.update(_activations(spec, role.plan, tokens, s.wl.seq_len, train=True, compiled=s.compiled_layers,
+    base.update(_activations(spec, role.plan, tokens, step.workload.seq_len, train=True, compiled=step.compiled_layers,
                              recomputing=not ckpt))
     layers = 0 if ckpt else 2
     _, resp = _head_rows(role.plan, tokens, resp)
     logits = resp * spec.vocab_size * BYTES[c]
     copy = _compute_copy(spec, role, c, train=True, layers=layers)
     saved = _compute_copy(spec, role, c, train=True, layers=layers, checkpointed=ckpt)
-    # the output projection's weight gradient (frozen under LoRA): calibrated on the H200 0.5B matrix to be
-    # counted from the log-prob backward on (without it the bfloat16 GRPO update was 4% under)
+    # the output projection's weight gradient (frozen under LoRA) exists from the log-prob backward on
     out_grad = {} if role.lora else {"output projection grad": spec.vocab_size * spec.hidden_size * BYTES[c]}
     return [{**base, f"{name}.compute_copy": copy, "logits": logits,
-             "log-prob scratch": _logprob_scratch(spec, resp, c, backward=False, fused=s.compiled_layers)},
+             "log-prob scratch": _logprob_scratch(spec, resp, c, backward=False, fused=step.compiled_layers)},
             {**base, f"{name}.compute_copy": saved, "logits": 2 * logits, **out_grad,
-             "log-prob scratch": _logprob_scratch(spec, resp, c, backward=True, fused=s.compiled_layers)}]
+             "log-prob scratch": _logprob_scratch(spec, resp, c, backward=True, fused=step.compiled_layers)}]
 
 
 # ----------------------------------------------------------------------------- reward model
@@ -656,11 +654,11 @@ def _reward_model_pass(spec: ModelSpec, c: str, stored: str, attn: str, rows: in
     return max((layer, head), key=lambda t: sum(t.values()))
 
 
-def _reward_model_phase(s: _Step) -> dict[str, float]:
+def _reward_model_phase(step: _Step) -> dict[str, float]:
     """The reward pass: every role's resident state, the reward model's weights (brought over for the pass
     when they wait in host memory) and one forward."""
-    rm = s.reward_model
-    terms = s.idle(REWARD_MODEL)
+    rm = step.reward_model
+    terms = step.idle(REWARD_MODEL)
     terms[f"{REWARD_MODEL}.weights"] = rm.weights()
     terms.update(reward_model_forward(rm.spec, rm.plan, rm.rows, rm.seq_len))
     return terms
@@ -701,16 +699,16 @@ def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollo
         rows = min(reward_model.forward_micro_batch_size_per_gpu or workload.rollout_batch_per_gpu,
                    workload.rollout_batch_per_gpu)
         rm = _RewardModel(reward_model_spec, reward_model, rows, reward_seq_len or workload.seq_len)
-    s = _Step(model, cmodel, workload, _roles(model, cmodel, actor, critic, ref), rollout, device_memory_gb,
-              compiled_layers, rm)
-    phases = {"rollout": _generation_phase(s, workload.rollout_batch_per_gpu),
-              "validation": _generation_phase(s, workload.val_batch_per_gpu)}
-    phases.update({label: _forward_phase(s, name) for name, label in FORWARD_PHASES.items() if name in s.roles})
+    step = _Step(model, cmodel, workload, _roles(model, cmodel, actor, critic, ref), rollout, device_memory_gb,
+                 compiled_layers, rm)
+    phases = {"rollout": _generation_phase(step, workload.rollout_batch_per_gpu),
+              "validation": _generation_phase(step, workload.val_batch_per_gpu)}
+    phases.update({label: _forward_phase(step, name) for name, label in FORWARD_PHASES.items() if name in step.roles})
     if ref_in_actor:
-        phases["ref"] = _forward_phase(s, "actor")
-    phases.update({f"{name}_update": _update_phase(s, name) for name in ("actor", "critic") if name in s.roles})
+        phases["ref"] = _forward_phase(step, "actor")
+    phases.update({f"{name}_update": _update_phase(step, name) for name in ("actor", "critic") if name in step.roles})
     if rm is not None:
-        phases[REWARD_MODEL] = _reward_model_phase(s)
+        phases[REWARD_MODEL] = _reward_model_phase(step)
     in_gib = {label: PhaseMemory(label, {k: v / GiB for k, v in terms.items()}) for label, terms in phases.items()}
     context = 0.0 if backend == "cpu" else CUDA_CONTEXT_GB
     return MemoryEstimate(phases=in_gib, context_gb=context, fragmentation=fragmentation)

@@ -19,23 +19,17 @@ _ATTENTION_LAYOUT = {
 
 
 # config.json fields of well-known models, for planning when the weights are not on this machine.
+_QWEN2_5 = {"model_type": "qwen2", "vocab_size": 151936, "tie_word_embeddings": True, "max_position_embeddings": 32768}
 BUILTIN_MODELS = {
-    "qwen2.5-0.5b": {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
-                     "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-                     "vocab_size": 151936, "tie_word_embeddings": True,
-                     "max_position_embeddings": 32768},
-    "qwen2.5-1.5b": {"model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960,
-                     "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
-                     "vocab_size": 151936, "tie_word_embeddings": True,
-                     "max_position_embeddings": 32768},
-    "qwen2.5-3b": {"model_type": "qwen2", "hidden_size": 2048, "intermediate_size": 11008,
-                   "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 2,
-                   "vocab_size": 151936, "tie_word_embeddings": True,
-                   "max_position_embeddings": 32768},
-    "qwen2.5-7b": {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
-                   "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-                   "vocab_size": 152064, "tie_word_embeddings": False,
-                   "max_position_embeddings": 32768},
+    "qwen2.5-0.5b": {**_QWEN2_5, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                     "num_attention_heads": 14, "num_key_value_heads": 2},
+    "qwen2.5-1.5b": {**_QWEN2_5, "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+                     "num_attention_heads": 12, "num_key_value_heads": 2},
+    "qwen2.5-3b": {**_QWEN2_5, "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+                   "num_attention_heads": 16, "num_key_value_heads": 2},
+    "qwen2.5-7b": {**_QWEN2_5, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+                   "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+                   "tie_word_embeddings": False},
 }
 
 

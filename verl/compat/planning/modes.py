@@ -12,7 +12,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from verl.compat.planning import settings
-from verl.compat.planning.decider import PlanError, bitsandbytes_missing
+from verl.compat.device.support import bitsandbytes_missing
+from verl.compat.planning.decider import PlanError
 from verl.compat.planning.lora import LOAD_IN_4BIT, LORA_KEYS, lora_rank
 from verl.compat.planning.model_spec import BUILTIN_MODELS, ModelSpec
 from verl.compat.device.profile import DeviceProfile, SoftwareInfo
@@ -73,12 +74,12 @@ def plan_mode(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     from verl.compat.planning.planner import make_plan
 
     overrides = mode_overrides(config, mode)
-    sw, needs = _software_for(mode, software)
-    if mode == "QLoRA" and (why := bitsandbytes_missing(profile, sw.bitsandbytes_version, "nf4")) is not None:
+    mode_software, needs = _software_for(mode, software)
+    if mode == "QLoRA" and (why := bitsandbytes_missing(profile, mode_software.bitsandbytes_version, "nf4")) is not None:
         return ModeRow(mode, overrides, False, why_not=why)
     strict = settings.with_values(config, {**overrides, "compat.strict": False})
     try:
-        plan = make_plan(profile, strict, sw, model, levers=False)
+        plan = make_plan(profile, strict, mode_software, model, levers=False)
     except PlanError as err:
         return ModeRow(mode, overrides, False, why_not=str(err), needs=needs)
     if mode == "QLoRA" and plan.actor.base_quantization is None:   # adapted away (e.g. several ranks)

@@ -16,7 +16,7 @@ from verl.compat.device import engines
 from verl.compat.planning import settings
 from verl.compat.planning.decider import Decider as _Decider
 from verl.compat.planning.decider import PACKED_KERNELS, MemoryShortfall, PlanError
-from verl.compat.planning.decider import cc_name as _cc
+from verl.compat.device.profile import cc_name
 from verl.compat.planning.fit import MAX_ROLLOUT_MICRO_BATCH, FitInputs, apply_batches, fit, micro_batches, settled
 from verl.compat.planning.lora import decide_adapters, keep_bitsandbytes_on_device
 from verl.compat.planning.memory import Workload
@@ -78,7 +78,7 @@ def _attn_asked(config: Any, role_config: _RoleConfig) -> Any:
 
 def xformers_asked(config: Any) -> bool:
     """Whether any model of the run asks for xformers attention (only then is its kernel probed)."""
-    return any(str(_attn_asked(config, rc)) == "xformers" for rc in _role_configs(config).values())
+    return any(str(_attn_asked(config, role_config)) == "xformers" for role_config in _role_configs(config).values())
 
 
 def _decide_role(decider: _Decider, config: Any, role_config: _RoleConfig, compute_default: str) -> RolePlan:
@@ -247,19 +247,19 @@ def _decide_cast_on_gather(decider: _Decider, roles: dict[str, RolePlan], rollou
     seen in: a role the guard may switch to float32 at run time, or an actor whose rollout
     generates in another dtype (autocast cannot raise precision), gathers in its param dtype.
     """
-    for name, rp in roles.items():
-        if rp.compute_dtype == rp.param_dtype:
-            cast, why = False, f"the weights are already {rp.param_dtype}"
-        elif rp.numerics_guard:
+    for name, role_plan in roles.items():
+        if role_plan.compute_dtype == role_plan.param_dtype:
+            cast, why = False, f"the weights are already {role_plan.param_dtype}"
+        elif role_plan.numerics_guard:
             cast, why = False, ("the numerics guard may switch it to float32 at run time: weights are gathered in "
-                                f"{rp.param_dtype} and autocast computes in {rp.compute_dtype}")
-        elif name == "actor" and rollout_dtype != rp.compute_dtype:
-            cast, why = False, (f"the rollout generates in {rollout_dtype}: weights are gathered in {rp.param_dtype} "
+                                f"{role_plan.param_dtype} and autocast computes in {role_plan.compute_dtype}")
+        elif name == "actor" and rollout_dtype != role_plan.compute_dtype:
+            cast, why = False, (f"the rollout generates in {rollout_dtype}: weights are gathered in {role_plan.param_dtype} "
                                 "and autocast picks each phase's dtype")
         else:
-            cast, why = True, (f"parameters are all-gathered in {rp.compute_dtype} (half the gather traffic and "
-                               f"memory of {rp.param_dtype})")
-        roles[name] = replace(rp, cast_on_gather=decider.note(f"{name}.cast_on_gather", cast, why))
+            cast, why = True, (f"parameters are all-gathered in {role_plan.compute_dtype} (half the gather traffic and "
+                               f"memory of {role_plan.param_dtype})")
+        roles[name] = replace(role_plan, cast_on_gather=decider.note(f"{name}.cast_on_gather", cast, why))
 
 
 def _decide_engine(decider: _Decider, config: Any) -> str:
@@ -273,7 +273,7 @@ def _decide_engine(decider: _Decider, config: Any) -> str:
     if decider.software.vllm_usable and not engine_built:
         why_not = f"{why_not}, but this verl has no vLLM rollout engine yet"
     elif decider.software.vllm_usable and not usable:
-        why_not = f"vLLM does not support {_cc(decider.profile)} (it needs compute capability >= 7.0)"
+        why_not = f"vLLM does not support {cc_name(decider.profile)} (it needs compute capability >= 7.0)"
     if asked is AUTO:
         name = decider.note("rollout.name", "vllm" if usable else "hf",
                       "vllm is installed and supports this device" if usable
@@ -435,7 +435,7 @@ def _decide_globals(decider: _Decider, config: Any) -> dict:
     if p.backend == "cpu":
         blocker = "torch.compile is not used on CPU"
     elif p.backend == "cuda" and decider.cc < (7, 0):
-        blocker = f"Triton (torch.compile's GPU backend) needs compute capability >= 7.0 ({_cc(p)})"
+        blocker = f"Triton (torch.compile's GPU backend) needs compute capability >= 7.0 ({cc_name(p)})"
     elif not decider.software.triton_usable:
         blocker = decider.software.notes.get("triton", "triton is not installed or not usable on this device")
     elif isinstance(rank := _get(config, "actor_rollout_ref.model.lora_rank", 0), int) and rank > 0:
@@ -462,32 +462,35 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     """Decide dtypes, attention, rollout engine, compile, backend and the memory plan for one run.
     A memory refusal names the LoRA / QLoRA setting that would fit (`levers`; `verl.compat.planning.modes`).
     `reward_model`: the reward model's spec, whose pass and resident weights the memory plan then counts."""
-    d = _Decider(profile, software, bool(_flag(_get(config, "compat.strict", False))))
-    glob = _decide_globals(d, config)
+    decider = _Decider(profile, software, bool(_flag(_get(config, "compat.strict", False))))
+    glob = _decide_globals(decider, config)
     roles_cfg = _role_configs(config)
-    roles, ref_in_actor = decide_adapters(d, config, _decide_roles(d, config, roles_cfg))
-    roles = decide_vision(d, config, roles, model.vision if model is not None else None,
+    roles, ref_in_actor = decide_adapters(decider, config, _decide_roles(decider, config, roles_cfg))
+    roles = decide_vision(decider, config, roles, model.vision if model is not None else None,
                           int(_get(config, "data.max_prompt_length", 512)))
-    rollout, rollout_asked = _decide_rollout(d, config, roles["actor"].compute_dtype,
+    rollout, rollout_asked = _decide_rollout(decider, config, roles["actor"].compute_dtype,
                                              roles["actor"].attn_implementation)
-    rollout = _decide_compiled_decode(d, rollout, glob["torch_compile"])
-    rollout = decide_vision_rollout(d, rollout, model.vision if model is not None else None)
+    rollout = _decide_compiled_decode(decider, rollout, glob["torch_compile"])
+    rollout = decide_vision_rollout(decider, rollout, model.vision if model is not None else None)
     _check_ulysses_heads(roles, model)
-    _decide_cast_on_gather(d, roles, rollout.dtype)
-    _warn_vllm_only_keys(d, config, rollout.name)
-    inp = _fit_inputs(d, config, roles_cfg, roles, rollout, rollout_asked, model, glob["torch_compile"], ref_in_actor)
+    _decide_cast_on_gather(decider, roles, rollout.dtype)
+    _warn_vllm_only_keys(decider, config, rollout.name)
+    inputs = _fit_inputs(decider, config, roles_cfg, roles, rollout, rollout_asked, model, glob["torch_compile"],
+                         ref_in_actor)
     plan_kwargs = dict(device=profile, software=software, actor=None, critic=None, ref=None, rollout=rollout,
                        predicted_peak_gb=0.0, memory_limit_gb=profile.memory_gb, ref_in_actor=ref_in_actor, **glob)
-    plan_kwargs["dataloader_num_workers"] = _dataloader_workers(d, config, int(_get(config, "trainer.n_gpus_per_node", 1)))
+    plan_kwargs["dataloader_num_workers"] = _dataloader_workers(decider, config,
+                                                                int(_get(config, "trainer.n_gpus_per_node", 1)))
     if model is None:
-        return add_reward_model(d, config, _throughput(d, _plan_without_model(d, inp, plan_kwargs), inp.dynamic))
+        unfitted = _plan_without_model(decider, inputs, plan_kwargs)
+        return add_reward_model(decider, config, _throughput(decider, unfitted, inputs.dynamic))
     try:
-        fitted = fit(d, inp, plan_kwargs)
+        fitted = fit(decider, inputs, plan_kwargs)
     except MemoryShortfall as err:
         if not levers:
             raise
         raise MemoryShortfall(str(err) + lever_hint(profile, config, software, model)) from None
-    return add_reward_model(d, config, _throughput(d, fitted, inp.dynamic), inp, reward_model)
+    return add_reward_model(decider, config, _throughput(decider, fitted, inputs.dynamic), inputs, reward_model)
 
 
 def _throughput(decider: _Decider, plan: Plan, dynamic: bool) -> Plan:
@@ -544,13 +547,14 @@ def _fit_inputs(decider: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig
                    "ref": f"{arr}.ref.log_prob_max_token_len_per_gpu"}
     budgets = {k: int(_get(config, path, UPSTREAM_TOKEN_BUDGET[k])) for k, path in budget_keys.items()}
     growable = frozenset(k for k, path in budget_keys.items() if _get(config, path) is AUTO)
-    asked_ckpt = {name: _flag(_first(config, f"{rc.model_prefix}.enable_gradient_checkpointing"))
-                  for name, rc in roles_cfg.items()}
-    asked_reshard = {name: _asked_reshard(config, rc) for name, rc in roles_cfg.items()}
-    asked_off = {name: (_flag(_first(config, f"{rc.fsdp_prefix}.param_offload")),
-                        _flag(_first(config, f"{rc.fsdp_prefix}.optimizer_offload")))
-                 for name, rc in roles_cfg.items()}
-    keep_bitsandbytes_on_device(decider, roles, asked_off, {name: rc.fsdp_prefix for name, rc in roles_cfg.items()})
+    asked_ckpt = {name: _flag(_first(config, f"{role_config.model_prefix}.enable_gradient_checkpointing"))
+                  for name, role_config in roles_cfg.items()}
+    asked_reshard = {name: _asked_reshard(config, role_config) for name, role_config in roles_cfg.items()}
+    asked_off = {name: (_flag(_first(config, f"{role_config.fsdp_prefix}.param_offload")),
+                        _flag(_first(config, f"{role_config.fsdp_prefix}.optimizer_offload")))
+                 for name, role_config in roles_cfg.items()}
+    keep_bitsandbytes_on_device(decider, roles, asked_off,
+                                {name: role_config.fsdp_prefix for name, role_config in roles_cfg.items()})
     if decider.profile.backend == "cpu":
         _offload_on_host(decider, {name: roles_cfg[name] for name in roles}, asked_off)
     dynamic = decide_dynamic_bsz(decider.note, decider.profile, config)
@@ -579,11 +583,11 @@ def _plan_without_model(decider: _Decider, inputs: FitInputs, plan_kwargs: dict)
     """No config.json to size the model from: the user's memory settings are kept as they are."""
     roles, rollout = apply_batches(inputs.roles, inputs.batches, inputs.dynamic, inputs.budgets), inputs.rollout
     for name in roles:
-        ck = inputs.asked_ckpt[name]
-        po, oo = inputs.asked_off[name]
+        asked_ckpt = inputs.asked_ckpt[name]
+        asked_params, asked_optimizer = inputs.asked_off[name]
         reshard = inputs.asked_reshard[name][1]
-        roles[name] = replace(roles[name], gradient_checkpointing=ck is not False,
-                              param_offload=po is True, optimizer_offload=oo is True,
+        roles[name] = replace(roles[name], gradient_checkpointing=asked_ckpt is not False,
+                              param_offload=asked_params is True, optimizer_offload=asked_optimizer is True,
                               reshard_after_forward=reshard is not False)
         roles[name] = settled(decider, inputs, name, roles[name])
         decider.note(f"{name}.fsdp", roles[name].fsdp, wraps_in_fsdp(roles[name], inputs.ranks, inputs.always_fsdp)[1])
@@ -623,10 +627,10 @@ HOST_MEMORY_ALREADY = "host memory already: on a CPU device weights and optimize
 def _offload_on_host(decider: _Decider, roles_cfg: dict[str, _RoleConfig], asked_off: dict) -> None:
     """On a CPU device there is nothing to offload to: both offloads are off (a user's `true` is
     adapted with a warning), and the memory ladder keeps them off."""
-    for name, rc in roles_cfg.items():
+    for name, role_config in roles_cfg.items():
         for i, key in enumerate(("param_offload", "optimizer_offload")):
             if asked_off[name][i] is True:
-                decider.adapt(f"{name}.{key}", f"{rc.fsdp_prefix}.{key}", True, False, HOST_MEMORY_ALREADY)
+                decider.adapt(f"{name}.{key}", f"{role_config.fsdp_prefix}.{key}", True, False, HOST_MEMORY_ALREADY)
             else:
                 decider.note(f"{name}.{key}", False, HOST_MEMORY_ALREADY)
         asked_off[name] = (False, False)

@@ -67,22 +67,11 @@ class Worker:
         """The environment variables a worker group sets for each worker."""
         return ["WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"]
 
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world_size
-
-    @property
-    def local_rank(self) -> int:
-        """Rank among the workers of this node (torchrun's LOCAL_RANK)."""
-        return self._local_rank
-
-    @property
-    def local_world_size(self) -> int:
-        return self._local_world_size
+    # read-only views of the torchrun variables read at construction; local_* count the workers of this node
+    rank = property(lambda self: self._rank)
+    world_size = property(lambda self: self._world_size)
+    local_rank = property(lambda self: self._local_rank)
+    local_world_size = property(lambda self: self._local_world_size)
 
     @property
     def device_index(self) -> int:

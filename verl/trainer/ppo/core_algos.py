@@ -193,27 +193,32 @@ def _group_ids(index) -> tuple[torch.Tensor, int]:
     return inverse, int(inverse.max()) + 1 if inverse.numel() else 0
 
 
+def _group_sum(values: torch.Tensor, gid: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """For each row, the float64 sum of `values` over the rows of its group."""
+    values = values.double()
+    return torch.zeros(n_groups, dtype=torch.float64, device=values.device).index_add_(0, gid, values)[gid]
+
+
+def _scores_and_groups(token_level_rewards, index):
+    """Sequence scores in float64 and each row's group number (0..G-1)."""
+    gid, n_groups = _group_ids(index)
+    return token_level_rewards.sum(dim=-1).double(), gid.to(token_level_rewards.device), n_groups
+
+
 def _group_stats(scores: torch.Tensor, index):
     """Per-row group size, group mean and unbiased group std, computed in float64."""
     gid, n_groups = _group_ids(index)
     gid = gid.to(scores.device)
     x = scores.double()
-    count = torch.zeros(n_groups, dtype=torch.float64, device=x.device).index_add_(0, gid, torch.ones_like(x))
-    total = torch.zeros_like(count).index_add_(0, gid, x)
-    mean = total / count
-    sq_dev = torch.zeros_like(count).index_add_(0, gid, (x - mean[gid]) ** 2)
-    std = torch.sqrt(sq_dev / (count - 1).clamp(min=1))
-    return count[gid], mean[gid], std[gid]
+    count = _group_sum(torch.ones_like(x), gid, n_groups)
+    mean = _group_sum(x, gid, n_groups) / count
+    std = torch.sqrt(_group_sum((x - mean) ** 2, gid, n_groups) / (count - 1).clamp(min=1))
+    return count, mean, std
 
 
 @register_adv_est(AdvantageEstimator.GAE)
-def compute_gae_advantage_return(
-    token_level_rewards: torch.Tensor,
-    values: torch.Tensor,
-    response_mask: torch.Tensor,
-    gamma,
-    lam,
-):
+def compute_gae_advantage_return(token_level_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
+                                 gamma, lam):
     """Generalised Advantage Estimation (arXiv:1506.02438); advantages are whitened over the batch.
 
     Masked positions inside a response (e.g. tool observations) are skipped: the recursion carries
@@ -238,14 +243,8 @@ def compute_gae_advantage_return(
 
 
 @register_adv_est(AdvantageEstimator.GRPO)
-def compute_grpo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    config=None,
-):
+def compute_grpo_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray,
+                                   epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True, config=None):
     """GRPO: each response's score minus its group's mean, divided by the group's std.
 
     Groups are the rows sharing an `index` value (the prompt uid). A group of one has no baseline:
@@ -265,14 +264,8 @@ def compute_grpo_outcome_advantage(
 
 
 @register_adv_est(AdvantageEstimator.RLOO)
-def compute_rloo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    config=None,
-    **kwargs,
-):
+def compute_rloo_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray,
+                                   epsilon: float = 1e-6, config=None, **kwargs):
     """RLOO (arXiv:2402.14740): the baseline is the mean score of the *other* responses in the group."""
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
@@ -285,14 +278,9 @@ def compute_rloo_outcome_advantage(
 
 
 @register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE)
-def compute_reinforce_plus_plus_baseline_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index,
-    epsilon: float = 1e-6,
-    config=None,
-    **kwargs,
-):
+def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards: torch.Tensor,
+                                                           response_mask: torch.Tensor, index, epsilon: float = 1e-6,
+                                                           config=None, **kwargs):
     """REINFORCE++ with a group-mean baseline (arXiv:2501.03262), then whitened over the batch."""
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
@@ -327,25 +315,14 @@ def compute_reinforce_plus_plus_outcome_advantage(
     return advantages, returns
 
 
-def _scores_and_groups(token_level_rewards, index):
-    """Sequence scores in float64 and each row's group number (0..G-1)."""
-    gid, n_groups = _group_ids(index)
-    return token_level_rewards.sum(dim=-1).double(), gid.to(token_level_rewards.device), n_groups
-
-
 def _broadcast(per_row: torch.Tensor, like: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     return per_row.to(like.dtype).unsqueeze(-1) * response_mask
 
 
 @register_adv_est(AdvantageEstimator.GRPO_VECTORIZED)
-def compute_grpo_vectorized_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    config=None,
-):
+def compute_grpo_vectorized_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                                              index: np.ndarray, epsilon: float = 1e-6,
+                                              norm_adv_by_std_in_grpo: bool = True, config=None):
     """GRPO computed with scatter sums instead of a per-group loop: the same advantages as `grpo`
     (a group of one keeps its raw score, std 1)."""
     return compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon,
@@ -353,60 +330,39 @@ def compute_grpo_vectorized_outcome_advantage(
 
 
 @register_adv_est(AdvantageEstimator.RLOO_VECTORIZED)
-def compute_rloo_vectorized_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    config=None,
-    **kwargs,
-):
+def compute_rloo_vectorized_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                                              index: np.ndarray, epsilon: float = 1e-6, config=None, **kwargs):
     """RLOO (arXiv:2402.14740) with scatter sums: r_i minus the mean of the group's other responses.
     Unlike the looped `rloo`, a group of one gets advantage 0 (it has no other response to compare)."""
     with torch.no_grad():
         scores, gid, n_groups = _scores_and_groups(token_level_rewards, index)
-        count = torch.zeros(n_groups, dtype=torch.float64, device=scores.device).index_add_(
-            0, gid, torch.ones_like(scores))[gid]
-        total = torch.zeros(n_groups, dtype=torch.float64, device=scores.device).index_add_(0, gid, scores)[gid]
-        adv = (count * scores - total) / (count - 1).clamp(min=1) * (count > 1)
+        count = _group_sum(torch.ones_like(scores), gid, n_groups)
+        adv = (count * scores - _group_sum(scores, gid, n_groups)) / (count - 1).clamp(min=1) * (count > 1)
         adv = _broadcast(adv, token_level_rewards, response_mask)
     return adv, adv
 
 
 @register_adv_est(AdvantageEstimator.OPO)
-def compute_opo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    config=None,
-    **kwargs,
-):
+def compute_opo_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray,
+                                  epsilon: float = 1e-6, config=None, **kwargs):
     """OPO (arXiv:2505.23585): the baseline is the group's length-weighted mean score,
     b = sum_j |o_j| r_j / sum_j |o_j|, the variance-optimal baseline for on-policy sampling.
     A group of one has baseline 0."""
     with torch.no_grad():
         scores, gid, n_groups = _scores_and_groups(token_level_rewards, index)
         lengths = response_mask.sum(dim=-1).double()
-        zeros = torch.zeros(n_groups, dtype=torch.float64, device=scores.device)
-        count = zeros.clone().index_add_(0, gid, torch.ones_like(scores))[gid]
-        weighted = zeros.clone().index_add_(0, gid, lengths * scores)[gid]
-        total_len = zeros.clone().index_add_(0, gid, lengths)[gid]
+        count = _group_sum(torch.ones_like(scores), gid, n_groups)
+        weighted = _group_sum(lengths * scores, gid, n_groups)
+        total_len = _group_sum(lengths, gid, n_groups)
         baseline = torch.where(count > 1, weighted / total_len.clamp(min=1), torch.zeros_like(scores))
         adv = _broadcast(scores - baseline, token_level_rewards, response_mask)
     return adv, adv
 
 
 @register_adv_est(AdvantageEstimator.GRPO_PASSK)
-def compute_grpo_passk_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    config=None,
-    **kwargs,
-):
+def compute_grpo_passk_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                                         index: np.ndarray, epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True,
+                                         config=None, **kwargs):
     """Pass@k training (arXiv:2503.19595): only each group's best response is credited, with
     r_max - r_second (divided by the group's unbiased std + epsilon unless
     `algorithm.norm_adv_by_std_in_grpo=false`); every other response gets 0. Needs rollout.n >= 2."""
@@ -429,38 +385,25 @@ def compute_grpo_passk_outcome_advantage(
 
 
 @register_adv_est(AdvantageEstimator.GPG)
-def compute_gpg_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    f_norm: float = 1.0,
-    alpha: float = 1.0,
-    config=None,
-    **kwargs,
-):
+def compute_gpg_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray,
+                                  epsilon: float = 1e-6, f_norm: float = 1.0, alpha: float = 1.0, config=None,
+                                  **kwargs):
     """GPG (arXiv:2504.02546): (r_i - group mean) * alpha / f_norm, where alpha = batch size / number
     of non-zero scores corrects for groups whose responses all scored 0. A group of one has mean 0.
     (As upstream, the `alpha` argument is replaced by that batch correction.)"""
     with torch.no_grad():
         scores, gid, n_groups = _scores_and_groups(token_level_rewards, index)
         alpha = scores.numel() / max(int(torch.count_nonzero(scores)), 1)
-        zeros = torch.zeros(n_groups, dtype=torch.float64, device=scores.device)
-        count = zeros.clone().index_add_(0, gid, torch.ones_like(scores))[gid]
-        mean = zeros.clone().index_add_(0, gid, scores)[gid] / count
+        count = _group_sum(torch.ones_like(scores), gid, n_groups)
+        mean = _group_sum(scores, gid, n_groups) / count
         mean = torch.where(count > 1, mean, torch.zeros_like(mean))
         adv = _broadcast(alpha * (scores - mean) / f_norm, token_level_rewards, response_mask)
     return adv, adv
 
 
 @register_adv_est(AdvantageEstimator.REMAX)
-def compute_remax_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    reward_baselines: torch.Tensor,
-    response_mask: torch.Tensor,
-    config=None,
-    **kwargs,
-):
+def compute_remax_outcome_advantage(token_level_rewards: torch.Tensor, reward_baselines: torch.Tensor,
+                                    response_mask: torch.Tensor, config=None, **kwargs):
     """ReMax (arXiv:2310.10505): returns-to-go minus the reward of the greedy response to the same
     prompt (`reward_baselines`, one per row, filled by the trainer's greedy baseline rollout)."""
     with torch.no_grad():
@@ -469,17 +412,10 @@ def compute_remax_outcome_advantage(
     return advantages, returns
 
 
-def compute_gdpo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    config=None,
-    non_tensor_batch: dict | None = None,
-    batch: dict | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_gdpo_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray,
+                                   epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True, config=None,
+                                   non_tensor_batch: dict | None = None, batch: dict | None = None,
+                                   **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     """GDPO (arXiv:2601.05242): each reward component is normalised within its prompt group on its own (GRPO
     per component), the results summed with `gdpo_reward_weights` (default 1 each), and the sum whitened over
     the batch's response tokens. The components are the per-sample columns `config.gdpo_reward_keys` names in
@@ -518,17 +454,12 @@ def compute_gdpo_outcome_advantage(
     return advantages, advantages
 
 
-def compute_optimal_token_baseline_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    old_log_probs: torch.Tensor,
-    sum_pi_squared: torch.Tensor,
-    rollout_is_weights: torch.Tensor | None = None,
-    handle_zero_tail: bool = True,
-    epsilon: float = 1e-8,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_optimal_token_baseline_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                                             index: np.ndarray, old_log_probs: torch.Tensor,
+                                             sum_pi_squared: torch.Tensor,
+                                             rollout_is_weights: torch.Tensor | None = None,
+                                             handle_zero_tail: bool = True, epsilon: float = 1e-8,
+                                             **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     """Optimal Token Baseline: A_t = G_t - B_t with one baseline per prompt group and position,
     B_t = sum_i G_it W_it / sum_i W_it over the group's responses that reach t, where G is the reward-to-go and
     W_t = sum_{j<=t} (1 - 2 pi_j + sum_v pi_v^2) the accumulated squared score norm (times the squared rollout
@@ -575,15 +506,8 @@ def compute_rewards(token_level_scores, old_log_prob, ref_log_prob, kl_ratio):
 # --------------------------------------------------------------------------- loss aggregation
 
 
-def agg_loss(
-    loss_mat: torch.Tensor,
-    loss_mask: torch.Tensor,
-    loss_agg_mode: str,
-    dp_size: int = 1,
-    batch_num_tokens=None,
-    global_batch_size=None,
-    loss_scale_factor=None,
-):
+def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str, dp_size: int = 1,
+             batch_num_tokens=None, global_batch_size=None, loss_scale_factor=None):
     """Reduce a (batch, length) loss matrix to a scalar.
 
     Modes: token-mean (over all valid tokens), token-sum, seq-mean-token-sum (mean over sequences of
@@ -646,17 +570,20 @@ def _dual_clip_ppo(old_log_prob, log_prob, advantages, response_mask, clip_low, 
     return per_token, clipfrac, ppo_kl, clipfrac_lower
 
 
-def compute_policy_loss(
-    old_log_prob,
-    log_prob,
-    advantages,
-    response_mask,
-    cliprange=None,
-    cliprange_low=None,
-    cliprange_high=None,
-    clip_ratio_c=3.0,
-    loss_agg_mode: str = "token-mean",
-):
+def _batch_info(config) -> dict:
+    return dict(_cfg(config, "global_batch_info", {}) or {})
+
+
+def _weighted_loss(per_token, response_mask, loss_agg_mode: str, config, rollout_is_weights):
+    """Aggregate a per-token loss, each token first weighted by its rollout importance weight when given,
+    with the global denominators the actor put in `config.global_batch_info`."""
+    if rollout_is_weights is not None:
+        per_token = per_token * rollout_is_weights
+    return agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
+
+
+def compute_policy_loss(old_log_prob, log_prob, advantages, response_mask, cliprange=None, cliprange_low=None,
+                        cliprange_high=None, clip_ratio_c=3.0, loss_agg_mode: str = "token-mean"):
     """Dual-clip PPO policy loss with explicit clip ranges (upstream's older entry point).
 
     Returns (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower). `cliprange_low`/`cliprange_high`
@@ -674,15 +601,9 @@ def compute_policy_loss(
 
 
 @register_policy_loss("vanilla")
-def compute_policy_loss_vanilla(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config=None,
-    rollout_is_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, Any]]:
+def compute_policy_loss_vanilla(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                                response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", config=None,
+                                rollout_is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
     """Registered dual-clip PPO loss; clip settings come from the actor config.
 
     Reads clip_ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c and, if present, the dict
@@ -700,10 +621,7 @@ def compute_policy_loss_vanilla(
     per_token, clipfrac, ppo_kl, clipfrac_lower = _dual_clip_ppo(
         old_log_prob, log_prob, advantages, response_mask, clip_low, clip_high, clip_ratio_c
     )
-    if rollout_is_weights is not None:
-        per_token = per_token * rollout_is_weights
-    batch_info = dict(_cfg(config, "global_batch_info", {}) or {})
-    pg_loss = agg_loss(loss_mat=per_token, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
+    pg_loss = _weighted_loss(per_token, response_mask, loss_agg_mode, config, rollout_is_weights)
     metrics = {
         "actor/pg_clipfrac": clipfrac.detach(),
         "actor/ppo_kl": ppo_kl.detach(),
@@ -717,18 +635,9 @@ def compute_entropy_loss(logits, response_mask, loss_agg_mode: str = "token-mean
     return agg_loss(verl_F.entropy_from_logits(logits), response_mask, loss_agg_mode)
 
 
-def compute_value_loss(
-    vpreds: torch.Tensor,
-    returns: torch.Tensor,
-    values: torch.Tensor,
-    response_mask: torch.Tensor,
-    cliprange_value: float,
-    loss_agg_mode: str = "token-mean",
-    dp_size: int = 1,
-    batch_num_tokens=None,
-    global_batch_size=None,
-    loss_scale_factor=None,
-):
+def compute_value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
+                       cliprange_value: float, loss_agg_mode: str = "token-mean", dp_size: int = 1,
+                       batch_num_tokens=None, global_batch_size=None, loss_scale_factor=None):
     """Clipped value loss: 0.5 * max((v - R)^2, (clip(v, v_old +- c) - R)^2), aggregated.
 
     Returns (vf_loss, vf_clipfrac), the latter the fraction of tokens where the clipped term won.
@@ -736,15 +645,9 @@ def compute_value_loss(
     vpred_clipped = verl_F.clip_by_value(vpreds, values - cliprange_value, values + cliprange_value)
     loss_unclipped = (vpreds - returns) ** 2
     loss_clipped = (vpred_clipped - returns) ** 2
-    vf_loss = 0.5 * agg_loss(
-        loss_mat=torch.maximum(loss_unclipped, loss_clipped),
-        loss_mask=response_mask,
-        loss_agg_mode=loss_agg_mode,
-        dp_size=dp_size,
-        batch_num_tokens=batch_num_tokens,
-        global_batch_size=global_batch_size,
-        loss_scale_factor=loss_scale_factor,
-    )
+    vf_loss = 0.5 * agg_loss(torch.maximum(loss_unclipped, loss_clipped), response_mask, loss_agg_mode,
+                             dp_size=dp_size, batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
+                             loss_scale_factor=loss_scale_factor)
     vf_clipfrac = verl_F.masked_mean((loss_clipped > loss_unclipped).float(), response_mask)
     return vf_loss, vf_clipfrac
 
@@ -798,10 +701,6 @@ def _clip_range(config) -> tuple[float, float]:
     return _cfg(config, "clip_ratio_low", clip_ratio), _cfg(config, "clip_ratio_high", clip_ratio)
 
 
-def _batch_info(config) -> dict:
-    return dict(_cfg(config, "global_batch_info", {}) or {})
-
-
 def _loss_option(config, key: str, default):
     return _cfg(_cfg(config, "policy_loss", {}), key, default)
 
@@ -816,15 +715,9 @@ def _need_config(config, name: str) -> None:
 
 
 @register_policy_loss("gspo")
-def compute_policy_loss_gspo(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "seq-mean-token-mean",
-    config=None,
-    rollout_is_weights: torch.Tensor | None = None,
-):
+def compute_policy_loss_gspo(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                             response_mask: torch.Tensor, loss_agg_mode: str = "seq-mean-token-mean", config=None,
+                             rollout_is_weights: torch.Tensor | None = None):
     """GSPO (arXiv:2507.18071): PPO clipping on the sequence-level ratio
     s_i = exp(mean_t log(pi/pi_old)), applied to every token of the sequence. Each token's ratio is
     written sg[s_i] * pi_t / sg[pi_t], so its value is s_i and its gradient flows through the token's
@@ -840,23 +733,15 @@ def compute_policy_loss_gspo(
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
     per_token = torch.maximum(unclipped, clipped)
-    if rollout_is_weights is not None:
-        per_token = per_token * rollout_is_weights
-    pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
+    pg_loss = _weighted_loss(per_token, response_mask, loss_agg_mode, config, rollout_is_weights)
     return pg_loss, _pg_metrics(pg_clipfrac=verl_F.masked_mean((clipped > unclipped).float(), response_mask),
                                 ppo_kl=verl_F.masked_mean(-log_ratio, response_mask), pg_clipfrac_lower=0.0)
 
 
 @register_policy_loss("sapo")
-def compute_policy_loss_sapo(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "seq-mean-token-mean",
-    config=None,
-    rollout_is_weights: torch.Tensor | None = None,
-):
+def compute_policy_loss_sapo(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                             response_mask: torch.Tensor, loss_agg_mode: str = "seq-mean-token-mean", config=None,
+                             rollout_is_weights: torch.Tensor | None = None):
     """SAPO (arXiv:2511.20347): a smooth gate instead of a hard clip. Per token,
     loss = -A * (4/tau) * sigmoid(tau * (r - 1)) with tau = actor.tau_pos where A > 0 and
     actor.tau_neg elsewhere; at r = 1 the gradient equals PPO's and it fades as r leaves 1.
@@ -868,29 +753,19 @@ def compute_policy_loss_sapo(
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     gate = torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0)) * (4.0 / tau)
     per_token = -gate * advantages
-    if rollout_is_weights is not None:
-        per_token = per_token * rollout_is_weights
-    pg_loss = agg_loss(per_token, response_mask, "seq-mean-token-mean", **_batch_info(config))
+    pg_loss = _weighted_loss(per_token, response_mask, "seq-mean-token-mean", config, rollout_is_weights)
     return pg_loss, _pg_metrics(pg_clipfrac=0.0, ppo_kl=verl_F.masked_mean(-log_ratio, response_mask),
                                 pg_clipfrac_lower=0.0)
 
 
 @register_policy_loss("gpg")
-def compute_policy_loss_gpg(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config=None,
-    rollout_is_weights: torch.Tensor | None = None,
-):
+def compute_policy_loss_gpg(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                            response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", config=None,
+                            rollout_is_weights: torch.Tensor | None = None):
     """GPG (arXiv:2504.02546): the plain policy gradient -A * log pi, no ratio and no clipping."""
     _need_config(config, "compute_policy_loss_gpg")
     per_token = -log_prob * advantages
-    if rollout_is_weights is not None:
-        per_token = per_token * rollout_is_weights
-    return agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config)), {}
+    return _weighted_loss(per_token, response_mask, loss_agg_mode, config, rollout_is_weights), {}
 
 
 def _covariance(advantages, log_prob, response_mask):
@@ -901,15 +776,9 @@ def _covariance(advantages, log_prob, response_mask):
 
 
 @register_policy_loss("clip_cov")
-def compute_policy_loss_clip_cov(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config=None,
-    rollout_is_weights: torch.Tensor | None = None,
-):
+def compute_policy_loss_clip_cov(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                                 response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", config=None,
+                                 rollout_is_weights: torch.Tensor | None = None):
     """Clip-Cov (arXiv:2505.22617): PPO's clipped loss, with the gradient removed from a random
     `policy_loss.clip_cov_ratio` share of the valid tokens (at least one) whose covariance lies in
     (clip_cov_lb, clip_cov_ub) and that PPO's clip has not already cut."""
@@ -931,23 +800,15 @@ def compute_policy_loss_clip_cov(
     keep = torch.ones_like(advantages)
     keep[chosen[:, 0], chosen[:, 1]] = 0
     per_token = torch.maximum(unclipped, clipped) * keep
-    if rollout_is_weights is not None:
-        per_token = per_token * rollout_is_weights
-    pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
+    pg_loss = _weighted_loss(per_token, response_mask, loss_agg_mode, config, rollout_is_weights)
     return pg_loss, _pg_metrics(pg_clipfrac=verl_F.masked_mean((keep == 0).float(), response_mask),
                                 ppo_kl=verl_F.masked_mean(-log_ratio, response_mask))
 
 
 @register_policy_loss("kl_cov")
-def compute_policy_loss_kl_cov(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config=None,
-    rollout_is_weights: torch.Tensor | None = None,
-):
+def compute_policy_loss_kl_cov(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                               response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", config=None,
+                               rollout_is_weights: torch.Tensor | None = None):
     """KL-Cov (arXiv:2505.22617): the unclipped loss -A * r, plus policy_loss.ppo_kl_coef * |log r| on
     the `policy_loss.kl_cov_ratio` share of valid tokens (at least one) with the largest covariance."""
     _need_config(config, "compute_policy_loss_kl_cov")
@@ -965,22 +826,14 @@ def compute_policy_loss_kl_cov(
         penalty = torch.zeros(per_token.numel(), dtype=per_token.dtype, device=per_token.device)
         penalty[top] = 1.0
         per_token = per_token + coef * log_ratio.abs() * penalty.view_as(per_token)
-    if rollout_is_weights is not None:
-        per_token = per_token * rollout_is_weights
-    pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
+    pg_loss = _weighted_loss(per_token, response_mask, loss_agg_mode, config, rollout_is_weights)
     return pg_loss, _pg_metrics(ppo_kl=verl_F.masked_mean(log_ratio.abs(), response_mask))
 
 
 @register_policy_loss("geo_mean")
-def compute_policy_loss_geo_mean(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config=None,
-    rollout_is_weights: torch.Tensor | None = None,
-):
+def compute_policy_loss_geo_mean(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                                 response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", config=None,
+                                 rollout_is_weights: torch.Tensor | None = None):
     """GMPO (arXiv:2507.20673): the sequence ratio is the geometric mean of token ratios, each token's
     log-ratio first clipped to [-clip_ratio_low, clip_ratio_high] on the side the advantage's sign
     makes pessimistic; loss_i = -mean_t(A) * exp(mean_t(clipped log r)), averaged over sequences
@@ -1008,15 +861,9 @@ def compute_policy_loss_geo_mean(
 
 
 @register_policy_loss("cispo")
-def compute_policy_loss_cispo(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config=None,
-    rollout_is_weights: torch.Tensor | None = None,
-):
+def compute_policy_loss_cispo(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                              response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", config=None,
+                              rollout_is_weights: torch.Tensor | None = None):
     """CISPO (MiniMax-M1, arXiv:2506.13585): -sg[clip(r, 1-low, 1+high)] * A * log pi. The importance
     weight is clipped and detached, so no token's gradient is dropped (PPO's clip zeroes it)."""
     _need_config(config, "compute_policy_loss_cispo")
@@ -1025,83 +872,65 @@ def compute_policy_loss_cispo(
     ratio = torch.exp(log_ratio)
     weight = torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
     per_token = -weight.detach() * advantages * log_prob
-    if rollout_is_weights is not None:
-        per_token = per_token * rollout_is_weights
-    pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
+    pg_loss = _weighted_loss(per_token, response_mask, loss_agg_mode, config, rollout_is_weights)
     return pg_loss, _pg_metrics(pg_clipfrac=verl_F.masked_mean((ratio != weight).float(), response_mask),
                                 ppo_kl=verl_F.masked_mean(-log_ratio, response_mask), pg_clipfrac_lower=0.0)
 
 
-def _dppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights,
-               keep: torch.Tensor) -> tuple[torch.Tensor, dict]:
-    """DPPO's shared objective: -A * sg[min(r, clip_ratio_c)] * log pi on the tokens `keep` marks (a trust
-    region on the token's probability, not on the ratio)."""
+def _dppo_loss(trust_region, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+               rollout_is_weights) -> tuple[torch.Tensor, dict]:
+    """DPPO's shared objective: -A * sg[min(r, clip_ratio_c)] * log pi on the tokens inside the trust region
+    (one on the token's probability, not on the ratio). `trust_region(log_prob, old_log_prob, advantages, low,
+    high)` marks those tokens, given clip_ratio_low and clip_ratio_high."""
+    _need_config(config, "DPPO")
+    keep = trust_region(log_prob, old_log_prob, advantages, *_clip_range(config)).detach().float()
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)
     cap = _cfg(config, "clip_ratio_c", 20.0)
-    keep = keep.detach().float()
     per_token = -advantages * torch.clamp(ratio, max=cap).detach() * log_prob * keep
-    if rollout_is_weights is not None:
-        per_token = per_token * rollout_is_weights
-    pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
+    pg_loss = _weighted_loss(per_token, response_mask, loss_agg_mode, config, rollout_is_weights)
     return pg_loss, _pg_metrics(pg_clipfrac=verl_F.masked_mean(1.0 - keep, response_mask),
                                 ppo_kl=verl_F.masked_mean(-log_ratio, response_mask),
                                 pg_clipfrac_lower=verl_F.masked_mean((ratio > cap).float() * keep, response_mask))
 
 
-@register_policy_loss("dppo_tv")
-def compute_policy_loss_dppo_tv(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config=None,
-    rollout_is_weights: torch.Tensor | None = None,
-):
-    """DPPO-Binary-TV (arXiv:2602.04879): a token keeps its gradient while its probability moved by at most
-    clip_ratio_high up (positive advantage) or clip_ratio_low down (negative advantage)."""
-    _need_config(config, "compute_policy_loss_dppo_tv")
-    low, high = _clip_range(config)
+def _total_variation_region(log_prob, old_log_prob, advantages, low, high):
     moved = torch.exp(log_prob) - torch.exp(old_log_prob)
-    keep = torch.where(advantages > 0, moved <= high, moved >= -low)
-    return _dppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights,
-                      keep)
+    return torch.where(advantages > 0, moved <= high, moved >= -low)
 
 
-@register_policy_loss("dppo_kl")
-def compute_policy_loss_dppo_kl(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config=None,
-    rollout_is_weights: torch.Tensor | None = None,
-):
-    """DPPO-Binary-KL (arXiv:2602.04879): the KL between the old and new Bernoulli(token probability) must stay
-    within clip_ratio_high (for a probability moving up under a positive advantage) or clip_ratio_low (moving
-    down under a negative one); moves the other way are always kept."""
-    _need_config(config, "compute_policy_loss_dppo_kl")
-    low, high = _clip_range(config)
+def _binary_kl_region(log_prob, old_log_prob, advantages, low, high):
     p, p_old = torch.exp(log_prob), torch.exp(old_log_prob)
     eps = 1e-8
     binary_kl = p_old * (old_log_prob - log_prob) + (1 - p_old) * torch.log((1 - p_old + eps) / (1 - p + eps))
-    keep = torch.where(advantages > 0, (binary_kl <= high) | (p <= p_old), (binary_kl <= low) | (p >= p_old))
-    return _dppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights,
-                      keep)
+    return torch.where(advantages > 0, (binary_kl <= high) | (p <= p_old), (binary_kl <= low) | (p >= p_old))
+
+
+@register_policy_loss("dppo_tv")
+def compute_policy_loss_dppo_tv(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                                response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", config=None,
+                                rollout_is_weights: torch.Tensor | None = None):
+    """DPPO-Binary-TV (arXiv:2602.04879): a token keeps its gradient while its probability moved by at most
+    clip_ratio_high up (positive advantage) or clip_ratio_low down (negative advantage)."""
+    return _dppo_loss(_total_variation_region, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
+                      config, rollout_is_weights)
+
+
+@register_policy_loss("dppo_kl")
+def compute_policy_loss_dppo_kl(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                                response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", config=None,
+                                rollout_is_weights: torch.Tensor | None = None):
+    """DPPO-Binary-KL (arXiv:2602.04879): the KL between the old and new Bernoulli(token probability) must stay
+    within clip_ratio_high (for a probability moving up under a positive advantage) or clip_ratio_low (moving
+    down under a negative one); moves the other way are always kept."""
+    return _dppo_loss(_binary_kl_region, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                      rollout_is_weights)
 
 
 @register_policy_loss("dro")
-def compute_policy_loss_dro(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config=None,
-    rollout_is_weights: torch.Tensor | None = None,
-):
+def compute_policy_loss_dro(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                            response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", config=None,
+                            rollout_is_weights: torch.Tensor | None = None):
     """Direct Reward Optimization: -(A * log pi - beta/2 * (log pi - log pi_old)^2), beta =
     policy_loss.dro_beta (> 0)."""
     _need_config(config, "compute_policy_loss_dro")
@@ -1110,26 +939,16 @@ def compute_policy_loss_dro(
         raise ValueError("actor_rollout_ref.actor.policy_loss.dro_beta must be a positive value when using DRO")
     log_ratio = log_prob - old_log_prob
     per_token = -(log_prob * advantages - 0.5 * beta * log_ratio.square())
-    if rollout_is_weights is not None:
-        per_token = per_token * rollout_is_weights
-    pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
+    pg_loss = _weighted_loss(per_token, response_mask, loss_agg_mode, config, rollout_is_weights)
     return pg_loss, _pg_metrics(ppo_kl=verl_F.masked_mean(-log_ratio, response_mask))
 
 
-def compute_policy_loss_reinforce(
-    rollout_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "seq-mean-token-sum",
-    config=None,
-    rollout_is_weights: torch.Tensor | None = None,
-):
+def compute_policy_loss_reinforce(rollout_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                                  response_mask: torch.Tensor, loss_agg_mode: str = "seq-mean-token-sum", config=None,
+                                  rollout_is_weights: torch.Tensor | None = None):
     """REINFORCE: -A * log pi (times the rollout importance weights when given), no ratio, no clip.
     `actor/ppo_kl` is the mean of log pi_rollout - log pi. Not a registered loss mode, as upstream."""
     _need_config(config, "compute_policy_loss_reinforce")
     per_token = -advantages * log_prob
-    if rollout_is_weights is not None:
-        per_token = per_token * rollout_is_weights
-    pg_loss = agg_loss(per_token, response_mask, loss_agg_mode, **_batch_info(config))
+    pg_loss = _weighted_loss(per_token, response_mask, loss_agg_mode, config, rollout_is_weights)
     return pg_loss, _pg_metrics(ppo_kl=verl_F.masked_mean(rollout_log_prob - log_prob, response_mask))

@@ -243,15 +243,11 @@ class RayPPOTrainer:
         plan=None,
         worker_groups: dict | None = None,
     ):
-        self.config = config
-        self.tokenizer = tokenizer
-        self.processor = processor
-        self.reward_fn = reward_fn
-        self.val_reward_fn = val_reward_fn
+        self.config, self.plan = config, plan
+        self.tokenizer, self.processor = tokenizer, processor
+        self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
         self.role_worker_mapping = role_worker_mapping
-        self.resource_pool_manager = resource_pool_manager
-        self.ray_worker_group_cls = ray_worker_group_cls
-        self.plan = plan
+        self.resource_pool_manager, self.ray_worker_group_cls = resource_pool_manager, ray_worker_group_cls
         self._worker_groups = worker_groups   # from spawn_worker_groups, when started before this trainer
         self._skipped_in_a_row: dict[str, int] = {}   # role -> steps in a row with a non-finite grad norm
         self._plan_lines: set[str] = set()

@@ -112,13 +112,10 @@ class FSDPCheckpointManager:
 
     def __init__(self, model, optimizer=None, lr_scheduler=None, tokenizer=None, checkpoint_config=None,
                  scaler=None, device_type: str = "cpu", optimizer_offload: bool = False):
-        self.model = model
-        self.optimizer = optimizer
-        self.lr_scheduler = lr_scheduler
+        # what a checkpoint holds, and where the optimizer state lives between updates
+        self.model, self.optimizer, self.lr_scheduler, self.scaler = model, optimizer, lr_scheduler, scaler
         self.tokenizer = tokenizer
-        self.scaler = scaler
-        self.device_type = device_type
-        self.optimizer_offload = optimizer_offload
+        self.device_type, self.optimizer_offload = device_type, optimizer_offload
         self.sampling_streams: dict = {}
         config = checkpoint_config or {}
         self.save_contents = _check_contents(config.get("save_contents", ["model", "optimizer", "extra"]),

@@ -12,6 +12,21 @@ from typing import Callable
 
 import torch
 
+from verl.utils.reward_score import default_compute_score
+from verl.workers.reward_manager.abstract import AbstractRewardManager
+
+
+class ScoringManagerBase(AbstractRewardManager):
+    """The constructor arguments every built-in manager takes; a missing `compute_score` means the built-in
+    scorers chosen by each row's data source."""
+
+    def __init__(self, tokenizer, num_examine: int, compute_score: Callable | None = None,
+                 reward_fn_key: str = "data_source") -> None:
+        self.tokenizer = tokenizer
+        self.num_examine = num_examine  # decoded samples printed per data source and call, for eyeballing
+        self.compute_score = compute_score or default_compute_score
+        self.reward_fn_key = reward_fn_key
+
 
 @dataclass
 class DecodedBatch:

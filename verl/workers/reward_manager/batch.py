@@ -6,19 +6,16 @@ from typing import Any, Callable
 
 import torch
 
-from verl.workers.reward_manager._common import decode_batch, place_rewards
+from verl.workers.reward_manager._common import ScoringManagerBase, decode_batch, place_rewards
 
 
-class BatchRewardManager:
+class BatchRewardManager(ScoringManagerBase):
     """`compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=, **reward_kwargs)` returns one
     score (a number, or a dict with "score") per row; each lands on its response's last token."""
 
     def __init__(self, tokenizer, num_examine: int, compute_score: Callable[..., Any],
                  reward_fn_key: str = "data_source", **reward_kwargs) -> None:
-        self.tokenizer = tokenizer
-        self.num_examine = num_examine
-        self.compute_score = compute_score
-        self.reward_fn_key = reward_fn_key
+        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key)
         self.reward_kwargs = reward_kwargs
 
     def verify(self, data) -> list:

@@ -5,20 +5,16 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from verl.utils.reward_score import default_compute_score
-from verl.workers.reward_manager._common import decode_batch, place_rewards, score_each
+from verl.workers.reward_manager._common import ScoringManagerBase, decode_batch, place_rewards, score_each
 
 
-class DAPORewardManager:
+class DAPORewardManager(ScoringManagerBase):
     """`overlong_buffer_cfg` has `enable`, `len`, `penalty_factor`, `log` (as upstream's
     `reward_model.overlong_buffer`); pass it and `max_resp_len` through `reward_model.reward_kwargs`."""
 
     def __init__(self, tokenizer, num_examine: int, compute_score: Callable[..., Any] | None = None,
                  reward_fn_key: str = "data_source", max_resp_len: int | None = None, overlong_buffer_cfg=None) -> None:
-        self.tokenizer = tokenizer
-        self.num_examine = num_examine
-        self.compute_score = compute_score or default_compute_score
-        self.reward_fn_key = reward_fn_key
+        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key)
         self.max_resp_len = max_resp_len
         self.overlong_buffer_cfg = overlong_buffer_cfg
         if self._penalise():

@@ -9,9 +9,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from verl.utils.reward_score import default_compute_score
-from verl.workers.reward_manager._common import decode_batch
-from verl.workers.reward_manager.abstract import AbstractRewardManager
+from verl.workers.reward_manager._common import ScoringManagerBase, decode_batch
 
 __all__ = ["PrimeRewardManager", "run_reward_scoring", "parallel_compute_score_async", "single_compute_score"]
 
@@ -63,16 +61,13 @@ def run_reward_scoring(evaluation_func, completions, references, tasks, extra_in
                                                     num_processes, timeout))
 
 
-class PrimeRewardManager(AbstractRewardManager):
+class PrimeRewardManager(ScoringManagerBase):
     """Outcome rewards on each response's last token, scored in parallel with per-sample time limits."""
 
     def __init__(self, tokenizer, num_examine: int, compute_score: Optional[Callable] = None,
                  reward_fn_key: str = "data_source", num_processes: int = 64,
                  timeout: float = SAMPLE_TIMEOUT_S) -> None:
-        self.tokenizer = tokenizer
-        self.num_examine = num_examine
-        self.compute_score = compute_score or default_compute_score
-        self.reward_fn_key = reward_fn_key
+        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key)
         self.num_processes = num_processes
         self.timeout = timeout
 
