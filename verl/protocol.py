@@ -353,11 +353,14 @@ def union_tensor_dict(tensor_dict1: Optional[TensorBatch], tensor_dict2: Optiona
     if tensor_dict1.batch_size != tensor_dict2.batch_size:
         raise DataProtoError(
             f"Two tensor dict must have identical batch size. Got {tuple(tensor_dict1.batch_size)} and "
-            f"{tuple(tensor_dict2.batch_size)}"
+            f"{tuple(tensor_dict2.batch_size)} (cannot union batches of different sizes)"
         )
     for key, value in tensor_dict2.items():
         if key in tensor_dict1 and not torch.equal(tensor_dict1[key], value):
-            raise DataProtoError(f"{key} in tensor_dict1 and tensor_dict2 are not the same object (union conflict)")
+            raise DataProtoError(
+                f"{key} in tensor_dict1 and tensor_dict2 are not the same object "
+                f"(union conflict: batch key '{key}' holds different tensors on the two sides)"
+            )
         tensor_dict1[key] = value
     return tensor_dict1
 
@@ -366,7 +369,10 @@ def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str
     """Add tensor_dict2's arrays to tensor_dict1; a shared key must hold equal arrays (NaN == NaN)."""
     for key, value in tensor_dict2.items():
         if key in tensor_dict1 and not _values_equal(tensor_dict1[key], value):
-            raise DataProtoError(f"`{key}` in tensor_dict1 and tensor_dict2 are not the same object. (union conflict)")
+            raise DataProtoError(
+                f"`{key}` in tensor_dict1 and tensor_dict2 are not the same object. "
+                f"(union conflict: non_tensor_batch key '{key}' holds different values on the two sides)"
+            )
         tensor_dict1[key] = value
     return tensor_dict1
 
@@ -806,7 +812,8 @@ class DataProto:
                         metrics.append(value)
                 elif key in meta and not _values_equal(meta[key], value):
                     raise DataProtoError(
-                        f"Conflicting values for meta_info key '{key}' in concat: {meta[key]!r} vs {value!r}"
+                        f"Conflicting values for meta_info key '{key}': meta_info['{key}'] differs between parts "
+                        f"({meta[key]!r} vs {value!r})"
                     )
                 else:
                     meta[key] = value
@@ -904,6 +911,26 @@ def collate_fn(items: list[DataProtoItem]) -> DataProto:
     return DataProto(batch=batch, non_tensor_batch={k: np.array(v, dtype=object) for k, v in non_tensor.items()})
 
 
+def concat_batches(parts: list):
+    """Workers' outputs joined in order: DataProtos with `DataProto.concat`, TensorDicts (upstream's newer
+    workers return those) with `tensordict_utils.concat_tensordict`."""
+    if parts and all(_is_tensordict(p) for p in parts):
+        from verl.utils.tensordict_utils import concat_tensordict
+
+        return concat_tensordict(parts)
+    return DataProto.concat(parts)
+
+
+def chunk_batch(data, chunks: int) -> list:
+    """A DataProto or TensorDict in `chunks` equal parts (TensorDicts through `tensordict_utils.chunk_tensordict`,
+    which also splits jagged tensors)."""
+    if _is_tensordict(data):
+        from verl.utils.tensordict_utils import chunk_tensordict
+
+        return chunk_tensordict(data, chunks)
+    return data.chunk(chunks)
+
+
 @dataclass
 class DataProtoFuture:
     """A DataProto still being computed by a worker group (`register(..., blocking=False)`).
@@ -919,7 +946,7 @@ class DataProtoFuture:
 
     @staticmethod
     def concat(data: list) -> "DataProtoFuture":
-        return DataProtoFuture(collect_fn=DataProto.concat, futures=data)
+        return DataProtoFuture(collect_fn=concat_batches, futures=data)
 
     def chunk(self, chunks: int) -> list["DataProtoFuture"]:
         return [
@@ -943,4 +970,4 @@ class _ChunkPicker:
     chunks: int
 
     def __call__(self, data: DataProto) -> DataProto:
-        return data.chunk(self.chunks)[self.index]
+        return chunk_batch(data, self.chunks)[self.index]
