@@ -5,7 +5,7 @@ users keep `import verl` and `python -m verl.trainer.main_ppo`.
 
 Dependency floors are the oldest versions whose APIs the code uses (docs/installation.md says how each
 is checked). The torch floor matters most: owners of P40/V100 cards are held to older CUDA builds
-of torch, so nothing here may raise it for convenience (that is why tensordict is not a dependency).
+of torch, so nothing here may raise it for convenience (that is why tensordict is an extra, pinned).
 """
 import re
 from pathlib import Path
@@ -58,6 +58,11 @@ EXTRAS_REQUIRE = {
     # verl.utils.reward_score.math_verify; not in `test`: it pins an antlr4 that hydra's parser cannot load.
     "math_verify": ["math-verify"],
     "wandb": ["wandb"],
+    # TensorDict batches for custom code written against upstream (verl.utils.tensordict_utils, DataProto's
+    # to/from_tensordict, TensorDict arguments in the nd dispatch). 0.10.0 is upstream 0.9.1's ceiling and runs on
+    # torch 2.8; 0.11-0.14 concatenate NonTensorData differently (upstream's own tests fail on them) and 0.15
+    # asks for torch >= 2.11, above the floor.
+    "tensordict": ["tensordict==0.10.0"],
     # The geo3k reward grades with mathruler (as upstream), which imports pylatexenc without declaring it.
     "reward": ["mathruler>=0.1", "pylatexenc>=2.10"],
     # LoRA (actor_rollout_ref.model.lora_rank > 0). 0.14 is the first peft with LoraConfig(exclude_modules),
@@ -70,7 +75,7 @@ EXTRAS_REQUIRE = {
     # 9.1: Image.Resampling, which transformers' image processors use.
     "vision": ["pillow>=9.1"],
     "test": ["pytest>=7", "pytest-timeout>=2", "mathruler>=0.1", "pylatexenc>=2.10", "peft>=0.14", "pillow>=9.1",
-             "bitsandbytes>=0.45"],
+             "bitsandbytes>=0.45", "tensordict==0.10.0"],
 }
 
 setup(

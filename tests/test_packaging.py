@@ -39,8 +39,19 @@ def test_extras_and_core_dependencies():
     core = {r.name for r in _requirements() if not r.marker}
     assert {"torch", "transformers", "ray", "hydra-core", "omegaconf", "datasets", "numpy", "pandas",
             "pyarrow"} <= core
-    # tensordict >= 0.11 needs torch >= 2.11: a convenience must not raise the torch floor
-    assert "tensordict" not in {r.name for r in _requirements()}
+    # tensordict is an extra only: the base install must not depend on it (0.15 asks for torch >= 2.11)
+    assert "tensordict" not in core
+
+
+def test_tensordict_extra_is_pinned_to_upstreams_ceiling():
+    """verl[tensordict] is 0.10.0 (upstream 0.9.1's ceiling, runs on torch 2.8), read from setup.py so the
+    check does not depend on the installed metadata being rebuilt."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    extras = next(ast.literal_eval(n.value) for n in tree.body
+                  if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "EXTRAS_REQUIRE")
+    for extra in ("tensordict", "test"):
+        pins = [Requirement(r) for r in extras[extra] if Requirement(r).name == "tensordict"]
+        assert [str(r.specifier) for r in pins] == ["==0.10.0"], extra
 
 
 def test_torch_and_transformers_floors():

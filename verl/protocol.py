@@ -26,6 +26,7 @@ import torch
 __all__ = [
     "TensorBatch",
     "DataProto",
+    "DataProtoError",
     "DataProtoItem",
     "DataProtoFuture",
     "DataProtoConfig",
@@ -34,6 +35,12 @@ __all__ = [
     "union_tensor_dict",
     "union_numpy_dict",
     "collate_fn",
+    "fold_batch_dim",
+    "unfold_batch_dim",
+    "serialize_single_tensor",
+    "deserialize_single_tensor",
+    "serialize_tensordict",
+    "deserialize_tensordict",
 ]
 
 DEFAULT_RAY_GET_TIMEOUT_S = 3600.0
@@ -50,6 +57,11 @@ logger = logging.getLogger(__name__)
 _padding_size_key = "_padding_size_key_x123d"
 
 _Index = (int, np.integer, slice, list, np.ndarray, torch.Tensor, range)
+
+
+class DataProtoError(ValueError, AssertionError):
+    """Inconsistent batch data. Also an AssertionError: upstream checks these with asserts, and callers
+    written for it catch that."""
 
 
 def _as_size(batch_size) -> torch.Size:
@@ -303,8 +315,11 @@ def _unpack_tensor(packed):
 # ---- dict helpers ------------------------------------------------------------------------------
 
 
-def _values_equal(a: Any, b: Any) -> bool:
-    """Equality that treats NaN as equal to NaN and compares arrays element by element."""
+def _values_equal(a: Any, b: Any, _seen: Optional[set] = None) -> bool:
+    """Equality that treats NaN as equal to NaN and compares arrays element by element.
+
+    Object arrays may contain themselves: a pair already being compared further up counts as equal, so two
+    arrays of the same circular shape compare equal instead of recursing forever."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
@@ -312,7 +327,15 @@ def _values_equal(a: Any, b: Any) -> bool:
             return False
         if a.dtype != object and b.dtype != object:
             return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc" and b.dtype.kind in "fc"))
-        return all(_values_equal(x, y) for x, y in zip(a.flat, b.flat))
+        seen = set() if _seen is None else _seen
+        pair = (id(a), id(b))
+        if pair in seen:
+            return True
+        seen.add(pair)
+        try:
+            return all(_values_equal(x, y, seen) for x, y in zip(a.flat, b.flat))
+        finally:
+            seen.discard(pair)
     if isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b):
         return True
     try:
@@ -328,13 +351,16 @@ def union_tensor_dict(tensor_dict1: Optional[TensorBatch], tensor_dict2: Optiona
     if tensor_dict1 is None:
         return tensor_dict2
     if tensor_dict1.batch_size != tensor_dict2.batch_size:
-        raise ValueError(
-            f"cannot union batches of different sizes {tuple(tensor_dict1.batch_size)} and "
-            f"{tuple(tensor_dict2.batch_size)}"
+        raise DataProtoError(
+            f"Two tensor dict must have identical batch size. Got {tuple(tensor_dict1.batch_size)} and "
+            f"{tuple(tensor_dict2.batch_size)} (cannot union batches of different sizes)"
         )
     for key, value in tensor_dict2.items():
         if key in tensor_dict1 and not torch.equal(tensor_dict1[key], value):
-            raise ValueError(f"union conflict: batch key '{key}' holds different tensors on the two sides")
+            raise DataProtoError(
+                f"{key} in tensor_dict1 and tensor_dict2 are not the same object "
+                f"(union conflict: batch key '{key}' holds different tensors on the two sides)"
+            )
         tensor_dict1[key] = value
     return tensor_dict1
 
@@ -343,7 +369,10 @@ def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str
     """Add tensor_dict2's arrays to tensor_dict1; a shared key must hold equal arrays (NaN == NaN)."""
     for key, value in tensor_dict2.items():
         if key in tensor_dict1 and not _values_equal(tensor_dict1[key], value):
-            raise ValueError(f"union conflict: non_tensor_batch key '{key}' holds different values on the two sides")
+            raise DataProtoError(
+                f"`{key}` in tensor_dict1 and tensor_dict2 are not the same object. "
+                f"(union conflict: non_tensor_batch key '{key}' holds different values on the two sides)"
+            )
         tensor_dict1[key] = value
     return tensor_dict1
 
@@ -351,7 +380,7 @@ def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str
 def _union_meta(meta1: dict, meta2: dict) -> dict:
     for key, value in meta2.items():
         if key in meta1 and not _values_equal(meta1[key], value):
-            raise ValueError(f"union conflict: meta_info key '{key}' is {meta1[key]!r} on one side, {value!r} on the other")
+            raise DataProtoError(f"union conflict: meta_info key '{key}' is {meta1[key]!r} on one side, {value!r} on the other")
         meta1[key] = value
     return meta1
 
@@ -410,6 +439,93 @@ def unpad_dataproto(data: "DataProto", pad_size: int) -> "DataProto":
     return data[: len(data) - pad_size] if pad_size else data
 
 
+def _is_tensordict(value) -> bool:
+    """A `tensordict.TensorDict` (told by its type, so tensordict need not be installed)."""
+    return any(c.__module__.startswith("tensordict") and c.__name__ == "TensorDict" for c in type(value).__mro__)
+
+
+def _tensor_batch_from_tensordict(td) -> TensorBatch:
+    """The tensors of a TensorDict given as `DataProto.batch` (upstream's batch type) as this verl's TensorBatch."""
+    tensors = {key: value for key, value in td.items() if isinstance(value, torch.Tensor)}
+    dropped = sorted(set(td.keys()) - set(tensors))
+    if dropped:
+        raise TypeError(f"DataProto.batch holds tensors only; put {dropped} in non_tensor_batch or meta_info")
+    return TensorBatch(tensors, batch_size=td.batch_size, device=td.device)
+
+
+def fold_batch_dim(data: "DataProto", new_batch_size):
+    """Rows grouped into `new_batch_size` groups: every tensor and array (new_batch_size, len // new_batch_size,
+    ...), the batch size (new_batch_size,). Consecutive rows share a group (e.g. the n responses of a prompt
+    after `repeat(interleave=True)`)."""
+    rows = len(data)
+    if rows % new_batch_size:
+        raise ValueError(f"cannot fold {rows} rows into {new_batch_size} groups")
+    batch = None
+    if data.batch is not None:
+        batch = TensorBatch({k: t.reshape(new_batch_size, -1, *t.shape[1:]) for k, t in data.batch.items()},
+                            batch_size=(new_batch_size,))
+    non_tensor = {k: np.reshape(v, (new_batch_size, -1, *v.shape[1:])) for k, v in data.non_tensor_batch.items()}
+    return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=data.meta_info)
+
+
+def unfold_batch_dim(data: "DataProto", batch_dims=2):
+    """Undo `fold_batch_dim`: the first `batch_dims` dimensions of every tensor and array merged into one."""
+    def merge(shape):
+        return (int(np.prod(shape[:batch_dims])), *shape[batch_dims:])
+
+    batch = None
+    if data.batch is not None:
+        tensors = {k: t.reshape(merge(t.shape)) for k, t in data.batch.items()}
+        batch = TensorBatch(tensors, batch_size=merge(next(iter(data.batch.values())).shape)[:1] if tensors else ())
+    non_tensor = {k: np.reshape(v, merge(v.shape)) for k, v in data.non_tensor_batch.items()}
+    return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=data.meta_info)
+
+
+def serialize_single_tensor(obj: torch.Tensor) -> tuple[str, tuple[int, ...], Any]:
+    """(dtype name, shape, the bytes as a uint8 numpy array): a CPU tensor in a form that pickles without torch."""
+    raw = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+    return str(obj.dtype).removeprefix("torch."), obj.shape, raw
+
+
+def deserialize_single_tensor(arr: Any) -> torch.Tensor:
+    """The tensor `serialize_single_tensor` encoded (its own writable copy of the bytes)."""
+    dtype_name, shape, raw = arr
+    dtype = getattr(torch, dtype_name)
+    assert isinstance(dtype, torch.dtype), f"{dtype_name} is not a torch dtype"
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).view(shape)
+
+
+def serialize_tensordict(batch) -> tuple[tuple[int, ...], Optional[str], dict[str, tuple]]:
+    """(batch size, device name or None, {key: encoded tensor}) for a TensorDict (or TensorBatch) of tensors;
+    a nested tensor is encoded as (layout name, [its rows encoded])."""
+    items = {}
+    for key, value in batch.items():
+        if value.is_nested:
+            items[key] = (str(value.layout).removeprefix("torch."), [serialize_single_tensor(r) for r in value.unbind()])
+        else:
+            items[key] = serialize_single_tensor(value)
+    device = batch.device
+    return tuple(batch.batch_size), None if device is None else str(device), items
+
+
+def deserialize_tensordict(arr: Any):
+    """The TensorDict `serialize_tensordict` encoded (needs the optional tensordict package)."""
+    from tensordict import TensorDict
+
+    batch_size, device, items = arr
+    decoded = {}
+    for key, value in items.items():
+        if len(value) == 3:
+            decoded[key] = deserialize_single_tensor(value)
+        elif len(value) == 2:
+            layout, rows = value
+            decoded[key] = torch.nested.as_nested_tensor([deserialize_single_tensor(r) for r in rows],
+                                                         layout=getattr(torch, layout))
+        else:
+            raise ValueError(f"invalid tensor encoding for {key!r}: expected 2 or 3 fields, got {len(value)}")
+    return TensorDict(source=decoded, batch_size=batch_size, device=device)
+
+
 # ---- DataProto ---------------------------------------------------------------------------------
 
 
@@ -433,6 +549,8 @@ class DataProto:
     def __post_init__(self):
         if isinstance(self.batch, dict):
             self.batch = TensorBatch(self.batch)
+        elif _is_tensordict(self.batch):
+            self.batch = _tensor_batch_from_tensordict(self.batch)
         self.non_tensor_batch = {} if self.non_tensor_batch is None else self.non_tensor_batch
         self.meta_info = {} if self.meta_info is None else self.meta_info
         self.check_consistency()
@@ -447,14 +565,14 @@ class DataProto:
         }
         meta_info = dict(meta_info or {})
         if num_batch_dims != 1 and non_tensors:
-            raise ValueError("num_batch_dims > 1 is only supported without non_tensors")
+            raise DataProtoError("num_batch_dims > 1 is only supported without non_tensors")
         batch = None
         if tensors:
             first_key, first = next(iter(tensors.items()))
             size = first.shape[:num_batch_dims]
             for key, value in tensors.items():
                 if value.shape[:num_batch_dims] != size:
-                    raise ValueError(
+                    raise DataProtoError(
                         f"tensors disagree on the batch size: '{first_key}' has {tuple(size)}, "
                         f"'{key}' has {tuple(value.shape[:num_batch_dims])}"
                     )
@@ -493,7 +611,7 @@ class DataProto:
             elif isinstance(value, NonTensorData):
                 meta_info[key] = value.data
         if non_tensors and num_batch_dims != 1:
-            raise ValueError("non-tensor entries need num_batch_dims=1")
+            raise DataProtoError("non-tensor entries need num_batch_dims=1")
         return cls.from_dict(tensors, non_tensors, meta_info=meta_info, num_batch_dims=num_batch_dims)
 
     def to_tensordict(self):
@@ -504,7 +622,7 @@ class DataProto:
         tensors = dict(self.batch.items()) if self.batch is not None else {}
         clash = set(tensors) & (set(self.non_tensor_batch) | set(self.meta_info))
         if clash:
-            raise ValueError(f"keys {sorted(clash)} are both tensors and non-tensor data")
+            raise DataProtoError(f"keys {sorted(clash)} are both tensors and non-tensor data")
         out = TensorDict(tensors, batch_size=[len(self)])
         for key, column in self.non_tensor_batch.items():
             out[key] = NonTensorStack.from_list([NonTensorData(item) for item in column])
@@ -517,7 +635,7 @@ class DataProto:
         if self.batch is not None and not isinstance(self.batch, TensorBatch):
             raise TypeError(f"DataProto.batch must be a TensorBatch or None, got {type(self.batch).__name__}")
         if self.batch is not None and len(self.batch.batch_size) != 1:
-            raise ValueError(f"DataProto needs exactly one batch dimension, got {tuple(self.batch.batch_size)}")
+            raise DataProtoError(f"DataProto needs exactly one batch dimension, got {tuple(self.batch.batch_size)}")
         for key, value in self.non_tensor_batch.items():
             if not isinstance(value, np.ndarray):
                 raise TypeError(f"non_tensor_batch['{key}'] must be a numpy array, got {type(value).__name__}")
@@ -525,7 +643,7 @@ class DataProto:
         if self.batch is not None:
             sizes = {"batch": len(self.batch), **sizes}
         if len(set(sizes.values())) > 1:
-            raise ValueError(f"DataProto parts disagree on the number of samples: {sizes}")
+            raise DataProtoError(f"DataProto parts disagree on the number of samples: {sizes}")
 
     # ---- size and access ---------------------------------------------------------------------
     def __len__(self) -> int:
@@ -613,14 +731,14 @@ class DataProto:
         old_keys = [old_keys] if isinstance(old_keys, str) else list(old_keys or [])
         new_keys = [new_keys] if isinstance(new_keys, str) else list(new_keys or [])
         if len(old_keys) != len(new_keys):
-            raise ValueError(f"rename needs as many new keys as old ones, got {old_keys} -> {new_keys}")
+            raise DataProtoError(f"rename needs as many new keys as old ones, got {old_keys} -> {new_keys}")
         self.batch.rename_key_(old_keys, new_keys)
         return self
 
     def union(self, other: "DataProto") -> "DataProto":
         """Merge `other` into this DataProto in place; a key present on both sides must hold equal values."""
         if len(self) != len(other) and self.batch is not None and other.batch is not None:
-            raise ValueError(f"cannot union DataProtos of {len(self)} and {len(other)} samples")
+            raise DataProtoError(f"cannot union DataProtos of {len(self)} and {len(other)} samples")
         self.batch = union_tensor_dict(self.batch, other.batch)
         self.non_tensor_batch = union_numpy_dict(self.non_tensor_batch, other.non_tensor_batch)
         self.meta_info = _union_meta(self.meta_info, other.meta_info)
@@ -645,9 +763,9 @@ class DataProto:
         The size must divide evenly unless padding is enabled, when parts may differ by one row.
         """
         if chunks <= 0:
-            raise ValueError(f"chunks must be positive, got {chunks}")
+            raise DataProtoError(f"chunks must be positive, got {chunks}")
         if len(self) % chunks != 0 and not self.is_padding_enabled():
-            raise ValueError(
+            raise DataProtoError(
                 f"cannot chunk a DataProto of {len(self)} samples into {chunks} equal parts: "
                 f"make the batch size a multiple of {chunks} or pad it (pad_dataproto_to_divisor)"
             )
@@ -658,7 +776,7 @@ class DataProto:
     def split(self, split_size: int) -> list["DataProto"]:
         """Consecutive parts of `split_size` samples; the last may be shorter."""
         if split_size <= 0:
-            raise ValueError(f"split_size must be positive, got {split_size}")
+            raise DataProtoError(f"split_size must be positive, got {split_size}")
         return [self.slice(i, i + split_size) for i in range(0, len(self), split_size)]
 
     @staticmethod
@@ -669,16 +787,16 @@ class DataProto:
         one entry per contributing dict -- e.g. per worker: {"actor/pg_loss": [w0_value, w1_value]}.
         """
         if not data:
-            raise ValueError("DataProto.concat needs at least one DataProto")
+            raise DataProtoError("DataProto.concat needs at least one DataProto")
         with_batch = [d.batch is not None for d in data]
         if any(with_batch) and not all(with_batch):
-            raise ValueError("cannot concat DataProtos where some have tensors and some have none")
+            raise DataProtoError("cannot concat DataProtos where some have tensors and some have none")
         batch = TensorBatch.cat([d.batch for d in data]) if all(with_batch) else None
 
         keys = set(data[0].non_tensor_batch)
         for d in data[1:]:
             if set(d.non_tensor_batch) != keys:
-                raise ValueError(
+                raise DataProtoError(
                     f"cannot concat: non_tensor_batch keys differ ({sorted(keys)} vs {sorted(d.non_tensor_batch)})"
                 )
         non_tensor = {k: np.concatenate([d.non_tensor_batch[k] for d in data], axis=0) for k in keys}
@@ -693,7 +811,10 @@ class DataProto:
                     elif value is not None:
                         metrics.append(value)
                 elif key in meta and not _values_equal(meta[key], value):
-                    raise ValueError(f"cannot concat: meta_info['{key}'] differs between parts ({meta[key]!r} vs {value!r})")
+                    raise DataProtoError(
+                        f"Conflicting values for meta_info key '{key}': meta_info['{key}'] differs between parts "
+                        f"({meta[key]!r} vs {value!r})"
+                    )
                 else:
                     meta[key] = value
         if metrics:
@@ -711,6 +832,25 @@ class DataProto:
         rows = np.repeat(np.arange(n), repeat_times) if interleave else np.tile(np.arange(n), repeat_times)
         return self.select_idxs(rows)
 
+    def unfold_column_chunks(self, n_split: int, split_keys: Optional[list[str]] = None) -> "DataProto":
+        """Each row becomes `n_split` rows: the columns named in `split_keys` are cut along their second
+        dimension into `n_split` pieces (one per new row), every other column is repeated."""
+        split_keys = set(split_keys or ())
+
+        def unfold(value):
+            return value.reshape(value.shape[0] * n_split, value.shape[1] // n_split, *value.shape[2:])
+
+        batch = None
+        if self.batch is not None:
+            batch = TensorBatch(
+                {k: unfold(t) if k in split_keys else torch.repeat_interleave(t, n_split, dim=0)
+                 for k, t in self.batch.items()},
+                batch_size=(len(self) * n_split,),
+            )
+        non_tensor = {k: unfold(v) if k in split_keys else np.repeat(v, n_split, axis=0)
+                      for k, v in self.non_tensor_batch.items()}
+        return type(self)(batch=batch, non_tensor_batch=non_tensor, meta_info=self.meta_info)
+
     def sample_level_repeat(self, repeat_times) -> "DataProto":
         """Row i repeated repeat_times[i] times, in order."""
         counts = np.asarray(repeat_times.tolist() if isinstance(repeat_times, torch.Tensor) else repeat_times)
@@ -719,7 +859,7 @@ class DataProto:
     def make_iterator(self, mini_batch_size: int, epochs: int, seed=None, dataloader_kwargs=None):
         """Yield shuffled-or-not mini-batches (a torch DataLoader over the rows) for `epochs` passes."""
         if len(self) % mini_batch_size != 0:
-            raise ValueError(f"{len(self)} samples do not split into mini-batches of {mini_batch_size}")
+            raise DataProtoError(f"{len(self)} samples do not split into mini-batches of {mini_batch_size}")
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         loader = torch.utils.data.DataLoader(
             self, batch_size=mini_batch_size, collate_fn=collate_fn, generator=generator, **(dataloader_kwargs or {})
@@ -771,6 +911,26 @@ def collate_fn(items: list[DataProtoItem]) -> DataProto:
     return DataProto(batch=batch, non_tensor_batch={k: np.array(v, dtype=object) for k, v in non_tensor.items()})
 
 
+def concat_batches(parts: list):
+    """Workers' outputs joined in order: DataProtos with `DataProto.concat`, TensorDicts (upstream's newer
+    workers return those) with `tensordict_utils.concat_tensordict`."""
+    if parts and all(_is_tensordict(p) for p in parts):
+        from verl.utils.tensordict_utils import concat_tensordict
+
+        return concat_tensordict(parts)
+    return DataProto.concat(parts)
+
+
+def chunk_batch(data, chunks: int) -> list:
+    """A DataProto or TensorDict in `chunks` equal parts (TensorDicts through `tensordict_utils.chunk_tensordict`,
+    which also splits jagged tensors)."""
+    if _is_tensordict(data):
+        from verl.utils.tensordict_utils import chunk_tensordict
+
+        return chunk_tensordict(data, chunks)
+    return data.chunk(chunks)
+
+
 @dataclass
 class DataProtoFuture:
     """A DataProto still being computed by a worker group (`register(..., blocking=False)`).
@@ -786,7 +946,7 @@ class DataProtoFuture:
 
     @staticmethod
     def concat(data: list) -> "DataProtoFuture":
-        return DataProtoFuture(collect_fn=DataProto.concat, futures=data)
+        return DataProtoFuture(collect_fn=concat_batches, futures=data)
 
     def chunk(self, chunks: int) -> list["DataProtoFuture"]:
         return [
@@ -810,4 +970,4 @@ class _ChunkPicker:
     chunks: int
 
     def __call__(self, data: DataProto) -> DataProto:
-        return data.chunk(self.chunks)[self.index]
+        return chunk_batch(data, self.chunks)[self.index]

@@ -8,6 +8,11 @@ import pytest
 import torch
 from ray import cloudpickle
 
+try:
+    import tensordict  # optional (verl[tensordict]): without it the TensorDict dispatch is not checked
+except ImportError:
+    tensordict = None
+
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import make_nd_compute_dataproto_dispatch_fn, register
@@ -28,6 +33,14 @@ class MeshWorker(Worker):
         out = data.batch["x"] * 10 + self.rank
         return DataProto.from_dict(tensors={"y": out})
 
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
+    def tag_td(self, data):
+        """Upstream's newer workers take and return TensorDicts, with jagged rows."""
+        from verl.utils import tensordict_utils as tu
+
+        lengths = [len(row) for row in data["ids"].unbind(0)]
+        return tu.get_tensordict({"y": data["x"] * 10 + self.rank, "lengths": lengths}, {"rank": self.rank})
+
     def local_env(self):
         import os
 
@@ -44,6 +57,14 @@ def test_nd_dispatch_splits_by_dp_rank_and_collects_one_worker_per_rank(ray_sess
         out = group.tag(DataProto.from_dict(tensors={"x": torch.arange(4)}))
         # rank 0 (worker 0) got rows 0-1, rank 1 (worker 2) rows 2-3; workers 1 and 3 computed but are not read
         assert out.batch["y"].tolist() == [0, 10, 22, 32]
+        if tensordict is not None:  # the same dispatch with a TensorDict holding a jagged tensor
+            from verl.utils import tensordict_utils as tu
+
+            ids = torch.nested.as_nested_tensor([torch.arange(n) for n in (1, 2, 3, 4)], layout=torch.jagged)
+            td_out = group.tag_td(tu.get_tensordict({"x": torch.arange(4), "ids": ids}))
+            assert td_out["y"].tolist() == [0, 10, 22, 32]
+            assert tu.get(td_out, "lengths") == [1, 2, 3, 4]
+            assert tu.get(td_out, "rank") == 0  # batch-wide values: the first part's
         envs = group.execute_all_sync("local_env")
         assert sorted(envs) == [("0", "4"), ("1", "4"), ("2", "4"), ("3", "4")]
     finally:

@@ -70,3 +70,25 @@ def test_balanced_partitions_equal_sizes_and_close_totals():
     totals = [sum(lengths[i] for i in p) for p in parts]
     assert abs(totals[0] - totals[1]) <= 2
     assert balanced_partitions(lengths, 1) == [list(range(8))]
+
+
+def test_rollout_moe_load_balance_numbers_and_interval():
+    from types import SimpleNamespace
+
+    from verl.trainer.ppo.metric_utils import (RolloutMoELoadBalanceMetricsAccumulator, compute_moe_lb_metrics,
+                                               compute_rollout_moe_load_balance_metrics, infer_moe_num_experts)
+
+    # one layer, top-1 over 2 experts; the 5th slot is the last sampled token's filler and is not counted
+    routed = torch.tensor([0, 0, 1, 0, 1]).reshape(1, 5, 1, 1)
+    mask = torch.ones(1, 5, dtype=torch.bool)
+    m = compute_rollout_moe_load_balance_metrics(routed, mask, num_experts=2)
+    # counts [3, 1]: shares 0.75/0.25, times 2 experts minus 1 -> +0.5 / -0.5
+    assert m["rollout/moe/max_vio/layer_0"] == 0.5 and m["rollout/moe/min_vio/layer_0"] == -0.5
+    assert m["rollout/moe/avg_vio/avg"] == 0.5
+    acc = RolloutMoELoadBalanceMetricsAccumulator(model_config={"n_routed_experts": 2})
+    batch = SimpleNamespace(batch={"routed_experts": routed, "response_mask": mask})
+    assert compute_moe_lb_metrics(batch, 2, global_steps=1, accumulator=acc) == {}
+    out = compute_moe_lb_metrics(batch, 2, global_steps=2, accumulator=acc)
+    assert out["rollout/moe/routed_expert_assignments"] == 8 and out["rollout/moe/max_vio/max"] == 0.5
+    assert acc.total_assignments() == 0
+    assert infer_moe_num_experts({"model_type": "qwen3_moe", "num_local_experts": 4}) is None

@@ -17,7 +17,10 @@ from types import FunctionType
 from verl.protocol import (  # noqa: F401  (the timeout is re-exported: the worker groups read it here)
     DataProto,
     DataProtoFuture,
+    _is_tensordict,
     _padding_size_key,
+    chunk_batch,
+    concat_batches,
     pad_dataproto_to_divisor,
     ray_get_timeout,
 )
@@ -73,13 +76,14 @@ def collect_dp_compute(worker_group, output):
 
 
 def _chunk_data_args(n: int, args, kwargs, pad: bool):
-    """Chunk every DataProto argument into n parts; pad to a multiple of n first when allowed."""
+    """Chunk every DataProto (or TensorDict) argument into n parts; pad DataProtos to a multiple of n first
+    when allowed."""
     named = [*enumerate(args), *kwargs.items()]
     for name, value in named:
-        if not isinstance(value, (DataProto, DataProtoFuture)):
+        if not isinstance(value, (DataProto, DataProtoFuture)) and not _is_tensordict(value):
             raise TypeError(
                 f"argument {name!r} is a {type(value).__name__}; DataProto dispatch modes take only DataProto "
-                "arguments (put scalars in meta_info)"
+                "or TensorDict arguments (put scalars in meta_info)"
             )
     lengths = {len(v) for _, v in named if isinstance(v, DataProto)}
     pad_size = 0
@@ -92,7 +96,7 @@ def _chunk_data_args(n: int, args, kwargs, pad: bool):
                 value, pad_size = pad_dataproto_to_divisor(value, n)
             padded[name] = value
         named = list(padded.items())
-    chunked = {name: value.chunk(n) for name, value in named}
+    chunked = {name: chunk_batch(value, n) for name, value in named}
     new_args = tuple(chunked[i] for i in range(len(args)))
     new_kwargs = {k: chunked[k] for k in kwargs}
     if pad_size:
@@ -113,8 +117,8 @@ def dispatch_dp_compute_data_proto_with_func(worker_group, func, *args, **kwargs
 
 def collect_dp_compute_data_proto(worker_group, output):
     output = collect_dp_compute(worker_group, output)
-    if all(isinstance(o, DataProto) for o in output):
-        return DataProto.concat(output)
+    if all(isinstance(o, DataProto) or _is_tensordict(o) for o in output):
+        return concat_batches(output)
     import ray
 
     if all(isinstance(o, ray.ObjectRef) for o in output):  # non-blocking call: join lazily
@@ -152,8 +156,8 @@ def dispatch_nd_compute_dataproto(dp_rank_mapping: list[int], dp_size: int, work
 def collect_nd_compute_dataproto(collect_mask: list[bool], worker_group, output):
     """The collected workers' DataProtos concatenated (a future joined lazily for non-blocking calls)."""
     output = collect_nd_compute(collect_mask, worker_group, output)
-    if all(isinstance(o, DataProto) for o in output):
-        return DataProto.concat(output)
+    if all(isinstance(o, DataProto) or _is_tensordict(o) for o in output):
+        return concat_batches(output)
     return DataProtoFuture.concat(output)
 
 
