@@ -56,6 +56,8 @@ class RolePlan:
     # Ulysses (`<role>.ulysses_sequence_parallel_size`): ranks splitting each micro-batch's sequence, so
     # each holds 1/sp of its activations; the data-parallel size is the ranks / sp
     sequence_parallel_size: int = 1
+    # a vision-language actor's `actor.freeze_vision_tower`: the tower does not train and keeps nothing for backward
+    vision_frozen: bool = False
 
 
 @dataclass

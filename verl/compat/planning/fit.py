@@ -16,7 +16,7 @@ from typing import Any
 
 from verl.compat.planning.decider import Decider, MemoryShortfall
 from verl.compat.planning.memory import (BYTES, FORWARD_PHASES, GiB, Workload, estimate_memory,
-                                generation_bytes_per_sequence)
+                                generation_bytes_per_sequence, micro_batch_rows, vision_term)
 from verl.compat.planning.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.planning.settings import AUTO, first, get
@@ -184,7 +184,8 @@ class _Search:
         self.util_asked = inputs.rollout_asked["gpu_memory_utilization"]
         self.micro_asked = inputs.rollout_asked["micro_batch_size"]
         self.per_seq = generation_bytes_per_sequence(inputs.model, inputs.roles["actor"], inputs.rollout,
-                                                     inputs.workload.prompt_length, inputs.workload.response_length) / GiB
+                                                     inputs.workload.prompt_length, inputs.workload.response_length,
+                                                     inputs.workload.image_tokens) / GiB
         asked, roles = inputs.asked_ckpt, inputs.roles
         self.ckpt_options = [{n: (asked[n] if asked[n] is not AUTO else False) for n in roles}]
         if any(asked[n] is AUTO for n in roles):
@@ -354,6 +355,7 @@ def _fitted_plan(decider: Decider, inputs: FitInputs, search: _Search, found, ba
         role_plans[name] = replace(rp, predicted_peak_gb=round(max(p.total_gb for p in phases), 3))
     rollout_peak = max(estimate.phases[phase].total_gb for phase in ("rollout", "validation"))
     rollout_plan = replace(rollout_plan, predicted_peak_gb=round(rollout_peak, 3))
+    note_vision(decider, inputs, role_plans, estimate, halvings)
     decider.note("memory", round(estimate.predicted_peak_gb, 3),
            f"peak {estimate.predicted_peak_gb:.2f} GiB in {estimate.peak_phase}; with context and {inputs.margin:.0%} margin "
            f"{estimate.required_gb:.2f} of {limit:.1f} GiB ({rung})")
@@ -362,6 +364,30 @@ def _fitted_plan(decider: Decider, inputs: FitInputs, search: _Search, found, ba
     plan_kwargs.update(actor=role_plans["actor"], critic=role_plans.get("critic"), ref=role_plans.get("ref"),
                        rollout=rollout_plan, predicted_peak_gb=round(estimate.predicted_peak_gb, 3))
     return Plan(reasons=decider.reasons, warnings=decider.warnings, memory=memory, **plan_kwargs)
+
+
+def note_vision(decider: Decider, inputs: FitInputs, roles: dict, estimate, halvings: int) -> None:
+    """A VL model's tower activations in the fitted plan: what its micro-batches hold, and what the fit
+    changed for them (checkpointing, which covers the tower's blocks, and micro-batch halvings)."""
+    model, wl, actor = inputs.model, inputs.workload, roles["actor"]
+    if model.vision is None or not wl.image_tokens:
+        return
+    rows, fwd_rows = (micro_batch_rows(actor, wl, "actor", forward) for forward in (False, True))
+    update = vision_term(model, wl, actor, True, rows, train=True) / GiB
+    forward = vision_term(model, wl, actor, True, fwd_rows, train=False) / GiB
+    kept = ("frozen: only its pixels" if actor.vision_frozen else
+            "checkpointed: its blocks' inputs" if actor.gradient_checkpointing else "every block's saved tensors")
+    fitted = []
+    if actor.gradient_checkpointing and inputs.asked_ckpt["actor"] is AUTO:
+        fitted.append("gradient checkpointing turned on to fit (the tower's blocks with the decoder's)")
+    if halvings:
+        fitted.append(f"micro-batches halved {halvings}x to fit")
+    peak = estimate.phases["actor_update"].total_gb
+    decider.note("vision.activations", round(update, 3),
+                 f"{update:.3f} GiB of vision tower in an actor update micro-batch of {rows} sequences "
+                 f"({kept}; pixels included) of its {peak:.2f} GiB peak, {forward:.3f} GiB at once in a log-prob "
+                 f"micro-batch of {fwd_rows}, for {wl.image_tokens} image tokens a sequence (data.max_prompt_length)"
+                 + ("; " + ", ".join(fitted) if fitted else ""))
 
 
 # At world size > 1 the kept gathered model is every rank's shard and the multi-rank gather buffers are
@@ -525,8 +551,9 @@ def note_chunk(decider: Decider, chunk: int, asked: Any, estimate, limit: float,
     """Reason (or adaptation warning) for the built-in engine's chunk size."""
     free = estimate.room_gb(limit) - estimate.rollout_resident_gb()
     full = estimate.rollout_resident_gb() + chunk * per_seq
+    vision = ", the vision tower's forward over its images" if workload.image_tokens else ""
     sizing = (f"{free:.2f} GiB free while generating / {per_seq * 1024:.1f} MiB per sequence of {workload.seq_len} "
-              f"tokens (KV cache, prefill transients, sampling); a full pass peaks at {full:.2f} GiB")
+              f"tokens (KV cache, prefill transients, sampling{vision}); a full pass peaks at {full:.2f} GiB")
     if asked is AUTO:
         decider.note("rollout.micro_batch_size", chunk, f"{chunk} sequences per pass: {sizing}")
     elif asked == chunk:

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from verl.compat.planning.model_spec import ModelSpec
+from verl.compat.planning.vision import BYTES, tower_forward_bytes, tower_saved_bytes
 from verl.compat.plan import RolePlan, RolloutPlan
 
 GiB = 1024 ** 3
-BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 LOGPROB_CHUNK_ROWS = 1024        # rows per float32 chunk in verl.utils.torch_functional
 CUDA_CONTEXT_GB = 0.75           # CUDA context and kernel images, outside the allocator's count (cuBLAS
                                  # workspaces are inside it, in each phase's terms)
@@ -24,7 +24,7 @@ NF4_BYTES = 0.5 + 4 / 64   # 4-bit codes plus one float32 absmax per 64-weight b
 # AdamW8bit's two moments, one byte each, plus each moment's float32 absmax per 256-value block (bitsandbytes'
 # block-wise quantisation); the step updates them in place (no scratch the size of the model)
 ADAMW8BIT_BYTES = 2 + 2 * 4 / 256
-ENGINE_TERMS = ("rollout.kv_cache", "rollout.prefill", "rollout.sampling", "rollout.engine share")
+ENGINE_TERMS = ("rollout.kv_cache", "rollout.prefill", "rollout.sampling", "rollout.engine share", "rollout.vision tower")
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class Workload:
     val_batch_per_gpu: int | None = None   # sequences per validation call; None: the whole set (unknown)
     update_batch_per_gpu: int | None = None         # sequences per actor mini-batch; None: the rollout batch
     critic_update_batch_per_gpu: int | None = None  # the critic's; None: the actor's
+    image_tokens: int = 0    # a VL model's image tokens per sequence, at most (they are part of the prompt)
 
     @property
     def seq_len(self) -> int:
@@ -171,11 +172,12 @@ def _vocab_grad_bytes(model: ModelSpec, role: _Role, accumulates: bool) -> float
 
 
 def _generation_terms(model: ModelSpec, actor: RolePlan, rollout: RolloutPlan, prompt_length: int,
-                      response_length: int) -> tuple[dict[str, float], dict[str, float]]:
-    """Bytes the built-in engine adds per generated sequence at its two candidate peaks: the end of
+                      response_length: int, image_tokens: int = 0) -> tuple[dict[str, float], ...]:
+    """Bytes the built-in engine adds per generated sequence at its candidate peaks: the end of
     prefill (the whole KV cache, which the static decoder allocates up front, plus one layer's
-    transients over the prompt) and the end of decoding (full KV, float32 sampling over the last
-    position's logits).
+    transients over the prompt), the end of decoding (full KV, float32 sampling over the last
+    position's logits), and for a VL model the vision tower's forward over the prompt's images
+    at the prefill (`vision_bytes`; the KV cache counted beside it as well).
 
     Prefill transients per token: 4H*r + 3I*c, plus 4I under autocast, with c the rollout dtype and r the residual width: that of
     the weights the engine computes with, the gathered ones (`gather_dtype`), so a plan that casts
@@ -193,14 +195,34 @@ def _generation_terms(model: ModelSpec, actor: RolePlan, rollout: RolloutPlan, p
     prefill = {"rollout.kv_cache": kv_cache, "rollout.prefill": prompt_length * per_token}
     decode = {"rollout.kv_cache": kv_cache,
               "rollout.sampling": model.vocab_size * 4 * 3}
-    return prefill, decode
+    if model.vision is None or not image_tokens:
+        return prefill, decode
+    tower = vision_bytes(model, rollout.dtype, weights, rollout.attn_implementation, 1, image_tokens, "forward")
+    return prefill, decode, {"rollout.kv_cache": kv_cache, "rollout.vision tower": tower}
+
+
+def vision_bytes(model: ModelSpec, compute: str, weights: str, attn: str, rows: int, image_tokens: int,
+                 kept: str) -> float:
+    """A VL model's vision tower over `rows` sequences of `image_tokens` image tokens each (the largest image
+    one sequence's whole share): the pixel values (float32) plus, by `kept`, its forward without gradients
+    ("forward"), what a trained tower saves for backward ("saved", "checkpointed"), or nothing ("frozen")."""
+    v = model.vision
+    image = image_tokens * v.patches_per_token
+    patches = rows * image
+    pixels = patches * v.patch_features * 4
+    if kept == "forward":
+        return pixels + tower_forward_bytes(v, compute, weights, attn, patches, image)
+    if kept == "frozen":
+        return pixels
+    return pixels + tower_saved_bytes(v, compute, weights, attn, patches, image, checkpointed=kept == "checkpointed")
 
 
 def generation_bytes_per_sequence(model: ModelSpec, actor: RolePlan, rollout: RolloutPlan, prompt_length: int,
-                                  response_length: int) -> float:
+                                  response_length: int, image_tokens: int = 0) -> float:
     """Peak bytes one more sequence costs the built-in engine; generation memory is linear in the
     sequences generated together, so the planner divides free memory by this to size its chunks."""
-    return max(sum(t.values()) for t in _generation_terms(model, actor, rollout, prompt_length, response_length))
+    return max(sum(t.values()) for t in _generation_terms(model, actor, rollout, prompt_length, response_length,
+                                                          image_tokens))
 
 
 def _builtin_rollout(model: ModelSpec, actor: _Role, workload: Workload, rollout: RolloutPlan,
@@ -211,8 +233,8 @@ def _builtin_rollout(model: ModelSpec, actor: _Role, workload: Workload, rollout
     if batch is None:
         batch = rollout.micro_batch_size or workload.rollout_batch_per_gpu
     chunk = min(batch, rollout.micro_batch_size or batch)
-    prefill, decode = _generation_terms(model, actor.plan, rollout, workload.prompt_length, workload.response_length)
-    peak = max((prefill, decode), key=lambda t: sum(t.values()))
+    peak = max(_generation_terms(model, actor.plan, rollout, workload.prompt_length, workload.response_length,
+                                 workload.image_tokens), key=lambda t: sum(t.values()))
     return {**_generation_weights(model, actor, rollout), **{k: v * chunk for k, v in peak.items()}}
 
 
@@ -504,7 +526,7 @@ def _forward_phase(step: _Step, name: str) -> dict[str, float]:
     terms = step.idle(name)
     terms.update(step.on_device(role))
     c = role.plan.compute_dtype
-    tokens, resp, _ = _tokens(role.plan, step.workload, name, forward=True)
+    tokens, resp, rows = _tokens(role.plan, step.workload, name, forward=True)
     layer = {f"{name}.compute_copy": _compute_copy(spec, role, c, compiled=step.compiled_layers)}
     layer.update(_activations(spec, role.plan, tokens, step.workload.seq_len, train=False))
     tokens, resp = _head_rows(role.plan, tokens, resp)
@@ -521,8 +543,43 @@ def _forward_phase(step: _Step, name: str) -> dict[str, float]:
     # FSDP2 does not reshard the root unit after a forward: it stays gathered through the log-prob pass
     log_prob = {f"{name}.compute_copy": _gathered_units(spec, role, c, False, 0), "logits": logits,
                 "log-prob scratch": _logprob_scratch(spec, resp, c, backward=False, fused=step.compiled_layers)}
-    terms.update(max((layer, head, log_prob), key=lambda t: sum(t.values())))
+    # a VL model's tower runs first, over the micro-batch's images; only its merged output outlives it
+    tower = {f"{name}.compute_copy": layer[f"{name}.compute_copy"],
+             **_vision_terms(step, name, rows, train=False)}
+    terms.update(max((layer, head, log_prob, tower), key=lambda t: sum(t.values())))
     return terms
+
+
+def _vision_terms(step: _Step, name: str, rows: int, train: bool, running: bool = False) -> dict[str, float]:
+    """`vision_term` of role `name` as a phase term (none for a text-only model)."""
+    role = step.roles[name]
+    total = vision_term(step.spec(name), step.workload, role.plan, role.trainable, rows, train, running)
+    return {"vision tower": total} if total else {}
+
+
+def vision_term(model: ModelSpec, workload: Workload, plan: RolePlan, trainable: bool, rows: int, train: bool,
+                running: bool = False) -> float:
+    """A VL model's vision tower over `rows` sequences of a micro-batch (0 for a text-only model): without
+    gradients its forward's transients; in an update what it keeps for backward (all of it, checkpointed
+    block inputs, or only the pixels of a frozen tower) from its forward until its own backward, the last
+    of the pass, plus, while it runs (`running`), its forward's transients."""
+    if model.vision is None or not workload.image_tokens or not rows:
+        return 0.0
+    attn, tokens, c = plan.attn_implementation, workload.image_tokens, plan.compute_dtype
+    if not train:
+        return vision_bytes(model, c, read_dtype(plan, trainable), attn, rows, tokens, "forward")
+    weights = residual_dtype(plan)
+    kept = "frozen" if plan.vision_frozen else "checkpointed" if plan.gradient_checkpointing else "saved"
+    total = vision_bytes(model, c, weights, attn, rows, tokens, kept)
+    if running:   # the forward's transients, its pixels already counted
+        total += vision_bytes(model, c, weights, attn, rows, tokens, "forward") \
+            - vision_bytes(model, c, weights, attn, rows, tokens, "frozen")
+    return total
+
+
+def micro_batch_rows(plan: RolePlan, workload: Workload, role: str, forward: bool) -> int:
+    """Sequences in the largest micro-batch of `role` (`_tokens`)."""
+    return _tokens(plan, workload, role, forward)[2]
 
 
 def _update_phase(step: _Step, name: str) -> dict[str, float]:
@@ -549,12 +606,18 @@ def _update_phase(step: _Step, name: str) -> dict[str, float]:
                  f"{name}.compute_copy": _compute_copy(spec, role, role.plan.compute_dtype, train=True,
                                                        checkpointed=ckpt and name != "critic"),
                  **_activations(spec, role.plan, tokens, step.workload.seq_len, train=True, compiled=step.compiled_layers),
-                 "layer grads (backward)": 2 * per_layer * BYTES[role.plan.param_dtype] if wrapped else 0.0}
+                 "layer grads (backward)": 2 * per_layer * BYTES[role.plan.param_dtype] if wrapped else 0.0,
+                 **_vision_terms(step, name, rows, train=True)}
+    # a VL model's tower forward opens the micro-batch: what it keeps so far and one block's transients
+    tower = {f"{name}.grads": grads, f"{name}.compute_copy": layer_bwd[f"{name}.compute_copy"],
+             **_vision_terms(step, name, rows, train=True, running=True)}
     # the root unit stays gathered until its gradients are reduced, at the very end of backward
     root_dtype = role.plan.compute_dtype if role.lora else gather_dtype(role.plan)
     bwd_end = {f"{name}.grads": grads,
                f"{name}.compute_copy": _root_unit(spec, role) * BYTES[root_dtype] if wrapped else 0.0,
-               "vocab grads (end of backward)": _vocab_grad_bytes(spec, role, accumulates=later > 0)}
+               "vocab grads (end of backward)": _vocab_grad_bytes(spec, role, accumulates=later > 0),
+               # the embedding's gradient may be made before the tower's backward frees what it kept
+               **_vision_terms(step, name, rows, train=True)}
     # bitsandbytes' 8-bit step updates in place; under param offload the step runs on the host
     in_place = role.plan.optimizer_8bit or (role.plan.fused_optimizer and not (role.plan.fsdp and
                                                                                role.plan.optimizer_offload))
@@ -562,7 +625,7 @@ def _update_phase(step: _Step, name: str) -> dict[str, float]:
     optimizer_stage = {f"{name}.grads": grads, "optimizer step": scratch}
     if role.plan.optimizer_offload and not role.plan.param_offload:
         optimizer_stage[f"{name}.optimizer"] = role.optimizer(world_size)
-    terms.update(max((*heads, layer_bwd, bwd_end, optimizer_stage), key=lambda t: sum(t.values())))
+    terms.update(max((*heads, layer_bwd, tower, bwd_end, optimizer_stage), key=lambda t: sum(t.values())))
     return terms
 
 
@@ -577,7 +640,7 @@ def _head_stages(step: _Step, name: str, rows: int, grads: float) -> list[dict[s
     role, spec = step.roles[name], step.spec(name)
     c, ckpt = role.plan.compute_dtype, role.plan.gradient_checkpointing
     tokens, resp = rows * step.workload.seq_len, rows * step.workload.response_length
-    base = {f"{name}.grads": grads}
+    base = {f"{name}.grads": grads, **_vision_terms(step, name, rows, train=True)}
     if name == "critic":
         base[f"{name}.compute_copy"] = _compute_copy(spec, role, c, train=True)
         base.update(_activations(spec, role.plan, tokens, step.workload.seq_len, train=True, compiled=step.compiled_layers))

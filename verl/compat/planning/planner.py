@@ -539,7 +539,10 @@ def _fit_inputs(decider: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig
                         rollout_batch_per_gpu=math.ceil(int(_get(config, "data.train_batch_size", 1024)) * n / world),
                         world_size=world, val_batch_per_gpu=_val_batch_per_gpu(config, world),
                         update_batch_per_gpu=max(mini * n // world, 1),
-                        critic_update_batch_per_gpu=max(critic_mini * n // world, 1))
+                        critic_update_batch_per_gpu=max(critic_mini * n // world, 1),
+                        # image tokens are prompt tokens: data.max_prompt_length bounds them per sequence
+                        image_tokens=int(_get(config, "data.max_prompt_length", 512))
+                        if model is not None and model.vision is not None else 0)
     # `auto` budgets start from upstream's defaults (16384; the critic's 32768) and may grow in the fit.
     budget_keys = {"actor": f"{arr}.actor.ppo_max_token_len_per_gpu",
                    "actor_forward": f"{arr}.rollout.log_prob_max_token_len_per_gpu",

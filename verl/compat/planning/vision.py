@@ -18,6 +18,8 @@ from typing import Any
 from verl.compat.planning import settings
 from verl.compat.planning.settings import AUTO
 
+BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}   # element size of each compute/storage dtype
+
 # Attention the vision tower's block-diagonal (per image / window) attention runs with in transformers:
 # these take its cu_seqlens boundaries. The fork's own registrations (xformers, torch_varlen) are not
 # checked against the tower, so VL roles are planned on one of these.
@@ -33,6 +35,12 @@ class VisionSpec:
     depth: int
     intermediate_size: int
     patches_per_token: int   # spatial_merge_size^2: patches merged into one image token
+    num_heads: int = 16
+    patch_features: int = 1176       # pixel values per patch: channels x temporal patch x patch^2
+    out_hidden_size: int = 0         # width of a merged image token (the decoder's hidden size)
+    window_patches: int = 0          # patches per attention window (0: every block attends over its image)
+    full_attention_blocks: int = 0   # blocks attending over the whole image (all of them without windows)
+    gated: bool = True               # gate/up/down MLP (Qwen2.5-VL); fc1/fc2 (Qwen2-VL)
 
     @classmethod
     def from_hf_config(cls, get) -> VisionSpec:
@@ -43,22 +51,84 @@ class VisionSpec:
         depth = int(get("depth"))
         merge = int(get("spatial_merge_size", 2))
         out = int(get("out_hidden_size", None) or get("hidden_size"))
-        patch_in = int(get("in_channels", None) or get("in_chans", 3)) * int(get("temporal_patch_size", 2)) \
-            * int(get("patch_size", 14)) ** 2
+        patch = int(get("patch_size", 14))
+        patch_in = int(get("in_channels", None) or get("in_chans", 3)) * int(get("temporal_patch_size", 2)) * patch ** 2
         gated = get("hidden_act", "silu") != "quick_gelu"    # Qwen2.5-VL: gate/up/down; Qwen2-VL: fc1/fc2
         mlp = (3 if gated else 2) * hidden * inter + (2 * inter if gated else inter) + hidden
         block = 2 * hidden + (3 * hidden * hidden + 3 * hidden) + (hidden * hidden + hidden) + mlp
         wide = hidden * merge * merge
         merger = hidden + wide * wide + wide + wide * out + out
+        full = get("fullatt_block_indexes", None)
+        window = int(get("window_size", 0) or 0) // patch if full is not None else 0
         return cls(params=patch_in * hidden + depth * block + merger, hidden_size=hidden, depth=depth,
-                   intermediate_size=inter, patches_per_token=merge * merge)
+                   intermediate_size=inter, patches_per_token=merge * merge, num_heads=int(get("num_heads", 16)),
+                   patch_features=patch_in, out_hidden_size=out, window_patches=window * window,
+                   full_attention_blocks=len(full) if window else depth, gated=gated)
 
-    def activation_bytes(self, image_tokens: int, dtype_bytes: int) -> int:
-        """Activations one forward+backward keeps over `image_tokens` image tokens (no checkpointing):
-        per patch and block the residual, q/k/v, attention output and the gated MLP's three tensors."""
-        patches = image_tokens * self.patches_per_token
-        per_block = 6 * self.hidden_size + 3 * self.intermediate_size
-        return patches * self.depth * per_block * dtype_bytes
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+def _attention_chunks(v: VisionSpec, image_patches: int) -> list[tuple[int, int]]:
+    """(blocks, patches each attends over): full-attention blocks over one image, window blocks over a window."""
+    windowed = v.depth - v.full_attention_blocks
+    return [(v.full_attention_blocks, image_patches)] + ([(windowed, min(v.window_patches, image_patches))]
+                                                         if windowed else [])
+
+
+def block_saved_bytes(v: VisionSpec, compute: str, weights: str, attn: str, chunk: int) -> float:
+    """Bytes one vision block saves for backward per patch, as transformers runs Qwen2.5-VL's block
+    (docs/compat.md, "Vision tower"). Each RMSNorm keeps a float32 copy of its input, its normalised input
+    and its output (4H + 2cH); with weights in another dtype than the compute dtype the norm's output is
+    cast once more for the second MLP linear that reads it (autocast casts per use). Attention: the qkv
+    output, kept whole by v's view (3cH), q and k after the rotary embedding (2cH), the output
+    projection's input (cH), and sdpa/flash's output and log-sum-exp, or eager's float32 softmax (and
+    its cast to a half compute dtype) over `chunk` patches. MLP: gate, activation, up, product (4cI; fc1/fc2: 3cI)."""
+    c, h, heads = BYTES[compute], v.hidden_size, v.num_heads
+    norms = 2 * (4 * h + 2 * c * h + 4) + (c * h if weights != compute else 0)
+    scores = heads * chunk * (4 + (c if c < 4 else 0)) if attn == "eager" else c * h + 4 * heads
+    mlp = (4 if v.gated else 3) * c * v.intermediate_size
+    return norms + 6 * c * h + scores + mlp
+
+
+def _around_blocks(v: VisionSpec, compute: str) -> float:
+    """Per patch, outside the blocks and alive through the tower's backward: the patch embedding's cast
+    of the pixels (a half compute dtype), the rotary tables (float32 cos, sin), and the patch merger
+    (its norm as above; its first linear's output and GELU's; the merged output)."""
+    c, h = BYTES[compute], v.hidden_size
+    stem = v.patch_features * c if c < 4 else 0
+    merger = 4 * h + 4 + 4 * c * h + c * v.out_hidden_size / v.patches_per_token
+    return stem + 2 * 4 * v.head_dim + merger
+
+
+def tower_saved_bytes(v: VisionSpec, compute: str, weights: str, attn: str, patches: int, image_patches: int,
+                      checkpointed: bool = False) -> float:
+    """What a trained tower keeps for backward over `patches` patches (images of up to `image_patches`):
+    every block's saved tensors, or under gradient checkpointing (which covers the tower's blocks too)
+    only each block's input (cH)."""
+    if checkpointed:
+        blocks = v.depth * BYTES[compute] * v.hidden_size * patches
+    else:
+        blocks = sum(n * block_saved_bytes(v, compute, weights, attn, chunk) * patches
+                     for n, chunk in _attention_chunks(v, image_patches))
+    return blocks + _around_blocks(v, compute) * patches
+
+
+def tower_forward_bytes(v: VisionSpec, compute: str, weights: str, attn: str, patches: int,
+                        image_patches: int) -> float:
+    """The most a forward without gradients holds at once over `patches` patches: inside one block,
+    around the rotary embedding (block input, normalised copy, qkv, q and k in float32 for a half
+    compute dtype, the rotated q, k's two products and rotate-half) or in the MLP (block input, residual
+    after attention, normalised copy and its casts, three intermediates); eager attention adds one
+    image's float32 and cast scores; the rotary tables and merged output beside."""
+    c, h = BYTES[compute], v.hidden_size
+    norm = max(c, BYTES[weights])
+    rotary = c * h + norm * h + 3 * c * h + (8 * h if c < 4 else 0) + 16 * h
+    mlp = 2 * c * h + norm * h + (2 * c * h if norm != c else 0) + (3 if v.gated else 2) * c * v.intermediate_size
+    per_patch = max(rotary, mlp) + 2 * 4 * v.head_dim + c * v.out_hidden_size / v.patches_per_token
+    scores = v.num_heads * image_patches ** 2 * (4 + 2 * c) if attn == "eager" else 0
+    return per_patch * patches + scores
 
 
 def decide_vision(decider, config: Any, roles: dict, vision: VisionSpec | None, prompt_length: int) -> dict:
@@ -95,11 +165,8 @@ def decide_vision(decider, config: Any, roles: dict, vision: VisionSpec | None, 
     decider.note("vision.frozen", frozen,
            "actor.freeze_vision_tower=True: the tower's weights get no gradients or optimizer state" if frozen
            else "the tower trains with the decoder (actor.freeze_vision_tower=False, upstream's default)")
-    act_gb = vision.activation_bytes(prompt_length, _bytes(actor.compute_dtype)) / 2**30
-    decider.note("vision.memory", round(vision.params / 1e6, 2),
-           f"{vision.params / 1e6:.1f}M tower parameters counted in the model's weights; image tokens count in "
-           f"data.max_prompt_length; a {prompt_length}-token prompt of image tokens holds {act_gb:.3f} GiB of "
-           "tower activations per sequence in an update micro-batch (not in the fit's activation term)")
+    decider.note("vision.memory", round(vision.params / 1e6, 2), _memory_reason(vision, actor, frozen, prompt_length))
+    out["actor"] = replace(actor, vision_frozen=frozen)
     return out
 
 
@@ -115,5 +182,17 @@ def decide_vision_rollout(decider, rollout, vision: VisionSpec | None):
     return replace(rollout, cuda_graphs=False, compile_backend=None)
 
 
-def _bytes(dtype: str) -> int:
-    return 4 if dtype == "float32" else 2
+def _memory_reason(vision: VisionSpec, actor, frozen: bool, prompt_length: int) -> str:
+    """The tower's memory per sequence whose prompt is all image tokens (the most `data.max_prompt_length`
+    allows: one image of prompt_length x merge^2 patches)."""
+    patches = prompt_length * vision.patches_per_token
+    c, attn = actor.compute_dtype, actor.attn_implementation
+    saved = tower_saved_bytes(vision, c, c, attn, patches, patches) / 2**30
+    ckpt = tower_saved_bytes(vision, c, c, attn, patches, patches, checkpointed=True) / 2**30
+    forward = tower_forward_bytes(vision, c, c, attn, patches, patches) / 2**30
+    kept = ("frozen (actor.freeze_vision_tower): nothing kept for backward" if frozen else
+            f"an update keeps {saved:.3f} GiB of tower activations for backward ({ckpt:.3f} GiB checkpointed)")
+    return (f"{vision.params / 1e6:.1f}M tower parameters counted in the model's weights; image tokens count in "
+            f"data.max_prompt_length, which bounds them: up to {prompt_length} a sequence ({patches} patches); "
+            f"per such sequence {kept}, a forward without gradients holds {forward:.3f} GiB at once; the fit "
+            "counts these in every phase that runs the tower (vision.activations)")
