@@ -1,8 +1,6 @@
-"""What the benchmarks share: the model, the stock command's settings, one timed run and its summary.
+"""What the benchmarks share: the models, the stock command's settings, one timed run and its summary, the options.
 
-The benchmarks train a Qwen2.5-0.5B-shaped model with random weights and the real tokenizer (no weights can be
-downloaded on the GPU machine). `ASSETS` (default .gpu-assets) holds tok/ and gsm8k/{train,test}.parquet.
-
+The model built here (CLI below) is Qwen2.5-0.5B-shaped with random weights and the real tokenizer:
     python benchmarks/harness.py /tmp/qwen05b-random --tokenizer .gpu-assets/tok [--layers 2 --hidden 64]
 """
 from __future__ import annotations
@@ -206,6 +204,23 @@ def summarize(path) -> dict:
                       for k, v in steps[0].items() if k.startswith("timing_s/startup")},
         "throughput_tokens_per_s": median("perf/throughput"),
     }
+
+
+def parser(doc: str, out: str) -> argparse.ArgumentParser:
+    """A tool's command line: its docstring's first line and `--out`, the folder its results go to."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", default=out, help="folder for the results")
+    return ap
+
+
+def worker_options(ap: argparse.ArgumentParser, profiles: str, settings: str, names,
+                   tiny: str = "the tiny test model (CPU smoke runs)") -> None:
+    """The options of the tools on the real workers (profile_step.py, memory_model.py)."""
+    ap.add_argument("--profiles", default=profiles, help="catalog names (compat.device); cpu on a CPU-only host")
+    ap.add_argument("--settings", default=settings, help=f"comma-separated: {', '.join(names)}")
+    ap.add_argument("--model", default=MODEL, help="model folder (harness.py)")
+    ap.add_argument("--tiny", action="store_true", help=tiny)
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="more Hydra overrides")
 
 
 if __name__ == "__main__":   # build the model

@@ -1,21 +1,16 @@
 """The stock `main_ppo` per cell `profile:shape:mode[:algo]` under a simulated device profile (random-weight
 Qwen2.5 shapes 0.5b-7b): the doctor's predicted peak per phase (`python -m verl.compat --json`) beside the run's.
 
-Modes: full (the plan picks dtype, offload, checkpointing, micro-batches), lora (rank 32), qlora (LoRA on a 4-bit
-base), full8bit (8-bit AdamW states); algos: grpo (default, KL loss), ppo (GAE + critic). `--settings scale`:
-8 prompts x 4 x (256+256), full-length responses, one validation on 32 prompts at the end; `--settings matrix`
-(the device matrix): 8 prompts (x 2 for GRPO) x (256+128), validations on 256 prompts every 2 steps.
+Modes: full (the plan picks dtype, offload, checkpointing, micro-batches), lora (rank 32), qlora (4-bit base),
+full8bit (8-bit AdamW states); algos: grpo (default, KL loss), ppo (GAE + critic). 8 prompts of 256 tokens; `--settings
+scale`: x 4 x 256 full-length new tokens, one validation on 32 prompts at the end; `matrix` (the device matrix):
+x 2 (GRPO) x 128, validations on 256 prompts every 2 steps. Writes matrix.json and prints one table.
 
     python benchmarks/matrix.py --cells goals --jobs 3 --out DIR          # the model-scale goals, 3 at a time
     python benchmarks/matrix.py --cells devices --settings matrix --plan-only     # every profile x PPO/GRPO, on CPU
-
-Per run: exit, s/step, update_actor s, the allocator's peak per phase (largest over the steps) and over the run.
-A phase is right when predicted is within +-15% of measured and never under it by more than 3%. Cells run at
-once (`--jobs`) while their memory caps fit `--budget-gb`. Writes matrix.json, prints one table.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -39,8 +34,7 @@ NAMED = {"goals": ",".join(GOALS), "devices": devices(PROFILES)}   # the device 
 LORA = [f"{ARR}.model.lora_rank=32", f"{ARR}.model.lora_alpha=32"]
 MODES = {"full": [], "lora": LORA, "qlora": [*LORA, f"{ARR}.model.load_in_4bit=true"],
          "full8bit": [f"{ARR}.actor.optim.optimizer_impl=bitsandbytes.optim", f"{ARR}.actor.optim.optimizer=AdamW8bit"]}
-ALGOS = {"ppo": ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=4"],
-         "grpo": harness.GRPO_ALGO}
+ALGOS = {"ppo": ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=4"], "grpo": harness.GRPO_ALGO}
 # GRPO samples per prompt, response tokens, validation prompts, steps between validations (None: the last step)
 SETTINGS = {"scale": dict(n=4, response=256, val=32, test_freq=None, extra=[f"{ARR}.rollout.ignore_eos=True"]),
             "matrix": dict(n=2, response=128, val=256, test_freq=2, extra=[])}
@@ -188,10 +182,9 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, os.environ.get("OUT", "matrix_out"))
     ap.add_argument("--cells", default="goals", help="'goals', 'devices' or profile:shape:mode[:algo],...")
     ap.add_argument("--settings", default="scale", choices=SETTINGS, help="the runs' shape (module docstring)")
-    ap.add_argument("--out", default=os.environ.get("OUT", "matrix_out"))
     ap.add_argument("--assets", default=harness.ASSETS, help="holds tok/ and gsm8k/ (jsonl or parquet files)")
     ap.add_argument("--models", default="/tmp/qwen-shapes", help="the shapes' models, built when missing")
     ap.add_argument("--steps", type=int, default=3)

@@ -1,9 +1,8 @@
 """Memory model vs the real workers: each phase's peak allocated memory, predicted and measured.
 
-Per (device profile, setting, algorithm), in a process of its own, the real workers (worker_harness.py) run
-one unmeasured warm-up update (AdamW's states), then every phase and a validation generate. Measured:
-`torch.cuda.max_memory_allocated`; on CPU the bytes of the storages each phase creates (`LiveBytes`).
-Prints the table and calibration hints for verl/compat/planning/memory.py; writes memory_model.json.
+Per (profile, setting, algorithm), in a process of its own: one unmeasured update (AdamW's states), then every
+phase and a validation generate. Measured: `torch.cuda.max_memory_allocated`; on CPU, `LiveBytes`. Writes
+memory_model.json and prints calibration hints.
 
     python benchmarks/memory_model.py --profiles p40,t4,h200 --settings matrix --val-rows 256 --jobs 3 --out DIR
     python benchmarks/memory_model.py --tiny --profiles cpu --settings tiny --in-process --out /tmp/mm   # CPU
@@ -28,12 +27,9 @@ from harness import ARR, SHAPES  # noqa: E402
 from worker_harness import StepPhases, build_workers, stock_overrides, synthetic_step_batch  # noqa: E402
 
 GiB = 1024 ** 3
-
 SETTINGS = {k: SHAPES[k] for k in ("field_report", "quickstart", "matrix", "qwen_cpu", "tiny")}
-ALGOS = {
-    "ppo": ["algorithm.adv_estimator=gae"],                                           # GAE + critic
-    "grpo": ["algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=True", f"{ARR}.rollout.n=2"],
-}
+ALGOS = {"ppo": ["algorithm.adv_estimator=gae"],                                    # GAE + critic
+         "grpo": ["algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=True", f"{ARR}.rollout.n=2"]}
 PHASES = ("rollout", "log_prob", "ref", "values", "critic_update", "actor_update", "validation")
 
 
@@ -63,10 +59,7 @@ def resident_storages(*objects) -> dict[int, int]:
             tensors = [*obj.parameters(), *(p.grad for p in obj.parameters() if p.grad is not None), *obj.buffers()]
         else:
             tensors = [v for st in obj.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
-        for t in tensors:
-            key = _storage_key(t)
-            if key is not None:
-                seen[key[0]] = key[1]
+        seen.update(key for t in tensors if (key := _storage_key(t)) is not None)
     return seen
 
 
@@ -141,9 +134,8 @@ def run_case(profile: str, setting_name: str, algo: str, model: str, val_rows: i
     predicted = {k: round(sum(t.values()), 4) for k, t in plan.memory.get("phases", {}).items()}
     result = {"profile": profile, "setting": setting_name, "algo": algo, "predicted": predicted, "measured": {},
               "errors": {}, "predicted_peak_gb": plan.predicted_peak_gb, "memory_limit_gb": plan.memory_limit_gb,
-              "terms": plan.memory.get("phases", {}), "rollout_micro_batch_size": plan.rollout.micro_batch_size}
-    device = w.device
-    result["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+              "terms": plan.memory.get("phases", {}), "rollout_micro_batch_size": plan.rollout.micro_batch_size,
+              "device": torch.cuda.get_device_name(w.device) if w.device.type == "cuda" else "cpu"}
 
     # warm-up: one update of each trained role, so the optimizer states exist (step 2 onwards)
     warm = synthetic_step_batch(w.rows, setting["prompt"], setting["response"], w.vocab)
@@ -163,7 +155,7 @@ def run_case(profile: str, setting_name: str, algo: str, model: str, val_rows: i
             continue
         try:
             clock = time.time()
-            start, peak = measure(steps[phase], device, w.resident())
+            start, peak = measure(steps[phase], w.device, w.resident())
             result["measured"][phase] = round(peak, 4)
             result.setdefault("at_start", {})[phase] = round(start, 4)
             result.setdefault("seconds", {})[phase] = round(time.time() - clock, 2)
@@ -231,15 +223,10 @@ def calibration_hints(rows: list[dict], tolerance: float = 0.15) -> list[str]:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="memory_out", help="folder for memory_model.json")
-    ap.add_argument("--profiles", default="p40,t4,a100-40gb,h200", help="catalog names; cpu on a CPU-only host")
-    ap.add_argument("--settings", default="field_report", help=f"comma-separated: {', '.join(SETTINGS)}")
+    ap = harness.parser(__doc__, "memory_out")
+    harness.worker_options(ap, "p40,t4,a100-40gb,h200", "field_report", SETTINGS)
     ap.add_argument("--algos", default="ppo,grpo", help="ppo (GAE + critic), grpo (use_kl_loss, n=2)")
-    ap.add_argument("--model", default=harness.MODEL, help="model folder (harness.py)")
-    ap.add_argument("--tiny", action="store_true", help="build and use the tiny test model (CPU smoke runs)")
     ap.add_argument("--val-rows", type=int, help="data.val_batch_size of the validation phase (default: one chunk)")
-    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="more Hydra overrides")
     ap.add_argument("--jobs", type=int, default=1, help="cases run at once (each caps its own memory)")
     ap.add_argument("--in-process", action="store_true", help="every case in this process (CPU runs and tests)")
     ap.add_argument("--case-timeout", type=float, default=600)
@@ -265,9 +252,8 @@ def main(argv=None) -> int:
                 rows = list(pool.map(lambda c: _run_child(argv, c, model, args.case_timeout, Path(tmp)), cases))
     hints = calibration_hints(rows)
     print(format_table(rows) + "\n\ncalibration (verl/compat/planning/memory.py):\n" + "\n".join(f"  {h}" for h in hints))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "memory_model.json").write_text(json.dumps(
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "memory_model.json").write_text(json.dumps(
         {"seconds": round(time.time() - start, 1), "cases": rows, "calibration": hints}, indent=1))
     return 0 if all("error" not in r for r in rows) else 1
 

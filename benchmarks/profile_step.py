@@ -1,8 +1,7 @@
 """Where a training step's time goes: each phase timed, then run under the torch profiler (benchmarks/README.md).
 
-Per (device profile, setting, variant) the real workers (worker_harness.py) run every phase once as warm-up
-(`first s`), `--steps` timed passes (median wall, perf/mfu/*, generate's tokens/s), then one profiled pass on
-a slice (one mini-batch; `--profile-decode-steps` new tokens). Writes profile_step.{json,txt} and traces/.
+Per (profile, setting, variant): a warm-up pass (`first s`), `--steps` timed passes (median), one profiled
+pass on a slice (one mini-batch; `--profile-decode-steps` new tokens). Writes profile_step.{json,txt}, traces/.
 
     python benchmarks/profile_step.py --profiles h200 --settings quickstart,grpo --out DIR
     python benchmarks/profile_step.py --tiny --profiles cpu --out /tmp/prof     # CPU smoke
@@ -17,6 +16,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -49,10 +49,7 @@ _SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynch
 def family(name: str) -> str:
     """The family of a kernel or op name (FAMILIES); what matches nothing is elementwise/other."""
     low = name.lower()
-    for fam, needles in _PATTERNS:
-        if any(n in low for n in needles):
-            return fam
-    return "elementwise/other"
+    return next((fam for fam, needles in _PATTERNS if any(n in low for n in needles)), "elementwise/other")
 
 
 def _union_us(intervals: list[tuple[float, float]]) -> float:
@@ -134,18 +131,8 @@ def profile_phase(fn, device, trace_path: Path, limit: int = 25) -> tuple[dict, 
     raw.unlink()
     summary = device_summary(trace, wall) if cuda else host_summary(averages, wall)
     summary.update(wall_s=round(wall, 4), host_ops=sum(e.count for e in averages if e.key.startswith("aten::")))
-    del trace
-    if cuda:
-        torch.cuda.empty_cache()
+    torch.cuda.empty_cache()     # a no-op where CUDA never started
     return summary, table
-
-
-def _release() -> None:
-    """Free one setting's workers before the next is built (their modules hold reference cycles)."""
-    import torch
-
-    gc.collect()
-    torch.cuda.empty_cache()       # a no-op where CUDA never started
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -180,10 +167,8 @@ def run_setting(profile: str, name: str, model: str, args, work: Path,
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "torch": torch.__version__, "build_s": round(build_s, 1), "plan": w.plan.to_dict(), "phases": {}}
 
-    clock = time.perf_counter()
-    first = {}
-    for phase in available:                     # warm-up: the whole step once, each phase's first call timed
-        first[phase] = timed(lambda: step.call(phase), device)
+    clock = time.perf_counter()       # warm-up: the whole step once, each phase's first call timed
+    first = {phase: timed(lambda: step.call(phase), device) for phase in available}
     row["warmup_s"] = round(time.perf_counter() - clock, 1)
     runs = {p: [] for p in wanted}
     for _ in range(args.steps):
@@ -236,8 +221,7 @@ def overview(rows: list[dict]) -> str:
     lines = [head, "-" * len(head)]
     for row in rows:
         for phase, e in row["phases"].items():
-            p = e.get("profiled")
-            if not p:
+            if not (p := e.get("profiled")):
                 continue
             fams = sorted(p["families_s"].items(), key=lambda kv: -kv[1])[:2]
             idle = "-" if p["device_idle_fraction"] is None else f"{100 * p['device_idle_fraction']:.0f}%"
@@ -249,21 +233,18 @@ def overview(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="profile_out", help="folder for profile_step.{json,txt} and the traces")
-    ap.add_argument("--profiles", default="h200", help="catalog names (compat.device); cpu on a CPU-only host")
-    ap.add_argument("--settings", default="quickstart,grpo", help=f"comma-separated: {', '.join(SETTINGS)}")
+    ap = harness.parser(__doc__, "profile_out")
+    harness.worker_options(ap, "h200", "quickstart,grpo", SETTINGS, tiny="the tiny test model and shapes (CPU runs)")
     ap.add_argument("--phases", default="", help=f"comma-separated subset of {', '.join(PHASES)} (default: all)")
     ap.add_argument("--steps", type=int, default=1, help="timed passes per phase (median reported)")
     ap.add_argument("--profile-decode-steps", type=int, default=32,
                     help="new tokens of the profiled generate (0: the whole response length)")
     ap.add_argument("--prompt-tokens", default="48:128", help="LO:HI real prompt tokens per row, or 'full'")
-    ap.add_argument("--model", default=harness.MODEL, help="model folder (harness.py)")
-    ap.add_argument("--tiny", action="store_true", help="the tiny test model and shapes (CPU smoke runs)")
-    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="more Hydra overrides")
     ap.add_argument("--variant", action="append", type=parse_variant, metavar="NAME=KEY=VALUE[,KEY=VALUE]",
                     help="every case once per variant with these overrides (NAME= is the plan as it is)")
     args = ap.parse_args(argv)
+    import torch
+
     out = Path(args.out)
     (out / "traces").mkdir(parents=True, exist_ok=True)
     rows, reports = [], []
@@ -275,15 +256,14 @@ def main(argv=None) -> int:
                     try:
                         row, report = run_setting(profile, name, model, args, out / "traces", variant)
                     except Exception as exc:  # noqa: BLE001 - one failed case must not lose the others' results
-                        import traceback
-
-                        row, report = ({"profile": profile, "setting": name, "variant": variant[0], "error": repr(exc),
-                                        "phases": {}},
-                                       f"=== {profile} / {name} / {variant[0]}: FAILED\n{traceback.format_exc()}")
+                        row = dict(profile=profile, setting=name, variant=variant[0], error=repr(exc), phases={})
+                        report = f"=== {profile} / {name} / {variant[0]}: FAILED\n{traceback.format_exc()}"
                     rows.append(row)
                     reports.append(report)
                     print(report, flush=True)
-                    _release()   # results written as each case ends: a run stopped at its time limit keeps them
+                    gc.collect()                # free this case's workers (reference cycles) before the next is built
+                    torch.cuda.empty_cache()    # a no-op where CUDA never started
+                    # results written as each case ends: a run stopped at its time limit keeps them
                     (out / "profile_step.txt").write_text(overview(rows) + "\n\n" + "\n\n".join(reports))
                     (out / "profile_step.json").write_text(json.dumps({"cases": rows}, indent=1))
     print("\n" + overview(rows))

@@ -1,14 +1,9 @@
 """The one runner: a named suite of benchmark steps, each a tool of this folder with its arguments.
 
     python benchmarks/run.py SUITE [--only STEP,...] [--out DIR] [--dry-run]      # --list: suites and steps
-
-Each step runs in a process of its own under its time limit, into OUT/SUITE/STEP (log: OUT/SUITE/STEP.log);
-OUT/SUITE.tgz then packs the suite (files over 8 MiB left out). A suite longer than one device call runs in
-parts with --only.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -80,10 +75,9 @@ def pack(folder: Path, target: Path) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, os.environ.get("OUT") or "bench_out")
     ap.add_argument("suite", nargs="?", help=f"one of: {', '.join(SUITES)}")
     ap.add_argument("--only", help="comma-separated steps of the suite (default: all)")
-    ap.add_argument("--out", default=os.environ.get("OUT") or "bench_out")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--list", action="store_true", help="list the suites and their steps")
     args = ap.parse_args(argv)
@@ -112,8 +106,7 @@ def main(argv=None) -> int:
         print(f"{args.suite}/{name}: exit {rc} at {time.time() - start:.0f} s; tail of {name}.log:", flush=True)
         print("".join((folder / f"{name}.log").read_text(errors="replace").splitlines(True)[-25:]), flush=True)
         failed += [name] if rc != 0 else []
-    left_out = pack(folder, Path(args.out) / f"{args.suite}.tgz")
-    if left_out:
+    if left_out := pack(folder, Path(args.out) / f"{args.suite}.tgz"):
         print(f"left out of {args.suite}.tgz (over {PACK_FILE_LIMIT >> 20} MiB): {', '.join(left_out)}")
     return 1 if failed else 0
 

@@ -1,9 +1,6 @@
 """End-to-end speed of the stock `python -m verl.trainer.main_ppo`, one row per setting, TRL beside it.
 
-Rows (harness.py's settings): quickstart, p40 (the field report under the simulated P40; unsimulated without a
-GPU), p40_manual (its hand-made float32 plan), grpo, trl (TRL's GRPOTrainer on the GRPO shape, when installed).
-Per row: s/step (median after step 1), phases, MFU, peak memory, cold start (launch to the first step's
-record) and the trainer's start-up stages; `--repeat N` gives medians over N runs.
+Rows: harness.py's settings (p40 unsimulated without a GPU); trl: TRL's GRPOTrainer on the GRPO shape, if installed.
 
     python benchmarks/speed.py --rows quickstart,p40,grpo --steps 3 --out DIR [--extra KEY=VALUE ...]
     python benchmarks/speed.py --rows p40 --steps 1 --repeat 4 --out DIR          # cold start
@@ -11,7 +8,6 @@ record) and the trainer's start-up stages; `--repeat N` gives medians over N run
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -120,8 +116,7 @@ def table(rows: dict) -> str:
                      f"{r.get('cold_start_to_first_step_s')} | {(r.get('memory_gb') or {}).get('perf/max_memory_allocated_gb')}"
                      f" | {'-' if mfu is None else f'{100 * mfu:.1f}%'} | " + " | ".join(str(timing.get(p)) for p in phases)
                      + " |")
-        skipped = {k: v for k, v in (r.get("skipped_updates") or {}).items() if v}
-        if skipped:
+        if skipped := {k: v for k, v in (r.get("skipped_updates") or {}).items() if v}:
             lines.append(f"\nWARNING {name}: optimizer steps skipped on a non-finite grad norm {skipped}: "
                          "its timings include no optimizer step\n")
     stages = list(dict.fromkeys(k for r in rows.values() for k in r.get("startup_s") or {}))
@@ -132,13 +127,12 @@ def table(rows: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, "speed_out")
     ap.add_argument("--rows", default="quickstart,p40,grpo,trl", help=f"comma-separated: {', '.join(ROWS)}")
     ap.add_argument("--steps", type=int, default=3, help="training steps per row (the first is warm-up)")
     ap.add_argument("--timeout", type=int, default=240, help="seconds per run")
     ap.add_argument("--repeat", type=int, default=1, help="runs per row (cold start: medians over them)")
     ap.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every main_ppo row")
-    ap.add_argument("--out", default="speed_out")
     args = ap.parse_args(argv)
     wanted = [r for r in args.rows.split(",") if r]
     if unknown := sorted(set(wanted) - set(ROWS)):

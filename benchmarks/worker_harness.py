@@ -1,9 +1,7 @@
 """The real workers of one training step in one process, from the stock config and the real plan.
 
-The config is composed as `main_ppo` composes it, planned (`compat.device=NAME` simulates a device) and
-resolved; the actor and critic workers are built side by side, as the trainer colocates them. `StepPhases`
-drives the step's phases in the trainer's order on random data of the right shapes. Shared by
-memory_model.py (memory per phase) and profile_step.py (time per phase), so both measure the same thing.
+Actor and critic are built side by side, as the trainer colocates them; `StepPhases` runs the step's phases in
+the trainer's order on random data. memory_model.py and profile_step.py share it, so both measure the same step.
 """
 from __future__ import annotations
 
@@ -16,14 +14,11 @@ from harness import ARR, sized
 def stock_overrides(shape: dict, profile: str, model: str, val_rows: int | None = None) -> list[str]:
     """The stock command's overrides for a `harness.shape()` (hardware keys left to the planner). Responses run to full
     length (ignore_eos): the worst case, and what a random-weight model does anyway."""
-    out = [*sized(shape), f"{ARR}.model.path={model}", f"critic.model.path={model}",
-           f"critic.ppo_mini_batch_size={shape['mini']}", f"{ARR}.rollout.name=hf", f"{ARR}.rollout.ignore_eos=True",
-           "trainer.n_gpus_per_node=1", "trainer.nnodes=1"]
-    if profile != "auto":
-        out.append(f"compat.device={profile}")
-    if val_rows is not None:
-        out.append(f"data.val_batch_size={val_rows}")
-    return out
+    return [*sized(shape), f"{ARR}.model.path={model}", f"critic.model.path={model}",
+            f"critic.ppo_mini_batch_size={shape['mini']}", f"{ARR}.rollout.name=hf", f"{ARR}.rollout.ignore_eos=True",
+            "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
+            *([f"compat.device={profile}"] if profile != "auto" else []),
+            *([f"data.val_batch_size={val_rows}"] if val_rows is not None else [])]
 
 
 def prompts(rows: int, prompt: int, vocab: int, seed: int, real: tuple[int, int] | None = None):
@@ -52,15 +47,10 @@ def training_fields(batch, seed: int):
 
     g = torch.Generator().manual_seed(seed)
     mask = batch.batch["response_mask"].float()
-    shape = mask.shape
-    fields = {"advantages": torch.randn(shape, generator=g), "returns": torch.randn(shape, generator=g)}
-    for key in ("old_log_probs", "ref_log_prob", "values"):
-        if key not in batch.batch.keys():
-            fields[key] = torch.zeros(shape)
     # the random draws stay on the host (one stream of numbers on every device), then join the batch's device
-    fields = {k: (v.to(mask.device) * mask if k in ("advantages", "returns") else v.to(mask.device))
-              for k, v in fields.items()}
-    batch.batch.update(fields)
+    fields = {k: torch.randn(mask.shape, generator=g).to(mask.device) * mask for k in ("advantages", "returns")}
+    batch.batch.update({**fields, **{k: torch.zeros_like(mask) for k in ("old_log_probs", "ref_log_prob", "values")
+                                     if k not in batch.batch.keys()}})
     return batch
 
 
