@@ -293,6 +293,45 @@ def test_a_turn_split_over_rounds_is_parsed_whole(tool_model):
     assert not agent.done and agent.tool_calls_made == 1
 
 
+def test_a_failing_or_malformed_call_becomes_the_tools_answer_with_reward_zero(tool_model):
+    """Upstream's `_call_tool(tool_call, tools_kwargs, agent_data)` contract: an unknown name, arguments that are
+    not JSON or a tool that raises give a ToolResponse naming the tool and reward 0; the turn goes on with that
+    text as the tool message instead of failing the batch."""
+    from verl.experimental.agent_loop import ToolAgentLoop
+    from verl.experimental.agent_loop.tool_parser import FunctionCall
+    from verl.tools.schemas import ToolResponse
+
+    class Broken:
+        async def create(self, create_kwargs=None):
+            return "i", ToolResponse()
+
+        async def execute(self, instance_id, parameters, **kwargs):
+            raise RuntimeError("backend down")
+
+        async def release(self, instance_id, **kwargs):
+            self.released = instance_id
+
+    _, _, tokenizer = tool_model
+    prompt, call, _, _ = episode_ids(tokenizer)
+    broken = Broken()
+    agent = ToolAgentLoop(_rollout_config(), tokenizer, {"calc_gsm8k_reward": broken}, response_length=96)
+    agent.start(prompt)
+    calls = {"unknown": FunctionCall(name="calc", arguments="{}"),
+             "json": FunctionCall(name="calc_gsm8k_reward", arguments="{answer: 72}"),
+             "raises": FunctionCall(name="calc_gsm8k_reward", arguments='{"answer": "72"}')}
+    answers = {k: asyncio.run(agent._call_tool(c, {})) for k, c in calls.items()}
+    assert [reward for _, reward, _ in answers.values()] == [0.0, 0.0, 0.0]
+    assert "Unknown function 'calc'" in answers["unknown"][0].text and "calc_gsm8k_reward" in answers["unknown"][0].text
+    assert answers["json"][0].text.startswith("Invalid JSON in the arguments of 'calc_gsm8k_reward'")
+    assert answers["raises"][0].text == "Error executing tool 'calc_gsm8k_reward': backend down"
+    assert broken.released == "i"   # released even though execute raised
+
+    asyncio.run(agent.on_generated(call, ended=True))
+    expected = tool_message_ids(tokenizer, ["Error executing tool 'calc_gsm8k_reward': backend down"])
+    assert agent.response_ids == call + expected and not agent.done
+    assert agent.tool_calls_made == 1 and agent.tool_rewards == [0.0]
+
+
 def test_function_tools_from_function_tool_path_answer_calls(tool_model, tmp_path):
     """A `@function_tool` file (function_tool_path) serves the same call: stateless, called with the arguments."""
     from verl.experimental.agent_loop import ToolAgentLoop

@@ -10,6 +10,7 @@ import logging
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, register
 from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
 from verl.tools.function_tool import FunctionTool, normalize_function_tool_return
+from verl.tools.schemas import ToolResponse
 
 __all__ = ["ToolAgentLoop", "tool_message_ids", "truncate_tool_response"]
 
@@ -47,6 +48,11 @@ def tool_message_ids(tokenizer, contents: list[str]) -> list[int]:
     return tokenizer.encode(full[len(base):], add_special_tokens=False)
 
 
+def _error(text: str):
+    logger.warning(text)
+    return ToolResponse(text=text), 0.0, {}
+
+
 @register("tool_agent")
 class ToolAgentLoop(AgentLoopBase):
     def __init__(self, rollout_config, tokenizer, tools: dict, response_length: int):
@@ -56,7 +62,7 @@ class ToolAgentLoop(AgentLoopBase):
         self.max_user_turns = mt.get("max_user_turns")
         self.max_parallel_calls = int(mt.get("max_parallel_calls", 1))
         self.max_tool_response_length = int(mt.get("max_tool_response_length", 256))
-        self.truncate_side = mt.get("tool_response_truncate_side", "middle")
+        self.tool_response_truncate_side = mt.get("tool_response_truncate_side", "middle")
         self.parser = ToolParser.get_tool_parser(mt.get("format", "hermes"), tokenizer)
         self.tool_calls_made = 0
         self.tool_rewards: list[float] = []
@@ -79,36 +85,45 @@ class ToolAgentLoop(AgentLoopBase):
             self.done = True
             return
         calls = calls[: self.max_parallel_calls]
-        texts = await asyncio.gather(*(self._call_tool(call) for call in calls))
-        self._append(tool_message_ids(self.tokenizer, list(texts)), model_made=False)
+        tools_kwargs = self.kwargs.get("tools_kwargs") or {}
+        results = await asyncio.gather(*(self._call_tool(call, tools_kwargs) for call in calls))
+        self.tool_calls_made += len(results)
+        self.tool_rewards.extend(float(reward) for _, reward, _ in results)
+        texts = [response.text or "" for response, _, _ in results]
+        self._append(tool_message_ids(self.tokenizer, texts), model_made=False)
         self.user_turns += 1
         if self.remaining <= 0:
             self.done = True
 
-    async def _call_tool(self, call: FunctionCall) -> str:
-        """The tool's (truncated) text response; an unknown tool or bad arguments answer with an error text,
-        as the model would see from a real service."""
-        tool = self.tools.get(call.name)
+    async def _call_tool(self, tool_call: FunctionCall, tools_kwargs: dict, agent_data=None):
+        """(ToolResponse with the truncated text, reward, metrics) for one call. A call the tool cannot serve
+        (unknown name, arguments that are not JSON, the tool raising) answers with an error text naming the
+        tool and reward 0, as the model would see from a real service, so one bad call never ends the batch."""
+        tool = self.tools.get(tool_call.name)
         if tool is None:
-            return f"Error: unknown tool {call.name!r}"
+            return _error(f"Unknown function {tool_call.name!r}; available tools: {sorted(self.tools)}")
         try:
-            arguments = json.loads(call.arguments)
-        except json.JSONDecodeError:
-            return f"Error: arguments of {call.name!r} are not JSON"
-        if isinstance(tool, FunctionTool):   # stateless: called with the arguments alone
-            response, reward, _ = normalize_function_tool_return(await tool.call(arguments))
-        else:
-            row_kwargs = (self.kwargs.get("tools_kwargs") or {}).get(call.name, {}) or {}
-            instance_id, _ = await tool.create(create_kwargs=row_kwargs.get("create_kwargs", {}) or {})
-            try:
-                response, reward, _ = await tool.execute(instance_id, arguments,
-                                                         **(row_kwargs.get("execute_kwargs") or {}))
-            finally:
-                await tool.release(instance_id, **(row_kwargs.get("release_kwargs") or {}))
-        self.tool_calls_made += 1
-        self.tool_rewards.append(float(reward))
+            arguments = json.loads(tool_call.arguments)
+        except (json.JSONDecodeError, TypeError) as err:
+            return _error(f"Invalid JSON in the arguments of {tool_call.name!r}: {err}")
+        try:
+            if isinstance(tool, FunctionTool):   # stateless: called with the arguments alone
+                response, reward, metrics = normalize_function_tool_return(await tool.call(arguments))
+            else:
+                row_kwargs = (tools_kwargs or {}).get(tool_call.name, {}) or {}
+                instance_id, _ = await tool.create(create_kwargs=row_kwargs.get("create_kwargs", {}) or {})
+                try:
+                    response, reward, metrics = await tool.execute(instance_id, arguments,
+                                                                   **(row_kwargs.get("execute_kwargs") or {}))
+                finally:
+                    await tool.release(instance_id, **(row_kwargs.get("release_kwargs") or {}))
+        except Exception as err:  # noqa: BLE001 - the model sees the failure as the tool's answer
+            logger.warning("tool %r failed: %r", tool_call.name, err)
+            return _error(f"Error executing tool {tool_call.name!r}: {err}")
         text = response.text if hasattr(response, "text") else str(response)
-        return truncate_tool_response(text or "", self.max_tool_response_length, self.truncate_side)
+        media = {k: getattr(response, k) for k in ("image", "video") if getattr(response, k, None) is not None}
+        text = truncate_tool_response(text or "", self.max_tool_response_length, self.tool_response_truncate_side)
+        return ToolResponse(text=text, **media), float(reward), metrics or {}
 
     def output(self):
         out = super().output()
