@@ -29,6 +29,7 @@ from verl.single_controller.ray import (
     create_colocated_worker_cls,
 )
 from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
 from verl.trainer.ppo.core_algos import AdvantageEstimator, agg_loss
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
@@ -266,6 +267,7 @@ class RayPPOTrainer:
         if reward_fn is None:
             raise ValueError("RayPPOTrainer needs reward_fn (see verl.trainer.ppo.reward.load_reward_manager).")
 
+        self.checkpoint_callback = build_checkpoint_callback(config)
         self._create_dataloader(train_dataset, val_dataset, collate_fn, train_sampler)
 
     # ------------------------------------------------------------------ setup
@@ -495,6 +497,7 @@ class RayPPOTrainer:
         for component, count in keep.items():  # the previous tracked step is no longer protected
             prune(root, component, count)
         print(f"Saved checkpoint {folder}", flush=True)
+        self.checkpoint_callback.on_save(self, global_step=self.global_steps, checkpoint_dir=folder, async_save=False)
 
     def _load_checkpoint(self) -> tuple[int, int]:
         """Restore per trainer.resume_mode; sets global_steps to the checkpoint's step and returns

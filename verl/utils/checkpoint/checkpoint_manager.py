@@ -209,3 +209,60 @@ def prune(root_path: str, component: str, keep: int | None) -> list[int]:
         if not any(os.path.isdir(os.path.join(folder, c)) for c in ("actor", "critic")):
             shutil.rmtree(folder, ignore_errors=True)
     return pruned
+
+
+def _is_adapter_key(name: str) -> bool:
+    return "lora_" in name or ".adapter_" in name
+
+
+class BaseCheckpointManager:
+    """Upstream's base of the per-worker checkpoint managers: what a save and a load hold, from the role's
+    `checkpoint` config (`save_contents` / `load_contents`, `save_lora_only`). Subclasses write the files."""
+
+    DEFAULT_CONTENTS = ("model", "optimizer", "extra")
+
+    def __init__(self, model, optimizer, lr_scheduler=None, processing_class=None, checkpoint_config=None):
+        self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
+        self.processing_class = processing_class
+        self.checkpoint_config = checkpoint_config
+        config = checkpoint_config or {}
+        self.checkpoint_save_contents = list(config.get("save_contents", None) or self.DEFAULT_CONTENTS)
+        self.checkpoint_load_contents = list(config.get("load_contents", None) or self.DEFAULT_CONTENTS)
+        self.previous_global_step = None
+        self.previous_saved_paths: list[str] = []
+        import torch.distributed as dist
+
+        initialized = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if initialized else 0
+        self.world_size = dist.get_world_size() if initialized else 1
+
+    should_save_model = property(lambda self: "model" in self.checkpoint_save_contents)
+    should_save_optimizer = property(lambda self: "optimizer" in self.checkpoint_save_contents)
+    should_save_extra = property(lambda self: "extra" in self.checkpoint_save_contents)
+    should_save_hf_model = property(lambda self: "hf_model" in self.checkpoint_save_contents)
+    should_load_model = property(lambda self: "model" in self.checkpoint_load_contents)
+    should_load_optimizer = property(lambda self: "optimizer" in self.checkpoint_load_contents)
+    should_load_extra = property(lambda self: "extra" in self.checkpoint_load_contents)
+    should_load_hf_model = property(lambda self: "hf_model" in self.checkpoint_load_contents)
+
+    @property
+    def should_save_lora_only(self) -> bool:
+        """`checkpoint.save_lora_only`: a LoRA model's model shards hold its adapter weights alone."""
+        config = self.checkpoint_config
+        if not config:
+            return False
+        value = config.get("save_lora_only", False) if hasattr(config, "get") else getattr(config, "save_lora_only", False)
+        return bool(value)
+
+    @staticmethod
+    def is_lora_only_state_dict(state_dict) -> bool:
+        """True for a non-empty state dict whose every key names an adapter weight (`lora_` or `.adapter_`)."""
+        return bool(state_dict) and all(_is_adapter_key(k) for k in state_dict)
+
+    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
+                        max_ckpt_to_keep: int | None = None):
+        raise NotImplementedError(f"{type(self).__name__} does not save checkpoints")
+
+    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False):
+        raise NotImplementedError(f"{type(self).__name__} does not load checkpoints")
+

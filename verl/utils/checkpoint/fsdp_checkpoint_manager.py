@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from verl.utils.checkpoint.checkpoint_manager import partial_path, prune, publish, step_of
+from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager, partial_path, prune, publish, step_of
 from verl.utils import lora
 from verl.utils.checkpoint.disk_space import CheckpointSpaceError, free_bytes, is_disk_full, require_space, with_slack
 from verl.utils.checkpoint.plain_state import load_plain, rng_state, set_rng_state
@@ -100,21 +100,24 @@ def _remove_if_empty(folder: str) -> None:
         pass
 
 
-class FSDPCheckpointManager:
+class FSDPCheckpointManager(BaseCheckpointManager):
     """Checkpoints of one sharded model with its optimizer, LR scheduler and (fp16) grad scaler.
 
-    `checkpoint_config` is the role's `checkpoint` config (save_contents / load_contents).
+    `checkpoint_config` is the role's `checkpoint` config (save_contents / load_contents; save_lora_only
+    keeps only a LoRA model's adapter weights in the model shards, and such a shard loads into the live
+    model over its base weights). `processing_class` (upstream's name; `tokenizer=` is accepted too) is
+    saved into huggingface/.
     `optimizer_offload` says the optimizer state lives in host memory between updates, so a load
     puts it back there. `sampling_streams` maps a name to an object that owns a random stream of its
     own (the rollout engine's sampling generator) through `get_rng_state()` / `set_rng_state(state)`;
     the worker registers it once the engine exists, and those states travel in the extra state too.
     """
 
-    def __init__(self, model, optimizer=None, lr_scheduler=None, tokenizer=None, checkpoint_config=None,
-                 scaler=None, device_type: str = "cpu", optimizer_offload: bool = False):
-        # what a checkpoint holds, and where the optimizer state lives between updates
-        self.model, self.optimizer, self.lr_scheduler, self.scaler = model, optimizer, lr_scheduler, scaler
-        self.tokenizer = tokenizer
+    def __init__(self, model, optimizer=None, lr_scheduler=None, processing_class=None, checkpoint_config=None,
+                 scaler=None, device_type: str = "cpu", optimizer_offload: bool = False, tokenizer=None):
+        super().__init__(model, optimizer, lr_scheduler, processing_class if processing_class is not None else tokenizer,
+                         checkpoint_config)
+        self.scaler = scaler
         self.device_type, self.optimizer_offload = device_type, optimizer_offload
         self.sampling_streams: dict = {}
         config = checkpoint_config or {}
@@ -122,6 +125,8 @@ class FSDPCheckpointManager:
                                              "save_contents")
         self.load_contents = _check_contents(config.get("load_contents", None) or self.save_contents,
                                              "load_contents")
+        self.checkpoint_save_contents = [c for c in CONTENTS if c in self.save_contents]
+        self.checkpoint_load_contents = [c for c in CONTENTS if c in self.load_contents]
 
     def _file(self, folder: str, kind: str) -> str:
         rank, world = _rank_world()
@@ -179,7 +184,7 @@ class FSDPCheckpointManager:
         rank 0 with `hf_model`), with slack for file headers, config and tokenizer."""
         total = 0
         if "model" in self.save_contents:
-            total += _nbytes(self.model.state_dict())
+            total += _nbytes(self._model_state())
         if "optimizer" in self.save_contents and self.optimizer is not None:
             total += _nbytes(self.optimizer.state_dict()["state"])
         if "hf_model" in self.save_contents and _rank_world()[0] == 0:
@@ -192,7 +197,7 @@ class FSDPCheckpointManager:
         own write has already failed."""
         full_state = self._full_state()
         if "model" in self.save_contents:
-            torch.save(_local(self._named(self.model.state_dict())), self._file(tmp, "model"))
+            torch.save(_local(self._model_state()), self._file(tmp, "model"))
         if "optimizer" in self.save_contents and self.optimizer is not None:
             torch.save(_local(self.optimizer.state_dict()), self._file(tmp, "optim"))
         if "extra" in self.save_contents:
@@ -239,8 +244,8 @@ class FSDPCheckpointManager:
             if full_state is not None:
                 config.dtype = str(next(iter(full_state.values())).dtype).removeprefix("torch.")
         config.save_pretrained(folder)
-        if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(folder)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(folder)
         if full_state is not None and lora.has_adapters(self.model):
             # the merged weights under the base model's names; save_pretrained would describe the adapted
             # (possibly 4-bit) model instead
@@ -287,6 +292,22 @@ class FSDPCheckpointManager:
             )
         return path
 
+    def _has_lora(self) -> bool:
+        """A LoRA model: adapters added by this verl, or a peft model (possibly under an FSDP1-style wrapper)."""
+        inner = getattr(self.model, "_fsdp_wrapped_module", self.model)
+        return lora.has_adapters(self.model) or hasattr(inner, "peft_config")
+
+    def _model_state(self) -> dict:
+        """What the model shard holds: every tensor, or with save_lora_only a LoRA model's adapters alone."""
+        state = self._named(self.model.state_dict())
+        if not (self.should_save_lora_only and self._has_lora()):
+            return state
+        adapters = {k: v for k, v in state.items() if self.is_lora_only_state_dict({k: v})}
+        if not adapters:
+            raise ValueError(f"checkpoint.save_lora_only=True, but none of the model's {len(state)} tensors is a "
+                             "LoRA adapter weight (names with 'lora_' or '.adapter_')")
+        return adapters
+
     def _named(self, state: dict) -> dict:
         """The model's state under the names its shards use (peft's, for a LoRA model)."""
         if not lora.has_adapters(self.model):
@@ -296,6 +317,12 @@ class FSDPCheckpointManager:
     @torch.no_grad()
     def _load_model(self, saved: dict) -> None:
         live = self._named(self.model.state_dict())
+        if self.is_lora_only_state_dict(saved):   # save_lora_only: the adapters over the live base weights
+            unexpected = sorted(set(saved) - set(live))
+            if unexpected:
+                raise KeyError(f"the LoRA-only checkpoint has {unexpected[:5]}, which the model lacks: were the "
+                               "same adapters (lora_rank, target_modules) configured?")
+            live = {name: live[name] for name in saved}
         missing = sorted(set(live) - set(saved))
         if missing:
             raise KeyError(f"the checkpoint lacks {missing[:5]}: it was saved from a different model")
