@@ -26,7 +26,7 @@ from verl.protocol import DataProto
 from verl.utils.lora import inference_weights
 from verl.workers.model_building.loading import is_vision_language
 
-from .base import BaseRollout, inner_module, output_tensors, special_tokens
+from verl.workers.rollout.base import BaseRollout, inner_module, output_tensors, special_tokens
 
 __all__ = ["VLLMRollout", "vllm_sampling_kwargs"]
 

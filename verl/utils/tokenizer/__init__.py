@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 
-__all__ = ["PROCESSOR_FILES", "copy_processor_files", "hf_processor", "hf_tokenizer"]
+__all__ = ["PROCESSOR_FILES", "copy_processor_files", "hf_processor", "hf_tokenizer", "normalize_token_ids"]
 
 # A multimodal processor's own files beside the tokenizer's (image/video settings, its class, the chat
 # template transformers 5 keeps apart from tokenizer_config.json).
@@ -128,3 +128,6 @@ def copy_processor_files(source: str, folder: str) -> list[str]:
             shutil.copyfile(path, os.path.join(folder, name))
             copied.append(name)
     return copied
+
+
+from verl.utils.tokenizer.tokenizer import normalize_token_ids  # noqa: E402 - upstream's home for it is the submodule
