@@ -46,10 +46,10 @@ def command(task, nnodes: int, per_node: int, steps: int, checkpoints=None, save
     model, train, test = task
     return [
         f"data.train_files={train}", f"data.val_files={test}", "data.shuffle=False",
-        "data.train_batch_size=16", "data.max_prompt_length=48", "data.max_response_length=8",
+        "data.train_batch_size=32", "data.max_prompt_length=48", "data.max_response_length=8",
         "data.dataloader_num_workers=0",
         f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.actor.optim.lr=1e-2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=32", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.do_sample=False",
         "actor_rollout_ref.rollout.ignore_eos=True", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
