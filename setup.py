@@ -74,8 +74,9 @@ EXTRAS_REQUIRE = {
     # Vision-language models (Qwen2/2.5-VL): images decode and the model's image processor runs with Pillow.
     # 9.1: Image.Resampling, which transformers' image processors use.
     "vision": ["pillow>=9.1"],
-    "test": ["pytest>=7", "pytest-timeout>=2", "mathruler>=0.1", "pylatexenc>=2.10", "peft>=0.14", "pillow>=9.1",
-             "bitsandbytes>=0.45", "tensordict==0.10.0"],
+    # pytest-xdist 3.8: scripts/run_tests.sh runs the suite on workers (-n, --dist loadfile)
+    "test": ["pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3.8", "mathruler>=0.1", "pylatexenc>=2.10",
+             "peft>=0.14", "pillow>=9.1", "bitsandbytes>=0.45", "tensordict==0.10.0"],
 }
 
 setup(

@@ -25,7 +25,7 @@ VPY="$VENV/bin/python"
 STAMP="$VENV/.verl-setup-stamp"
 WANT="$(cat "$ROOT/setup.py" | sha1sum | cut -c1-12) $TORCH_SPEC $PIN_SPECS"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] \
-    && "$VPY" -c "import verl, torch, pytest, pytest_timeout" 2>/dev/null; then
+    && "$VPY" -c "import verl, torch, pytest, pytest_timeout, xdist" 2>/dev/null; then
     echo "[setup_env] $VENV is up to date"
     exit 0
 fi

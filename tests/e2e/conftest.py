@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,11 @@ def run_main_ppo(overrides: list[str], log_path: Path | None = None, timeout: in
     (completed process, {step: metrics} from the file logger).
 
     Without `ray_address` the run starts its own Ray instance; with it, it attaches to that cluster.
+    Without a `trainer.default_local_dir` override the run gets a fresh one: the default (checkpoints/ in
+    the checkout) is locked by a run that may resume from it, and another test may be running there.
     """
+    if not any(o.startswith("trainer.default_local_dir=") for o in overrides):
+        overrides = [*overrides, f"trainer.default_local_dir={tempfile.mkdtemp(prefix='run-', dir=_RUN_DIRS[0])}"]
     env = {k: v for k, v in (os.environ if env is None else env).items() if k != "RAY_ADDRESS"}
     env["PYTHONUNBUFFERED"] = "1"
     if ray_address is not None:
@@ -64,6 +69,16 @@ def console_metrics(stdout: str) -> dict[int, dict[str, float]]:
             pairs = (item.rsplit(":", 1) for item in match.group(2).split(" - "))
             steps.setdefault(int(match.group(1)), {}).update({k: float(v) for k, v in pairs})
     return steps
+
+
+_RUN_DIRS: list[Path] = []   # the session's folder for runs' default_local_dir (see run_main_ppo)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _run_dirs(tmp_path_factory):
+    _RUN_DIRS.insert(0, tmp_path_factory.mktemp("runs"))
+    yield
+    _RUN_DIRS.pop(0)
 
 
 @pytest.fixture(scope="session")

@@ -70,7 +70,7 @@ def test_generation_writes_n_greedy_responses_per_prompt(generated):
         assert list(row.responses) == [expected, expected]
 
 
-def test_main_eval_scores_the_generated_file(generated):
+def test_main_eval_scores_the_generated_file(generated, tmp_path):
     sys.path.insert(0, str(REPO_ROOT / "examples" / "demo"))
     try:
         from reward import compute_score
@@ -78,7 +78,7 @@ def test_main_eval_scores_the_generated_file(generated):
         sys.path.pop(0)
     _, _, out = generated
     proc = _run("verl.trainer.main_eval", [f"data.path={out}", "custom_reward_function.path=examples/demo/reward.py",
-                                            "ray_kwargs.ray_init.num_cpus=2"])
+                                            "ray_kwargs.ray_init.num_cpus=2", f"hydra.run.dir={tmp_path}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = ast.literal_eval(proc.stdout.strip().splitlines()[-1])
     table = pd.read_parquet(out)
@@ -90,6 +90,6 @@ def test_main_eval_scores_the_generated_file(generated):
 
 def test_main_eval_names_a_missing_column(generated, tmp_path):
     _, prompts, _ = generated
-    proc = _run("verl.trainer.main_eval", [f"data.path={prompts}"], timeout=120)
+    proc = _run("verl.trainer.main_eval", [f"data.path={prompts}", f"hydra.run.dir={tmp_path}"], timeout=120)
     assert proc.returncode == 2
     assert "no column for data.response_key='responses'" in proc.stderr

@@ -37,7 +37,7 @@ def lora_sft(copy_task, tmp_path_factory):
         "model.lora_alpha=16", "model.target_modules=all-linear", f"data.train_files={root / 'train.parquet'}",
         "data.train_batch_size=8", "data.micro_batch_size_per_gpu=4", "data.max_length=128", "optim.lr=1e-2",
         f"trainer.total_training_steps={STEPS}", "trainer.logger=[console,file]",
-        f"trainer.default_local_dir={root / 'ckpt'}", "trainer.save_freq=-1",
+        f"trainer.default_local_dir={root / 'ckpt'}", "trainer.save_freq=-1", f"hydra.run.dir={root / 'hydra'}",
     ], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = {}

@@ -24,7 +24,8 @@ def _sft(module: str, model, root, name: str, ranks: int, steps: int = 2, *extra
         sys.executable, "-m", module, f"model.path={model}", f"data.train_files={root / 'train.parquet'}",
         "data.train_batch_size=8", "data.micro_batch_size_per_gpu=2", "data.max_length=128", "optim.lr=1e-2",
         f"trainer.total_training_steps={steps}", "trainer.logger=[console,file]", f"trainer.n_gpus_per_node={ranks}",
-        f"trainer.default_local_dir={root / name}", "checkpoint.save_contents=[model,optimizer,extra]", *extra,
+        f"trainer.default_local_dir={root / name}", "checkpoint.save_contents=[model,optimizer,extra]",
+        f"hydra.run.dir={root / 'hydra' / name}", *extra,
     ], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
     if proc.returncode != 0:
         print(proc.stdout[-4000:])

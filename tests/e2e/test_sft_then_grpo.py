@@ -43,7 +43,7 @@ def sft_run(copy_task, tmp_path_factory):
         "data.train_batch_size=8", "data.micro_batch_size_per_gpu=4", "data.max_length=128",
         "optim.lr=3e-2", f"trainer.total_training_steps={STEPS}", "trainer.logger=[console,file]",
         f"trainer.default_local_dir={root / 'ckpt'}", "trainer.test_freq=4", "trainer.save_freq=4",
-        "trainer.max_ckpt_to_keep=1",
+        "trainer.max_ckpt_to_keep=1", f"hydra.run.dir={root / 'hydra'}",
     ], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
     if proc.returncode != 0:
         print(proc.stdout[-4000:])
