@@ -87,12 +87,18 @@ class _Example:
         self.device = tensors[0].device if tensors else torch.device("cpu")
         kind = self.device.type
         self.autocast = (kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind))
+        self._copied = None   # the stream position after the copies (the side thread runs on its own stream)
+        if kind != "cpu":
+            self._copied = torch.get_device_module(kind).Event()
+            self._copied.record()
 
     def run(self, fn: Callable) -> None:
         """Call `fn` on the copies as the eager call ran, then its backward if the result needs one
         (gradients taken with autograd.grad: no `.grad` of a live parameter is touched)."""
-        if self.device.type != "cpu":
-            torch.get_device_module(self.device.type).set_device(self.device)
+        device = None if self.device.type == "cpu" else torch.get_device_module(self.device.type)
+        if device is not None:
+            device.set_device(self.device)
+            device.current_stream().wait_event(self._copied)
         kind, enabled, dtype = self.autocast
         with torch.set_grad_enabled(self.grad), torch.autocast(kind, dtype=dtype, enabled=enabled):
             out = fn(*self.args, **self.kwargs)
@@ -102,6 +108,8 @@ class _Example:
         wrt += [p for m in leaves if isinstance(m, torch.nn.Module) for p in m.parameters() if p.requires_grad]
         if outs and wrt:
             torch.autograd.grad(outs, wrt, grad_outputs=[torch.ones_like(t) for t in outs], allow_unused=True)
+        if device is not None:   # the copies were allocated on the caller's stream: done with them before they go
+            device.current_stream().synchronize()
 
 
 def _copy(value: Any) -> Any:

@@ -3,17 +3,17 @@
 The plan's torch_compile compiles the decoder layers, the log-prob kernels and the rollout's decode
 step; built before the first step, that is a minute or two of a fresh machine's start. `background`
 runs the first steps eagerly while a side thread builds the compiled code (verl/utils/compile_beside.py),
-which takes over where a pass begins. It needs what the side thread builds on: a whole layer between
-passes (an FSDP2-sharded model has only its shard there), one process per model replica (Ulysses
-ranks run each layer's collectives in lock-step, which a rank switching alone would break), and room
-for the eager steps, which keep more for backward than compiled layers do (the memory model's
-`compiled_layers`). Otherwise the code is compiled before the first step (`synchronous`), as
-torch.compile does by itself. Either way inductor's cache is kept per torch version and device, so
+which takes over where a pass begins (on every rank at the same pass). It is chosen where the eager
+first steps fit, which keep more for backward than compiled layers do (the memory model's
+`compiled_layers`), and where no layer runs collectives inside its compiled region (Ulysses' all-to-all
+attention). Otherwise the code is compiled before the first step (`synchronous`), as torch.compile
+does by itself; the user may ask for either, or `off`. Either way inductor's cache is kept per torch version and device, so
 a second run on the machine loads the generated code instead of generating it.
 """
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any, Callable
 
 from verl.compat.planning import settings
@@ -73,13 +73,18 @@ def decide_compile_warmup(decider: Decider, config: Any, torch_compile: bool, ro
 
 def _background_blocker(decider: Decider, roles: dict, eager_required_gb: Callable[[], float | None]) -> str | None:
     if any(r.sequence_parallel_size > 1 for r in roles.values()):
-        return "Ulysses ranks must switch to compiled layers together"
-    sharded = sorted(name for name, r in roles.items() if r.fsdp)
-    if sharded:
-        return (f"FSDP2 shards {', '.join(sharded)} between passes, so a side thread has no whole layer to build "
-                "the compiled code on")
+        return "Ulysses runs its all-to-all attention inside the compiled layers, which a side thread cannot build alone"
     need = eager_required_gb()
     if need is not None and need > decider.profile.memory_gb:
         return (f"eager first steps would need {need:.1f} GiB of {decider.profile.memory_gb:.1f} (eager layers keep "
                 "more for backward than compiled ones)")
     return None
+
+
+def synchronous_compile(plan):
+    """`plan` for SFT's trainer, which compiles its layers before the first step (it has no passes for a
+    side thread to build beside)."""
+    if plan.compile_warmup != "background":
+        return plan
+    plan.reasons["compile_warmup"] = "SFT compiles before its first step"
+    return replace(plan, compile_warmup="synchronous")

@@ -28,7 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["StaticDecoder", "static_decoding_unsupported"]
+from verl.utils.compile_beside import capture_error_mode
+
+__all__ = ["StaticDecoder", "compiled_decode_step", "static_decoding_unsupported"]
 
 _FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 # rotary types whose cos/sin for a position do not depend on the length of the call
@@ -89,11 +91,12 @@ class StaticDecoder:
     With `graphs`, the first decode step over each attention window (see `window`) is recorded as a
     CUDA graph and every later step over that window replays it. With `compile_backend` (a
     torch.compile backend: a name such as "inductor", or a callable), the per-layer decode step is
-    compiled with it (the first call compiles, for any shape and window).
+    compiled with it (the first call compiles, for any shape and window). `step`, where given, stands
+    for `decode_layer` (a BesideCompiler's switch between it and its compiled form).
     """
 
     def __init__(self, inner: nn.Module, batch: int, max_len: int, positions: int, dtype: torch.dtype,
-                 device: torch.device, graphs: bool = False, compile_backend=None):
+                 device: torch.device, graphs: bool = False, compile_backend=None, step=None):
         base, self.head = _parts(inner)
         self.embed, self.layers, self.norm = base.embed_tokens, list(base.layers), base.norm
         cfg = inner.config
@@ -124,8 +127,8 @@ class StaticDecoder:
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}  # window -> its recorded step
         self._pool = None  # one memory pool for every window's graph: they replay one at a time
         self._graph_logits = None  # every graph writes its logits here (float32, batch x vocab)
-        self._compiled = bool(compile_backend)
-        self._layer_step = _compiled_layer_step(compile_backend) if compile_backend else decode_layer
+        self._compiled = bool(compile_backend) or step is not None
+        self._layer_step = step or (_compiled_layer_step(compile_backend) if compile_backend else decode_layer)
 
     # ------------------------------------------------------------------ passes
 
@@ -193,7 +196,7 @@ class StaticDecoder:
                 self._pool = torch.cuda.graph_pool_handle()
             del logits
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode=capture_error_mode()):
                 self._step(window, self._graph_logits)
         except RuntimeError as e:
             raise RuntimeError(f"compiling or capturing the rollout decode step as a CUDA graph failed ({e}); set "
@@ -266,6 +269,12 @@ def _warmup_stream(device: torch.device) -> torch.cuda.Stream:
     generate call, a graph per window) grows device memory every step until torch's stream pool wraps
     around."""
     return torch.cuda.Stream(device=device)
+
+
+def compiled_decode_step(backend, compiler):
+    """`decode_layer` behind `compiler`'s switch (verl/utils/compile_beside.py): eager until the compiled
+    step, built beside the first rollouts, takes over at a pass boundary."""
+    return compiler.function("decode step", decode_layer, _compiled_layer_step(backend))
 
 
 @functools.lru_cache(maxsize=None)
