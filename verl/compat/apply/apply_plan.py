@@ -359,6 +359,8 @@ def resolve_config(config: DictConfig, plan: Plan) -> dict:
         _set(config, "actor_rollout_ref.rollout.micro_batch_size", rollout.micro_batch_size, written)
         _set(config, "trainer.device", plan.device_type, written)
         _set(config, "data.dataloader_num_workers", plan.dataloader_num_workers, written)
+        _set(config, "compat.compile_warmup", plan.compile_warmup, written)
+        _set(config, "compat.compile_cache_dir", plan.compile_cache_dir, written)
     raw = OmegaConf.to_container(config, resolve=False)
     left = [p for p in _raw_autos(raw) if p.rpartition(".")[2] in _HARDWARE_LEAVES]
     if left:
