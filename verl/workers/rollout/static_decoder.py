@@ -23,12 +23,15 @@ Each window size is its own shape, so with graphs each is recorded once, when de
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from verl.utils.compile_beside import capture_error_mode
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["StaticDecoder", "compiled_decode_step", "static_decoding_unsupported"]
 
@@ -154,8 +157,8 @@ class StaticDecoder:
         window = self.window(slot)
         if not self.graphs:
             return self._step(window)
-        if window not in self._graphs:
-            self._record(window)
+        if window not in self._graphs and not self._record(window):
+            return self._graph_logits   # not recorded (see _record): the warm-up computed this step
         self._graphs[window].replay()
         return self._graph_logits
 
@@ -180,13 +183,16 @@ class StaticDecoder:
         logits = self.head(self.norm(x[:, -1]))
         return logits.float() if out is None else out.copy_(logits)
 
-    def _record(self, window: int) -> None:
+    def _record(self, window: int) -> bool:
         """Capture `_step` over `window` as a CUDA graph. Warm-up runs on a side stream first, as capture
-        requires; it computes the current step for real, and the replay that follows rewrites the same
-        slot. Every window's graph shares one memory pool (only one replays at a time, and nothing a
-        graph allocates outlives its replay) and writes one logits buffer (read before the next step)."""
+        requires; it computes the current step for real (its logits left in the logits buffer), and the
+        replay that follows rewrites the same slot. Every window's graph shares one memory pool (only one
+        replays at a time, and nothing a graph allocates outlives its replay) and writes one logits buffer
+        (read before the next step). A capture that fails while a side thread builds compiled code
+        (verl/utils/compile_beside.py) leaves this decoder without graphs (False), with a warning."""
         side = _warmup_stream(self.keys[0].device)
         side.wait_stream(torch.cuda.current_stream())
+        mode = None   # set once the warm-up has computed this step
         try:
             with torch.cuda.stream(side):
                 logits = self._step(window)
@@ -194,15 +200,23 @@ class StaticDecoder:
             if self._graph_logits is None:
                 self._graph_logits = torch.empty_like(logits)
                 self._pool = torch.cuda.graph_pool_handle()
+            self._graph_logits.copy_(logits)
             del logits
+            mode = capture_error_mode()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode=capture_error_mode()):
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode=mode):
                 self._step(window, self._graph_logits)
         except RuntimeError as e:
+            if mode == "thread_local":
+                logger.warning("recording the decode step as a CUDA graph failed while compiled code is built "
+                               "beside it (%s); this rollout chunk decodes without graphs", e)
+                self.graphs = False
+                return False
             raise RuntimeError(f"compiling or capturing the rollout decode step as a CUDA graph failed ({e}); set "
                                "actor_rollout_ref.rollout.enforce_eager=True to decode without graphs or compilation"
                                ) from e
         self._graphs[window] = graph
+        return True
 
     def _prefill(self, ids, cos, sin, mask) -> torch.Tensor:
         x = self.embed(ids)
