@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -163,8 +164,11 @@ def launch_main_ppo(overrides: list[str], jsonl: Path, log: Path, timeout: float
     wall = time.perf_counter() - start
     if cold is None and first_step_logged():
         cold = wall   # the step landed between the last poll and the exit
+    takeover = re.findall(r"compiled code takes over after ([0-9.]+) s", log.read_text(errors="replace"))
     return {"exit": proc.returncode, "wall_s": round(wall, 1), "command": " ".join(cmd[1:]),
-            "cold_start_to_first_step_s": None if cold is None else round(cold, 2)}
+            "cold_start_to_first_step_s": None if cold is None else round(cold, 2),
+            # seconds from each worker's start to its switch to compiled code (compat.compile_warmup=background)
+            "compile_takeover_s": [float(t) for t in takeover]}
 
 
 TIMINGS = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "step")
@@ -173,12 +177,14 @@ MEMORY = ("perf/predicted_peak_gb", "perf/max_memory_allocated_gb", "perf/max_me
 
 
 def summarize(path) -> dict:
-    """s/step (median after the first step, which carries warm-up), phases, memory, skipped updates."""
+    """s/step (median over the compiled steps after the first, which carries warm-up; where the plan compiles
+    beside eager first steps, `perf/compiled_layers` 0, those are counted apart), phases, memory, skipped updates."""
     rows = [json.loads(line)["data"] for line in Path(path).read_text().splitlines() if line.strip()]
     steps = [r for r in rows if "timing_s/step" in r]
     if not steps:
         raise SystemExit(f"{path}: no training steps logged")
-    timed = steps[1:] or steps
+    eager = [s for s in steps if s.get("perf/compiled_layers") == 0]
+    timed = [s for s in steps[1:] if s.get("perf/compiled_layers") != 0] or steps[1:] or steps
 
     def median(key):
         values = [s[key] for s in timed if isinstance(s.get(key), (int, float))]
@@ -187,6 +193,9 @@ def summarize(path) -> dict:
     phase_keys = sorted({k for s in steps for k in s if k.startswith("perf/max_memory_allocated_gb/")})
     return {
         "steps": len(steps), "s_per_step": median("timing_s/step"), "first_step_s": round(steps[0]["timing_s/step"], 3),
+        # background compile warm-up: the steps that ran eager code while the compiled code was built
+        "eager_steps": len(eager),
+        "eager_s_per_step": round(statistics.median(s["timing_s/step"] for s in eager), 4) if eager else None,
         "timing_s": {k: median(f"timing_s/{k}") for k in TIMINGS},
         "mfu": {k: median(f"perf/mfu/{k}") for k in ("actor", "critic")},
         "memory_gb": {k: max((s[k] for s in steps if isinstance(s.get(k), (int, float))), default=None) for k in MEMORY},

@@ -4,6 +4,7 @@ Rows: harness.py's settings (p40 unsimulated without a GPU); trl: TRL's GRPOTrai
 
     python benchmarks/speed.py --rows quickstart,p40,grpo --steps 3 --out DIR [--extra KEY=VALUE ...]
     python benchmarks/speed.py --rows p40 --steps 1 --repeat 4 --out DIR          # cold start
+    python benchmarks/speed.py --rows grpo --steps 12 --out DIR --extra compat.compile_warmup=synchronous  # compile first
     MODEL=/tmp/qwen-tiny python benchmarks/speed.py --rows p40 --steps 1 --repeat 3 --extra data.max_response_length=16  # CPU
 """
 from __future__ import annotations
@@ -44,6 +45,9 @@ def repeated(name: str, args, out: Path, gpu: bool) -> dict:
     return {**runs[-1], "name": name, "exits": [r["exit"] for r in runs],
             "cold_start_to_first_step_s": median([r["cold_start_to_first_step_s"] for r in ok]),
             "cold_start_runs_s": [r["cold_start_to_first_step_s"] for r in runs],
+            # per run (a fresh compile cache first, then the one it left): switch to compiled code, eager steps
+            "compile_takeover_runs_s": [r.get("compile_takeover_s") for r in runs],
+            "eager_steps_runs": [r.get("eager_steps") for r in runs],
             "startup_s": {k: median([r["startup_s"][k] for r in ok if k in r["startup_s"]]) for k in stages}}
 
 
@@ -105,15 +109,20 @@ def run_trl(steps: int, timeout: int, out: Path) -> dict:
 
 
 def table(rows: dict) -> str:
-    """One line per row: s/step, first step, cold start, peak memory, MFU; then its phases."""
+    """One line per row: s/step (compiled steps), first step, the first step line after launch, eager steps while the
+    compiled code was built and when it took over, peak memory, MFU; then its phases."""
     phases = ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor")
-    lines = ["| row | exit | s/step | first step s | cold start s | peak GiB | actor MFU | " + " | ".join(phases) + " |",
-             "|" + "---|" * (7 + len(phases))]
+    lines = ["| row | exit | s/step | first step s | first step line s | eager steps (s/step) | takeover s | peak GiB | "
+             "actor MFU | " + " | ".join(phases) + " |",
+             "|" + "---|" * (9 + len(phases))]
     for name, r in rows.items():
         mfu = (r.get("mfu") or {}).get("actor")
         timing = r.get("timing_s") or {}
+        eager = f"{r.get('eager_steps')} ({r.get('eager_s_per_step')})" if r.get("eager_steps") else r.get("eager_steps")
+        takeover = ", ".join(str(t) for t in r.get("compile_takeover_s") or []) or "-"
         lines.append(f"| {name} | {r.get('exit', r.get('skipped'))} | {r.get('s_per_step')} | {r.get('first_step_s')} | "
-                     f"{r.get('cold_start_to_first_step_s')} | {(r.get('memory_gb') or {}).get('perf/max_memory_allocated_gb')}"
+                     f"{r.get('cold_start_to_first_step_s')} | {eager} | {takeover} | "
+                     f"{(r.get('memory_gb') or {}).get('perf/max_memory_allocated_gb')}"
                      f" | {'-' if mfu is None else f'{100 * mfu:.1f}%'} | " + " | ".join(str(timing.get(p)) for p in phases)
                      + " |")
         if skipped := {k: v for k, v in (r.get("skipped_updates") or {}).items() if v}:

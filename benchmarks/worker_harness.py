@@ -13,10 +13,13 @@ from harness import ARR, sized
 
 def stock_overrides(shape: dict, profile: str, model: str, val_rows: int | None = None) -> list[str]:
     """The stock command's overrides for a `harness.shape()` (hardware keys left to the planner). Responses run to full
-    length (ignore_eos): the worst case, and what a random-weight model does anyway."""
+    length (ignore_eos): the worst case, and what a random-weight model does anyway. The code is compiled before
+the first phase (compile_warmup=synchronous), so timings and peaks stay comparable with earlier ones."""
     return [*sized(shape), f"{ARR}.model.path={model}", f"critic.model.path={model}",
             f"critic.ppo_mini_batch_size={shape['mini']}", f"{ARR}.rollout.name=hf", f"{ARR}.rollout.ignore_eos=True",
             "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
+            # compiled before the first phase, as before background warm-up: a phase's figures are compiled code's
+            "compat.compile_warmup=synchronous",
             *([f"compat.device={profile}"] if profile != "auto" else []),
             *([f"data.val_batch_size={val_rows}"] if val_rows is not None else [])]
 

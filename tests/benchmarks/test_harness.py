@@ -24,6 +24,18 @@ def test_skipped_updates_count_the_steps_with_a_non_finite_grad_norm(tmp_path):
     assert s["steps"] == 3 and s["s_per_step"] == 2.5   # the median after the first step
 
 
+def test_s_per_step_counts_compiled_steps_only(tmp_path):
+    """Under background compile warm-up the first steps run eager code (perf/compiled_layers 0): s/step is the
+    median over the compiled steps, the eager ones are counted and timed apart."""
+    run = _log(tmp_path / "run.jsonl", [{"perf/compiled_layers": 0.0}, {"perf/compiled_layers": 0.0},
+                                        {"perf/compiled_layers": 1.0}, {"perf/compiled_layers": 1.0},
+                                        {"perf/compiled_layers": 1.0}])   # timing_s/step 1, 2, 3, 4, 5
+    s = summarize(run)
+    assert (s["s_per_step"], s["eager_steps"], s["eager_s_per_step"], s["first_step_s"]) == (4.0, 2, 1.5, 1.0)
+    plain = summarize(_log(tmp_path / "plain.jsonl", [{}, {}, {}]))   # nothing compiled beside: steps 2+
+    assert (plain["s_per_step"], plain["eager_steps"]) == (2.5, 0)
+
+
 def test_the_first_step_carries_the_startup_breakdown_and_mfu_is_a_median(tmp_path):
     run = _log(tmp_path / "run.jsonl", [{"timing_s/startup": 20.0, "timing_s/startup/ray_init": 3.5,
                                          "perf/mfu/actor": 0.1},

@@ -149,7 +149,7 @@ def test_defaults_keep_upstream_values_except_hardware_keys():
     for key in autos:
         assert OmegaConf.select(cfg, key) == "auto", key
     assert dict(cfg.compat) == {"device": None, "strict": False, "numerics_guard": True, "memory_margin": 0.1,
-                                "always_fsdp": False}
+                                "always_fsdp": False, "compile_warmup": "auto", "compile_cache_dir": "auto"}
 
 
 def test_compat_device_follows_environment(monkeypatch):

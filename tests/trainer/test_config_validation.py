@@ -237,6 +237,7 @@ def test_hardware_keys_accept_auto_and_concrete_values(ppo):
     ("trainer.device=tpu", "trainer.device='tpu' is not one of"),
     ("compat.memory_margin=1.5", "compat.memory_margin=1.5 must be a fraction"),
     ("compat.always_fsdp=sometimes", "compat.always_fsdp='sometimes' must be true or false"),
+    ("compat.compile_warmup=later", "compat.compile_warmup='later' is not one of auto, background, synchronous, off"),
     ("data.truncation=cut", "data.truncation='cut' is not one of"),
     ("actor_rollout_ref.actor.strategy=megatron", "FSDP only"),
 ])

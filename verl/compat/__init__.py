@@ -187,7 +187,8 @@ def format_plan(plan: Plan) -> str:
                  f"gpu_memory_utilization {rollout.gpu_memory_utilization:.2f}, "
                  f"enforce_eager {_yes(rollout.enforce_eager)}) {rollout.predicted_peak_gb:8.2f}")
     lines.append(f"  global   device {plan.device_type}, backend {plan.dist_backend}, "
-                 f"torch.compile {_yes(plan.torch_compile)}, tf32 {_yes(plan.tf32)}; predicted peak "
+                 f"torch.compile {_yes(plan.torch_compile)}"
+                 f"{f' ({plan.compile_warmup})' if plan.torch_compile else ''}, tf32 {_yes(plan.tf32)}; predicted peak "
                  f"{plan.predicted_peak_gb:.2f} GiB of {plan.memory_limit_gb:.2f} GiB")
     if plan.reasons:
         lines += ["", "  why:"]

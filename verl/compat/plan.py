@@ -95,6 +95,10 @@ class Plan:
     # the reference policy is the LoRA actor with its adapters disabled (no second model; `ref` is None)
     ref_in_actor: bool = False
     reward_model: RolePlan | None = None   # the sequence-classification reward model (verl/compat/planning/reward_model.py)
+    # when torch_compile's code is built (verl/compat/planning/compile.py): "background" (first steps eager,
+    # compiled code built beside them), "synchronous" (before the first step) or "off" (nothing compiled)
+    compile_warmup: str = "synchronous"
+    compile_cache_dir: str | None = None   # inductor's cache folder (None: torch's default)
 
     @property
     def use_remove_padding(self) -> bool:

@@ -513,6 +513,12 @@ def _check_choices(cfg, errors: list[str], warnings: list[str]) -> None:
     for path in ("compat.strict", "compat.numerics_guard", "compat.always_fsdp"):
         if not isinstance(_get(cfg, path), bool):
             errors.append(f"{path}={_get(cfg, path)!r} must be true or false.")
+    if _get(cfg, "compat.compile_warmup") is not None:
+        one_of("compat.compile_warmup", ("auto", "background", "synchronous", "off"),
+               extra=" (verl/compat/planning/compile.py)")
+    folder = _get(cfg, "compat.compile_cache_dir")
+    if folder is not None and not (isinstance(folder, str) and folder.strip()):
+        errors.append(f"compat.compile_cache_dir={folder!r} must be a folder or auto.")
 
     if _get(cfg, "actor_rollout_ref.rollout.val_kwargs.do_sample"):
         temp = _get(cfg, "actor_rollout_ref.rollout.val_kwargs.temperature")

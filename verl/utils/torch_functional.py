@@ -137,12 +137,15 @@ class LogProbKernels:
     entropy: Callable
 
 
-def compiled_log_prob_kernels(backend: str = "inductor") -> LogProbKernels:
+def compiled_log_prob_kernels(backend: str = "inductor", compiler=None) -> LogProbKernels:
     """torch.compile'd chunk kernels (dynamic in the number of rows: the last chunk is shorter).
-    `backend`: torch.compile's (tests pass one that generates no code)."""
-    return LogProbKernels(lse=torch.compile(logprob_chunk_lse, dynamic=True, backend=backend),
-                          grad=torch.compile(logprob_chunk_grad, dynamic=True, backend=backend),
-                          entropy=torch.compile(entropy_chunk_stats, dynamic=True, backend=backend))
+    `backend`: torch.compile's (tests pass one that generates no code); `compiler`: a
+    `verl.utils.compile_beside.BesideCompiler` deciding when the compiled kernels run (None: always)."""
+    kernels = {}
+    for name, fn in (("lse", logprob_chunk_lse), ("grad", logprob_chunk_grad), ("entropy", entropy_chunk_stats)):
+        compiled = torch.compile(fn, dynamic=True, backend=backend)
+        kernels[name] = compiled if compiler is None else compiler.function(f"log-prob {name}", fn, compiled)
+    return LogProbKernels(**kernels)
 
 
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = True, *,

@@ -25,6 +25,8 @@ from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.base.worker import Worker
 from verl.utils import fsdp_utils, lora, ulysses
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+from verl.utils.compile_beside import MODES as COMPILE_MODES
+from verl.utils.compile_beside import BesideCompiler, PassInfo
 from verl.utils.flops import training_flops
 from verl.utils.startup.clock import Laps
 from verl.utils.torch_functional import (
@@ -226,13 +228,14 @@ class _PlannedModel:
         elif self.precision.scaler is None:
             self.precision.scaler = torch.amp.GradScaler(self.device_type)
 
-    def shard(self, module: torch.nn.Module, compile_layers: bool = False) -> torch.nn.Module:
+    def shard(self, module: torch.nn.Module, compile_layers: bool = False, compiler=None) -> torch.nn.Module:
         """FSDP2 units per the role plan (or, where the plan says `fsdp` False, the model unwrapped on
         the device); with `compile_layers` (the plan's torch_compile, for a model that trains or
-        scores) each decoder layer's forward is compiled first, outside FSDP2's hooks."""
+        scores) each decoder layer's forward is compiled first, outside FSDP2's hooks, and run
+        compiled when `compiler` (a BesideCompiler, or None: from the first call) says so."""
         plan = self.role_plan
         if compile_layers:
-            layer_compile.compile_decoder_layers(module, backend=layer_compile.BACKEND)
+            layer_compile.compile_decoder_layers(module, backend=layer_compile.BACKEND, compiler=compiler)
         if not plan.fsdp:
             if _ranks() > 1:   # unwrapped replicas would train apart, each on its own share of the batch
                 raise RuntimeError(
@@ -280,6 +283,33 @@ class _PlannedModel:
 
 def _ranks() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _agreed_min(code: int) -> int:
+    """The smallest of the ranks' codes (a host tensor: the gloo side of the process group)."""
+    value = torch.tensor([code], dtype=torch.int64)
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return int(value)
+
+
+def _compiler(plan) -> BesideCompiler | None:
+    """The process's switch between eager and compiled code (verl/utils/compile_beside.py), per the plan's
+    compile_warmup; None where nothing is compiled. Every rank switches at the same pass."""
+    if not plan.torch_compile:
+        return None
+    mode = plan.compile_warmup if plan.compile_warmup in COMPILE_MODES else "synchronous"
+    return BesideCompiler(mode, agree=_agreed_min if _ranks() > 1 else None)
+
+
+def _compile_pass(compiler: BesideCompiler | None, name: str):
+    """A worker call as one pass of `compiler` (the switch to compiled code happens only between passes)."""
+    return contextlib.nullcontext(PassInfo()) if compiler is None else compiler.pass_(name)
+
+
+def _compiled_metric(info: PassInfo, name: str) -> dict:
+    """perf/compiled_layers/<pass>: 1 where the pass ran compiled code, 0 where it ran eager code still
+    being built (the trainer's perf/compiled_layers is their minimum over the step)."""
+    return {} if info.compiled is None else {f"perf/compiled_layers/{name}": float(info.compiled)}
 
 
 def _same_row_count_on_every_rank(sample: dict) -> dict:
@@ -397,6 +427,7 @@ class ActorRolloutRefWorker(Worker):
         self._actor_model = self._ref_model = None
         self._plan_updates: list[dict] = []
         _, world = fsdp_utils.init_distributed(plan.dist_backend)
+        self._compiler = _compiler(plan)
         # Ulysses groups (None without sequence parallelism); data-parallel size = ranks / sp
         self._actor_sp = ulysses.sequence_parallel_group(plan.actor.sequence_parallel_size, _SP_KEYS["actor"])
         self._ref_sp = ulysses.sequence_parallel_group((plan.ref or plan.actor).sequence_parallel_size,
@@ -452,7 +483,7 @@ class ActorRolloutRefWorker(Worker):
                              "actor_rollout_ref.model.lora_rank to the adapter's rank to continue training it")
         ulysses.install(module, planned.role_plan.sequence_parallel_size, _SP_KEYS[planned.name])
         laps(f"{planned.name}_load")
-        module = planned.shard(module, compile_layers)
+        module = planned.shard(module, compile_layers, self._compiler)
         laps(f"{planned.name}_shard")
         return module
 
@@ -490,7 +521,8 @@ class ActorRolloutRefWorker(Worker):
                                               precision=self._actor_model.precision,
                                               use_remove_padding=self.plan.actor.use_remove_padding,
                                               use_torch_compile=self.plan.torch_compile,
-                                              compile_backend=layer_compile.BACKEND, sp_group=self._actor_sp)
+                                              compile_backend=layer_compile.BACKEND, sp_group=self._actor_sp,
+                                              compiler=self._compiler)
             if self._is_actor:
                 self.checkpoint_manager = _checkpoint_manager(self._actor_model, self.actor_module,
                                                               self.actor_optimizer, self.actor_lr_scheduler,
@@ -519,7 +551,8 @@ class ActorRolloutRefWorker(Worker):
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module, precision=self._ref_model.precision,
                                                    use_remove_padding=self._ref_model.role_plan.use_remove_padding,
                                                    use_torch_compile=self.plan.torch_compile,
-                                                   compile_backend=layer_compile.BACKEND, sp_group=self._ref_sp)
+                                                   compile_backend=layer_compile.BACKEND, sp_group=self._ref_sp,
+                                                   compiler=self._compiler)
         return laps.seconds
 
     def _build_rollout(self):
@@ -529,7 +562,8 @@ class ActorRolloutRefWorker(Worker):
         if name not in ENGINES:  # the planner picks only listed engines; a hand-made plan can still miss
             raise ValueError(f"rollout engine {name!r} is not one of this verl's engines {sorted(ENGINES)}; "
                              "set actor_rollout_ref.rollout.name to one of them (or auto)")
-        return ENGINES[name](self.actor_module, self.config.rollout, plan=self.plan)
+        extra = {"compiler": self._compiler} if name == "hf" else {}   # the built-in engine's compiled decode step
+        return ENGINES[name](self.actor_module, self.config.rollout, plan=self.plan, **extra)
 
     def _perf_metrics(self) -> dict:
         metrics = fsdp_utils.memory_metrics(self.plan.device_type)
@@ -562,12 +596,14 @@ class ActorRolloutRefWorker(Worker):
         self._guard(self._actor_model, self.actor_module, prompts)
         phase = "validation" if prompts.meta_info.get("validate", False) else "gen"
         # No autocast here: the engine alone runs in the plan's rollout dtype (it also sets eval mode).
-        with fsdp_utils.phase_peak(self.plan.device_type, phase) as peaks, torch.no_grad(), \
+        with _compile_pass(self._compiler, phase) as compiled, \
+                fsdp_utils.phase_peak(self.plan.device_type, phase) as peaks, torch.no_grad(), \
                 fsdp_utils.full_params(self.actor_module):
             output = (self.multi_turn or self.rollout).generate_sequences(prompts)
         output = output.to("cpu")
         metrics = output.meta_info.get("metrics") or {}
         metrics.update(peaks)
+        metrics.update(_compiled_metric(compiled, phase))
         metrics.update(self._perf_metrics())
         output.meta_info["metrics"] = metrics
         _with_plan_updates(output.meta_info, self._plan_updates)
@@ -610,9 +646,11 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info["use_dynamic_bsz"] = bool(cfg.get("log_prob_use_dynamic_bsz", False))
         data.meta_info["temperature"] = float(self.config.rollout.get("temperature", 1.0))
         self._guard(planned, module, data)
-        with fsdp_utils.phase_peak(self.plan.device_type, phase) as peaks, _gathered_for_forward(module, role_plan):
+        with _compile_pass(self._compiler, phase) as compiled, \
+                fsdp_utils.phase_peak(self.plan.device_type, phase) as peaks, _gathered_for_forward(module, role_plan):
             log_probs, entropys = policy.compute_log_prob(data, calculate_entropy=entropy)
-        meta = _with_plan_updates({"metrics": {**peaks, **self._perf_metrics()}}, self._plan_updates)
+        metrics = {**peaks, **self._perf_metrics(), **_compiled_metric(compiled, phase)}
+        meta = _with_plan_updates({"metrics": metrics}, self._plan_updates)
         return log_probs, entropys, meta
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -625,9 +663,11 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info.setdefault("temperature", float(self.config.rollout.get("temperature", 1.0)))
         self._guard(self._actor_model, self.actor_module, data)
         start = time.perf_counter()
-        with fsdp_utils.phase_peak(self.plan.device_type, "update_actor") as peaks:
+        with _compile_pass(self._compiler, "update_actor") as compiled, \
+                fsdp_utils.phase_peak(self.plan.device_type, "update_actor") as peaks:
             metrics = self.actor.update_policy(data)
         metrics.update(peaks)
+        metrics.update(_compiled_metric(compiled, "update_actor"))
         metrics.update(_mfu("actor", self.actor_module, self.plan, self._actor_model.compute_dtype, own,
                             int(self.config.actor.get("ppo_epochs", 1)), time.perf_counter() - start, lm_head=True))
         metrics["actor/lr"] = self.actor_lr_scheduler.get_last_lr()[0]
@@ -675,6 +715,7 @@ class CriticWorker(Worker):
         self.plan = plan
         self._plan_updates: list[dict] = []
         _, world = fsdp_utils.init_distributed(plan.dist_backend)
+        self._compiler = _compiler(plan)
         self._sp = ulysses.sequence_parallel_group(plan.critic.sequence_parallel_size, _SP_KEYS["critic"])
         self.dp_size = world // ulysses.group_size(self._sp)
         self.config = _copy_config(config)
@@ -707,7 +748,8 @@ class CriticWorker(Worker):
                              override_config=model_cfg.get("override_config") or {}, train=True)
         ulysses.install(module, self.plan.critic.sequence_parallel_size, _SP_KEYS["critic"])
         laps("critic_load")
-        self.critic_module = self._critic_model.shard(module, compile_layers=self.plan.torch_compile)
+        self.critic_module = self._critic_model.shard(module, compile_layers=self.plan.torch_compile,
+                                                      compiler=self._compiler)
         laps("critic_shard")
         self.critic_optimizer, self.critic_lr_scheduler = _build_optimizer(
             self.critic_module, self.config.optim, self.plan.critic.fused_optimizer, self.plan.critic.optimizer_8bit)
@@ -740,10 +782,11 @@ class CriticWorker(Worker):
         data.meta_info["micro_batch_size"] = self.config.forward_micro_batch_size_per_gpu
         data.meta_info["max_token_len"] = self.config.forward_max_token_len_per_gpu
         self._guard(data)
-        with fsdp_utils.phase_peak(self.plan.device_type, "values") as peaks, \
+        with _compile_pass(self._compiler, "values") as compiled, \
+                fsdp_utils.phase_peak(self.plan.device_type, "values") as peaks, \
                 _gathered_for_forward(self.critic_module, self.plan.critic):
             values = self.critic.compute_values(data)
-        return _output(self._meta(peaks), values=values[rows].cpu())
+        return _output(self._meta({**peaks, **_compiled_metric(compiled, "values")}), values=values[rows].cpu())
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
@@ -751,9 +794,11 @@ class CriticWorker(Worker):
         data = ulysses.share_rows(data, self._sp)[0].to(self.device)
         self._guard(data)
         start = time.perf_counter()
-        with fsdp_utils.phase_peak(self.plan.device_type, "update_critic") as peaks:
+        with _compile_pass(self._compiler, "update_critic") as compiled, \
+                fsdp_utils.phase_peak(self.plan.device_type, "update_critic") as peaks:
             metrics = self.critic.update_critic(data)
         metrics.update(peaks)
+        metrics.update(_compiled_metric(compiled, "update_critic"))
         metrics.update(_mfu("critic", self.critic_module, self.plan, self._critic_model.compute_dtype, own,
                             int(self.config.get("ppo_epochs", 1)), time.perf_counter() - start, lm_head=False))
         metrics["critic/lr"] = self.critic_lr_scheduler.get_last_lr()[0]

@@ -122,6 +122,8 @@ def apply_in_process(plan: Plan, local_rank: int = 0) -> torch.device:
         _set_tf32(plan.tf32)
         if plan.device.simulated:
             _enforce_simulated_limits(plan, local_rank)
+    if plan.torch_compile:
+        use_compile_cache(plan.compile_cache_dir)
     attn = {r.attn_implementation for r in _roles(plan)} | {plan.rollout.attn_implementation}
     if "xformers" in attn:
         from verl.compat.apply.attention import register_xformers_attention
@@ -132,6 +134,25 @@ def apply_in_process(plan: Plan, local_rank: int = 0) -> torch.device:
 
         register_varlen_attention()
     return device
+
+
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def use_compile_cache(folder: str | None) -> str | None:
+    """Point inductor's on-disk caches (the FX graph and AOTAutograd caches, and triton's kernels beneath
+    them) at the plan's folder, before this process compiles anything; a folder the user set in the
+    environment is kept. The folder in use, or None where torch's default stays."""
+    if os.environ.get(INDUCTOR_CACHE_ENV):
+        return os.environ[INDUCTOR_CACHE_ENV]
+    if folder is None:
+        return None
+    folder = os.path.expanduser(folder)
+    os.makedirs(folder, exist_ok=True)
+    os.environ[INDUCTOR_CACHE_ENV] = folder          # read by inductor whenever it looks for its folder
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
+    return folder
 
 
 _GPU_ONLY_ATTENTION = ("flash_attention_2", "xformers", "torch_varlen")
@@ -338,6 +359,8 @@ def resolve_config(config: DictConfig, plan: Plan) -> dict:
         _set(config, "actor_rollout_ref.rollout.micro_batch_size", rollout.micro_batch_size, written)
         _set(config, "trainer.device", plan.device_type, written)
         _set(config, "data.dataloader_num_workers", plan.dataloader_num_workers, written)
+        _set(config, "compat.compile_warmup", plan.compile_warmup, written)
+        _set(config, "compat.compile_cache_dir", plan.compile_cache_dir, written)
     raw = OmegaConf.to_container(config, resolve=False)
     left = [p for p in _raw_autos(raw) if p.rpartition(".")[2] in _HARDWARE_LEAVES]
     if left:

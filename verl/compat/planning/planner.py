@@ -14,12 +14,13 @@ from typing import Any
 
 from verl.compat.device import engines
 from verl.compat.planning import settings
+from verl.compat.planning.compile import asked_warmup, decide_cache_dir, decide_compile_warmup
 from verl.compat.planning.decider import Decider as _Decider
 from verl.compat.planning.decider import PACKED_KERNELS, MemoryShortfall, PlanError
 from verl.compat.device.profile import cc_name
 from verl.compat.planning.fit import MAX_ROLLOUT_MICRO_BATCH, FitInputs, apply_batches, fit, micro_batches, settled
 from verl.compat.planning.lora import decide_adapters, keep_bitsandbytes_on_device
-from verl.compat.planning.memory import Workload
+from verl.compat.planning.memory import Workload, estimate_memory
 from verl.compat.planning.modes import lever_hint
 from verl.compat.planning.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
@@ -441,6 +442,8 @@ def _decide_globals(decider: _Decider, config: Any) -> dict:
     elif isinstance(rank := _get(config, "actor_rollout_ref.model.lora_rank", 0), int) and rank > 0:
         blocker = ("LoRA: peft's adapter layers make Dynamo recompile the decoder layer past its limit, so the "
                    "LoRA model runs eagerly")
+    elif asked is AUTO and asked_warmup(config) == "off":
+        blocker = "compat.compile_warmup=off"
     if blocker is None:
         what = ("each decoder layer of the actor, ref and critic (training and log-prob passes: norms, rotary, "
                 "gating and casts fused) and the actor's and ref's log-prob/entropy over the vocabulary; the "
@@ -481,8 +484,10 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
                        predicted_peak_gb=0.0, memory_limit_gb=profile.memory_gb, ref_in_actor=ref_in_actor, **glob)
     plan_kwargs["dataloader_num_workers"] = _dataloader_workers(decider, config,
                                                                 int(_get(config, "trainer.n_gpus_per_node", 1)))
+    plan_kwargs["compile_cache_dir"] = decide_cache_dir(decider, config, glob["torch_compile"])
     if model is None:
         unfitted = _plan_without_model(decider, inputs, plan_kwargs)
+        unfitted = _with_compile_warmup(decider, config, unfitted, inputs)
         return add_reward_model(decider, config, _throughput(decider, unfitted, inputs.dynamic))
     try:
         fitted = fit(decider, inputs, plan_kwargs)
@@ -490,7 +495,24 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
         if not levers:
             raise
         raise MemoryShortfall(str(err) + lever_hint(profile, config, software, model)) from None
+    fitted = _with_compile_warmup(decider, config, fitted, inputs)
     return add_reward_model(decider, config, _throughput(decider, fitted, inputs.dynamic), inputs, reward_model)
+
+
+def _with_compile_warmup(decider: _Decider, config: Any, plan: Plan, inputs: FitInputs) -> Plan:
+    """The plan with its compile_warmup, weighed on the fitted roles (verl/compat/planning/compile.py)."""
+    roles = {n: r for n, r in (("actor", plan.actor), ("critic", plan.critic), ("ref", plan.ref)) if r is not None}
+
+    def eager_required_gb() -> float | None:
+        if inputs.model is None:
+            return None
+        return estimate_memory(inputs.model, inputs.workload, plan.actor, plan.rollout, plan.critic, plan.ref,
+                               device_memory_gb=decider.profile.memory_gb, backend=decider.profile.backend,
+                               fragmentation=inputs.margin, compiled_layers=False,
+                               ref_in_actor=inputs.ref_in_actor).required_gb
+
+    return replace(plan, compile_warmup=decide_compile_warmup(decider, config, plan.torch_compile, roles,
+                                                              eager_required_gb))
 
 
 def _throughput(decider: _Decider, plan: Plan, dynamic: bool) -> Plan:

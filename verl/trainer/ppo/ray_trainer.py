@@ -170,6 +170,14 @@ def _pop_metrics(output: DataProto) -> dict[str, float]:
     return reduce_metrics(output.meta_info.pop("metrics", {}) or {})
 
 
+def _compiled_layers(metrics: dict) -> dict:
+    """perf/compiled_layers: 1 where every worker pass of the step ran compiled code, 0 where one ran the
+    eager code while the compiled code was still being built (compat.compile_warmup=background); absent
+    where nothing is compiled."""
+    passes = [v for k, v in metrics.items() if k.startswith("perf/compiled_layers/")]
+    return {"perf/compiled_layers": float(min(passes))} if passes else {}
+
+
 # Metrics that must stay finite. grad_norm is left out on purpose: with fp16 a dynamic loss scaler
 # meets inf gradients routinely and skips that step, which is not a failure.
 # Consecutive steps whose gradient norm was not finite (each skipped its optimizer step, or some of its
@@ -438,6 +446,7 @@ class RayPPOTrainer:
                     startup_metrics = {}  # the first step's record carries the start-up breakdown
                     with marked_timer("step", timing_raw):
                         batch = self._train_step(batch_dict, metrics, timing_raw)
+                    metrics.update(_compiled_layers(metrics))
                     if config.trainer.test_freq > 0 and (is_last_step or self.global_steps % config.trainer.test_freq == 0):
                         with marked_timer("testing", timing_raw):
                             metrics.update(self._validate())

@@ -121,7 +121,7 @@ class DataParallelPPOActor:
 
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer=None, *, precision: Precision,
                  dp_group=None, use_remove_padding: bool = False, use_torch_compile: bool = False,
-                 compile_backend: str = "inductor", sp_group=None):
+                 compile_backend: str = "inductor", sp_group=None, compiler=None):
         self.config = config
         self.use_remove_padding = use_remove_padding
         self.sp_group = sp_group
@@ -130,7 +130,8 @@ class DataParallelPPOActor:
         # The plan's torch_compile: the per-chunk math over the vocabulary (log-sum-exp, the log-prob's
         # gradient, the entropy's statistics) is the elementwise-heavy part here and fuses well: one
         # kernel per chunk and direction, reading the logits in their own dtype.
-        self._kernels = compiled_log_prob_kernels(compile_backend) if use_torch_compile else None
+        # `compiler` (verl/utils/compile_beside.py): eager kernels until the compiled ones, built beside, take over.
+        self._kernels = compiled_log_prob_kernels(compile_backend, compiler) if use_torch_compile else None
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.precision = precision

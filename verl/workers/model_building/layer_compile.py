@@ -27,6 +27,10 @@ A vision-language model's vision blocks stay eager: each call carries its images
 (`cu_seqlens`) and the attention splits at them, so a compiled block would be retraced for every new
 mix of image sizes; the decoder layers after the tower are compiled as for a text model.
 
+With a `BesideCompiler` (the plan's compile_warmup=background) the layers run eagerly until the
+compiled code, built beside the first passes, takes over at a pass boundary
+(verl/utils/compile_beside.py); one switch serves every layer of every model of the process.
+
 A call with a KV cache (generation through transformers' forward) runs the layer eagerly: decoding
 is not what this compiles for, and a cache object would be traced per step. The built-in rollout's
 static decoder calls the layers' submodules directly and never goes through this `forward`.
@@ -49,18 +53,28 @@ BACKEND = "inductor"
 _CACHE_KWARGS = ("cache", "past_key_values", "past_key_value")
 
 
-def compile_decoder_layers(model: torch.nn.Module, backend: str | Callable | None = None) -> int:
+def compile_decoder_layers(model: torch.nn.Module, backend: str | Callable | None = None, compiler=None) -> int:
     """Compile the `forward` of every decoder layer of `model` (unsharded) in place; the layer count.
 
-    `backend` is torch.compile's (default `BACKEND`). Parameters, state dict and module tree are
+    `backend` is torch.compile's (default `BACKEND`); `compiler`: a BesideCompiler that decides when
+    the compiled code runs (None: from the first call). Parameters, state dict and module tree are
     unchanged (checkpoints and weight syncs see the same names)."""
     names = _layer_classes(model)
     tower = vision_tower(model)
     skip = {id(m) for m in tower.modules()} if tower is not None else set()
     layers = [m for m in model.modules() if type(m).__name__ in names and id(m) not in skip]
+    compiled = _compiled_run(backend or BACKEND)
+    step = compiled if compiler is None else compiler.function("decoder layers", _run, compiled)
     for layer in layers:
-        _compile_forward(layer, backend or BACKEND)
+        _compile_forward(layer, step)
     return len(layers)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_run(backend: str | Callable) -> Callable:
+    """One compiled `_run` per backend for the process: every layer runs the same code, so dynamo's
+    graphs (one per kind of pass) serve every layer of every model."""
+    return torch.compile(_run, backend=backend, dynamic=True)
 
 
 @functools.cache
@@ -91,10 +105,7 @@ def _run(forward: Callable, layer: torch.nn.Module, *args, **kwargs):
     return forward(layer, *args, **kwargs)
 
 
-def _compile_forward(layer: torch.nn.Module, backend: str | Callable) -> None:
-    # one compiled function per layer, all of the same code: dynamo's cache serves every layer
-    compiled = torch.compile(_run, backend=backend, dynamic=True)
-
+def _compile_forward(layer: torch.nn.Module, compiled: Callable) -> None:
     def forward(*args, **kwargs):
         if kwargs.get("use_cache") or any(kwargs.get(k) is not None for k in _CACHE_KWARGS):
             return type(layer).forward(layer, *args, **kwargs)

@@ -29,7 +29,7 @@ from verl.protocol import DataProto
 from verl.workers.model_building.frozen_weights import compute_dtype_of
 
 from .base import BaseRollout, inner_module, output_tensors, special_tokens
-from .static_decoder import StaticDecoder, static_decoding_unsupported
+from .static_decoder import StaticDecoder, compiled_decode_step, static_decoding_unsupported
 
 __all__ = ["HFRollout", "SamplingParams", "candidate_logits", "eos_check_due", "filter_logits",
            "rollout_autocast_dtype", "sample_next_token", "trim_common_padding"]
@@ -215,7 +215,8 @@ class HFRollout(BaseRollout):
     `config` is the `actor_rollout_ref.rollout` section (temperature, top_k, top_p, do_sample,
     response_length, seed, ignore_eos, val_kwargs, and the optional micro_batch_size).
     `plan` is the compat plan: `rollout.cuda_graphs` records the static decode step as a CUDA graph,
-    `rollout.compile_backend` compiles its per-layer step first (None: eager);
+    `rollout.compile_backend` compiles its per-layer step first (None: eager), or, with `compiler` (a
+    `verl.utils.compile_beside.BesideCompiler`), beside the first eager rollouts;
     generation runs in its `rollout.dtype`, by autocast when the weights
     are in another dtype, on every device. The engine alone decides this (callers add no autocast of
     their own); `dtype` holds the decision, which the actor worker resets from the re-issued plan when
@@ -225,7 +226,7 @@ class HFRollout(BaseRollout):
     whole validation set included, peaks at one chunk's memory.
     """
 
-    def __init__(self, module: nn.Module, config, plan=None):
+    def __init__(self, module: nn.Module, config, plan=None, compiler=None):
         self.module = module
         self.config = config
         self._generator: torch.Generator | None = None
@@ -242,6 +243,10 @@ class HFRollout(BaseRollout):
             self.micro_batch_size = plan.rollout.micro_batch_size or self.micro_batch_size
             self.cuda_graphs = bool(getattr(plan.rollout, "cuda_graphs", False))
             self.compile_backend = getattr(plan.rollout, "compile_backend", None)
+        # with a BesideCompiler (the worker's, under compile_warmup=background) the decode step runs eagerly
+        # until its compiled form, built beside the first rollouts, takes over
+        self._step = (compiled_decode_step(self.compile_backend, compiler)
+                      if compiler is not None and self.compile_backend else None)
         forward_params = inspect.signature(inner_module(module).forward).parameters
         # transformers 5 renamed `past_key_values` to `cache`; follow whichever this model takes.
         self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
@@ -370,7 +375,7 @@ class HFRollout(BaseRollout):
             device = ids.device
             graphs = self.cuda_graphs and device.type == "cuda"
             decoder = StaticDecoder(inner_module(self.module), batch, key[1], positions, dtype, device, graphs,
-                                    self.compile_backend)
+                                    self.compile_backend, step=self._step)
             holder[:] = [key, decoder]
         decoder = holder[1]
         last = pos[:, -1]

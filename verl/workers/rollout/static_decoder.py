@@ -23,12 +23,17 @@ Each window size is its own shape, so with graphs each is recorded once, when de
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["StaticDecoder", "static_decoding_unsupported"]
+from verl.utils.compile_beside import capture_error_mode
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["StaticDecoder", "compiled_decode_step", "static_decoding_unsupported"]
 
 _FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 # rotary types whose cos/sin for a position do not depend on the length of the call
@@ -89,11 +94,12 @@ class StaticDecoder:
     With `graphs`, the first decode step over each attention window (see `window`) is recorded as a
     CUDA graph and every later step over that window replays it. With `compile_backend` (a
     torch.compile backend: a name such as "inductor", or a callable), the per-layer decode step is
-    compiled with it (the first call compiles, for any shape and window).
+    compiled with it (the first call compiles, for any shape and window). `step`, where given, stands
+    for `decode_layer` (a BesideCompiler's switch between it and its compiled form).
     """
 
     def __init__(self, inner: nn.Module, batch: int, max_len: int, positions: int, dtype: torch.dtype,
-                 device: torch.device, graphs: bool = False, compile_backend=None):
+                 device: torch.device, graphs: bool = False, compile_backend=None, step=None):
         base, self.head = _parts(inner)
         self.embed, self.layers, self.norm = base.embed_tokens, list(base.layers), base.norm
         cfg = inner.config
@@ -124,8 +130,8 @@ class StaticDecoder:
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}  # window -> its recorded step
         self._pool = None  # one memory pool for every window's graph: they replay one at a time
         self._graph_logits = None  # every graph writes its logits here (float32, batch x vocab)
-        self._compiled = bool(compile_backend)
-        self._layer_step = _compiled_layer_step(compile_backend) if compile_backend else decode_layer
+        self._compiled = bool(compile_backend) or step is not None
+        self._layer_step = step or (_compiled_layer_step(compile_backend) if compile_backend else decode_layer)
 
     # ------------------------------------------------------------------ passes
 
@@ -151,8 +157,8 @@ class StaticDecoder:
         window = self.window(slot)
         if not self.graphs:
             return self._step(window)
-        if window not in self._graphs:
-            self._record(window)
+        if window not in self._graphs and not self._record(window):
+            return self._graph_logits   # not recorded (see _record): the warm-up computed this step
         self._graphs[window].replay()
         return self._graph_logits
 
@@ -177,13 +183,16 @@ class StaticDecoder:
         logits = self.head(self.norm(x[:, -1]))
         return logits.float() if out is None else out.copy_(logits)
 
-    def _record(self, window: int) -> None:
+    def _record(self, window: int) -> bool:
         """Capture `_step` over `window` as a CUDA graph. Warm-up runs on a side stream first, as capture
-        requires; it computes the current step for real, and the replay that follows rewrites the same
-        slot. Every window's graph shares one memory pool (only one replays at a time, and nothing a
-        graph allocates outlives its replay) and writes one logits buffer (read before the next step)."""
+        requires; it computes the current step for real (its logits left in the logits buffer), and the
+        replay that follows rewrites the same slot. Every window's graph shares one memory pool (only one
+        replays at a time, and nothing a graph allocates outlives its replay) and writes one logits buffer
+        (read before the next step). A capture that fails while a side thread builds compiled code
+        (verl/utils/compile_beside.py) leaves this decoder without graphs (False), with a warning."""
         side = _warmup_stream(self.keys[0].device)
         side.wait_stream(torch.cuda.current_stream())
+        mode = None   # set once the warm-up has computed this step
         try:
             with torch.cuda.stream(side):
                 logits = self._step(window)
@@ -191,15 +200,23 @@ class StaticDecoder:
             if self._graph_logits is None:
                 self._graph_logits = torch.empty_like(logits)
                 self._pool = torch.cuda.graph_pool_handle()
+            self._graph_logits.copy_(logits)
             del logits
+            mode = capture_error_mode()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode=mode):
                 self._step(window, self._graph_logits)
         except RuntimeError as e:
+            if mode == "thread_local":
+                logger.warning("recording the decode step as a CUDA graph failed while compiled code is built "
+                               "beside it (%s); this rollout chunk decodes without graphs", e)
+                self.graphs = False
+                return False
             raise RuntimeError(f"compiling or capturing the rollout decode step as a CUDA graph failed ({e}); set "
                                "actor_rollout_ref.rollout.enforce_eager=True to decode without graphs or compilation"
                                ) from e
         self._graphs[window] = graph
+        return True
 
     def _prefill(self, ids, cos, sin, mask) -> torch.Tensor:
         x = self.embed(ids)
@@ -266,6 +283,12 @@ def _warmup_stream(device: torch.device) -> torch.cuda.Stream:
     generate call, a graph per window) grows device memory every step until torch's stream pool wraps
     around."""
     return torch.cuda.Stream(device=device)
+
+
+def compiled_decode_step(backend, compiler):
+    """`decode_layer` behind `compiler`'s switch (verl/utils/compile_beside.py): eager until the compiled
+    step, built beside the first rollouts, takes over at a pass boundary."""
+    return compiler.function("decode step", decode_layer, _compiled_layer_step(backend))
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,90 @@
+"""When the compiled code is built (`compat.compile_warmup`) and where it is kept (`compat.compile_cache_dir`).
+
+The plan's torch_compile compiles the decoder layers, the log-prob kernels and the rollout's decode
+step; built before the first step, that is a minute or two of a fresh machine's start. `background`
+runs the first steps eagerly while a side thread builds the compiled code (verl/utils/compile_beside.py),
+which takes over where a pass begins (on every rank at the same pass). It is chosen where the eager
+first steps fit, which keep more for backward than compiled layers do (the memory model's
+`compiled_layers`), and where no layer runs collectives inside its compiled region (Ulysses' all-to-all
+attention). Otherwise the code is compiled before the first step (`synchronous`), as torch.compile
+does by itself; the user may ask for either, or `off`. Either way inductor's cache is kept per torch version and device, so
+a second run on the machine loads the generated code instead of generating it.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any, Callable
+
+from verl.compat.planning import settings
+from verl.compat.planning.decider import Decider
+from verl.compat.planning.settings import AUTO
+
+WARMUPS = ("background", "synchronous", "off")
+CACHE_ROOT = "~/.cache/verl/compile"
+
+
+def asked_warmup(config: Any) -> Any:
+    """`compat.compile_warmup` as one of WARMUPS, or AUTO."""
+    asked = settings.get(config, "compat.compile_warmup")
+    return asked if asked is AUTO else str(asked).strip().lower()
+
+
+def default_cache_dir(torch_version: str, device_name: str) -> str:
+    """~/.cache/verl/compile/torch-<version>-<device>: generated code is valid for one torch and one device."""
+    tag = re.sub(r"[^A-Za-z0-9.+_-]+", "-", f"torch-{torch_version}-{device_name}").strip("-").lower()
+    return f"{CACHE_ROOT}/{tag}"
+
+
+def decide_cache_dir(decider: Decider, config: Any, torch_compile: bool) -> str | None:
+    """The inductor cache folder the workers use (None: torch's own default, or nothing compiled)."""
+    asked = settings.get(config, "compat.compile_cache_dir")
+    if not torch_compile:
+        return decider.note("compile_cache_dir", None, "nothing is compiled")
+    if asked is not AUTO:
+        return decider.note("compile_cache_dir", str(asked), "set by the user")
+    folder = default_cache_dir(decider.software.torch_version, decider.profile.name)
+    return decider.note("compile_cache_dir", folder, "per torch version and device: a second run here loads the "
+                        "generated code instead of generating it")
+
+
+def decide_compile_warmup(decider: Decider, config: Any, torch_compile: bool, roles: dict,
+                          eager_required_gb: Callable[[], float | None]) -> str:
+    """background | synchronous | off, with its reason. `roles`: the fitted role plans by name;
+    `eager_required_gb`: the fitted plan's required memory with eager layers (None without a model)."""
+    asked = asked_warmup(config)
+    key = "compat.compile_warmup"
+    if not torch_compile:
+        return decider.note("compile_warmup", "off", "nothing is compiled (see torch_compile)")
+    if asked == "off":   # the planner turned torch_compile off for it; reached only when the user forced it on
+        return decider.adapt("compile_warmup", key, "off", "synchronous",
+                             "actor_rollout_ref.actor.use_torch_compile=true asks for compiled code")
+    if asked == "synchronous":
+        return decider.note("compile_warmup", "synchronous", "set by the user: compiled before the first step")
+    blocker = _background_blocker(decider, roles, eager_required_gb)
+    if blocker is None:
+        why = ("the first steps run eagerly while a side thread builds the compiled code, which takes over "
+               "at the start of a pass once built")
+        return decider.note("compile_warmup", "background", ("set by the user: " if asked == "background" else "") + why)
+    if asked == "background":
+        return decider.adapt("compile_warmup", key, "background", "synchronous", blocker)
+    return decider.note("compile_warmup", "synchronous", f"compiled before the first step: {blocker}")
+
+
+def _background_blocker(decider: Decider, roles: dict, eager_required_gb: Callable[[], float | None]) -> str | None:
+    if any(r.sequence_parallel_size > 1 for r in roles.values()):
+        return "Ulysses runs its all-to-all attention inside the compiled layers, which a side thread cannot build alone"
+    need = eager_required_gb()
+    if need is not None and need > decider.profile.memory_gb:
+        return (f"eager first steps would need {need:.1f} GiB of {decider.profile.memory_gb:.1f} (eager layers keep "
+                "more for backward than compiled ones)")
+    return None
+
+
+def synchronous_compile(plan):
+    """`plan` for SFT's trainer, which compiles its layers before the first step (it has no passes for a
+    side thread to build beside)."""
+    if plan.compile_warmup != "background":
+        return plan
+    plan.reasons["compile_warmup"] = "SFT compiles before its first step"
+    return replace(plan, compile_warmup="synchronous")
