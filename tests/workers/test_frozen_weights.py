@@ -58,3 +58,28 @@ def test_upcast_linear_gives_float32_gradients_from_float16_weights():
     torch.testing.assert_close(x16.grad, x.grad, rtol=0, atol=2e-3)
     with torch.autocast("cpu", dtype=torch.bfloat16):   # under autocast the layer runs as autocast says
         assert wrapper(x16).dtype == torch.bfloat16
+
+
+def test_frozen_layers_compile_once_for_every_layer():
+    """Every upcast layer shares one forward (its class's), so a compiled decoder layer is one graph for all
+    layers: a per-module forward object would be guarded by identity and recompile for each layer, until
+    dynamo's recompile limit turns compiling off (seen on the H200 with the 36-layer reference model)."""
+    import torch._dynamo
+
+    layers = [torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Embedding(4, 8)).half().requires_grad_(False)
+              for _ in range(4)]
+    assert all(frozen_weights.upcast_frozen(layer) == 2 for layer in layers)
+    assert not any("forward" in m.__dict__ for layer in layers for m in layer.modules())
+    torch._dynamo.reset()
+    frames = []
+
+    def count(gm, _inputs):
+        frames.append(gm)
+        return gm.forward
+
+    run = torch.compile(lambda layer, x: layer[0](x), backend=count, dynamic=False)
+    x = torch.randn(2, 8)
+    outs = [run(layer, x) for layer in layers]
+    assert len(frames) == 1
+    for layer, out in zip(layers, outs):
+        torch.testing.assert_close(out, x @ layer[0].weight.float().T + layer[0].bias.float())

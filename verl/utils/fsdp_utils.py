@@ -133,8 +133,8 @@ def rows_into_grad(embedding: torch.nn.Embedding) -> torch.nn.Embedding:
     projection takes that projection's gradient into `.grad` as soon as it is computed, instead of
     at the end of backward next to a second matrix to sum it with. The summed `.grad` is the same as
     the dense one. Lookups without gradients (generation, scoring) are plain `F.embedding`."""
-    if embedding.max_norm is not None or embedding.scale_grad_by_freq:
-        return embedding   # renormalising or frequency-scaled lookups keep torch's own backward
+    if embedding.max_norm is not None or embedding.scale_grad_by_freq or not embedding.weight.requires_grad:
+        return embedding   # renormalising or frequency-scaled lookups keep torch's own backward; frozen ones need none
     embedding.forward = functools.partial(_lookup_rows_into_grad, embedding)
     return embedding
 

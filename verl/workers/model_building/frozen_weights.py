@@ -8,8 +8,8 @@ Two places do the upcast, one per way a model runs:
   (`fsdp_utils.shard_model` sets it whenever a model holds more than one storage dtype) to the dtype
   the plan gathers in (float32 param dtype, or the compute dtype where it casts on gather), so one
   decoder layer at a time exists upcast, and only while it runs.
-* Unwrapped (one device, `RolePlan.fsdp` False): `upcast_frozen` below swaps the forward of each frozen
-  half-precision linear layer and embedding for one that, outside autocast, casts the stored weight to
+* Unwrapped (one device, `RolePlan.fsdp` False): `upcast_frozen` below turns each frozen half-precision
+  linear layer and embedding into a subclass whose forward, outside autocast, casts the stored weight to
   float32 right at the matmul. The float32 copy lives for that one call; backward keeps the
   half-precision weight and casts it again, so no float32 copy of a layer is held from forward to
   backward. Norm weights need nothing: float16 times float32 activations promotes to float32. Under
@@ -17,11 +17,11 @@ Two places do the upcast, one per way a model runs:
   device, the fp16 numerics guard's float32 pass, its float32 fallback) they compute in float32.
 
 Per-call casts rather than FSDP2 on one device: wrapping only to cast would add FSDP2's gather copies
-and hooks to every pass of an unsharded model.
+and hooks to every pass of an unsharded model. The forward belongs to a class, not to each module: a
+per-module forward is a distinct object that torch.compile guards on, so a compiled decoder layer would
+recompile for every layer (and stop compiling at dynamo's recompile limit).
 """
 from __future__ import annotations
-
-import functools
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +59,19 @@ def _embedding_forward(module: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
     return rows if _autocasting(module.weight) else rows.float()
 
 
+class _HalfStoredLinear(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _linear_forward(self, x)
+
+
+class _HalfStoredEmbedding(nn.Embedding):
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return _embedding_forward(self, ids)
+
+
+_HALF_STORED = {nn.Linear: _HalfStoredLinear, nn.Embedding: _HalfStoredEmbedding}
+
+
 def upcast_frozen(model: nn.Module) -> int:
     """Make every frozen linear layer and embedding of `model` stored in half precision compute in
     float32 whenever autocast is off (see the module docstring; under autocast they run as autocast
@@ -70,12 +83,10 @@ def upcast_frozen(model: nn.Module) -> int:
         if not isinstance(weight, nn.Parameter) or weight.requires_grad or not weight.is_floating_point() \
                 or weight.element_size() >= 4:
             continue
-        if type(module) is nn.Linear:
-            module.forward = functools.partial(_linear_forward, module)
-        elif type(module) is nn.Embedding:
-            module.forward = functools.partial(_embedding_forward, module)
-        else:
+        half_stored = _HALF_STORED.get(type(module))
+        if half_stored is None:
             continue
+        module.__class__ = half_stored
         changed += 1
     if changed:
         setattr(model, COMPUTE_DTYPE_ATTR, torch.float32)
