@@ -271,6 +271,29 @@ def test_cuda_graph_replay_equals_eager_and_generate():
     assert torch.equal(a, expected)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_no_graph_is_recorded_while_compiled_code_is_built_beside(monkeypatch):
+    """While a side thread builds compiled code (verl/utils/compile_beside.py) a capture would be voided by
+    its launches: the decoder decodes without recording, with the same output, and records once it is done."""
+    from verl.workers.rollout import static_decoder
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    model = _model().to(device)
+    plan = _plan(model, "h200", dtype="float32", micro_batch_size=5)
+    batch = _batch(PROMPTS * 3, 9, [VOCAB + 1]).to(device)
+    recorded = []
+    record = static_decoder.StaticDecoder._record
+    monkeypatch.setattr(static_decoder.StaticDecoder, "_record",
+                        lambda self, window: recorded.append(window) or record(self, window))
+    expected = HFRollout(model, _rollout_config(8, do_sample=False), plan=None).generate_sequences(batch)
+    for building in (True, False):
+        monkeypatch.setattr(static_decoder, "building_beside", lambda: building)
+        out = HFRollout(model, _rollout_config(8, do_sample=False), plan=plan).generate_sequences(batch)
+        assert torch.equal(out.batch["responses"], expected.batch["responses"])
+        assert bool(recorded) is not building
+
+
 # ---------------------------------------------------------------- the compiled decode step
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from verl.utils.compile_beside import BesideCompiler, capture_error_mode
+from verl.utils.compile_beside import BesideCompiler, building_beside
 
 
 class Counting:
@@ -98,7 +98,7 @@ def test_eager_first_then_compiled_from_a_pass_boundary_with_equal_results():
     _passes(compiler, fn, block, twin, steps=1)
     assert backend.calls > calls and backend.compiles == compiles
     assert compiler.takeover_s is not None and compiler.failed is None
-    assert capture_error_mode() == "global"   # the side thread ended with the switch
+    assert not building_beside()   # the side thread ended with the switch: CUDA graphs may be recorded again
 
 
 def test_no_switch_inside_a_pass_and_no_new_kind_wait():

@@ -64,11 +64,11 @@ def _own_compile_flag() -> None:
     torch.compiler._compile_session_context = compile_session
 
 
-def capture_error_mode() -> str:
-    """The CUDA graph capture mode a recording in this process should use: "thread_local" while a
-    side thread builds compiled code (its kernel launches and allocations must not void the
-    capture), else torch's default, "global"."""
-    return "thread_local" if _building else "global"
+def building_beside() -> bool:
+    """Whether a side thread of this process is building compiled code. A CUDA graph must not be
+    recorded meanwhile: the side thread's kernel launches and allocations would void the capture (seen
+    on the H200), so the rollout decodes without graphs until the build is done."""
+    return _building > 0
 
 
 class PassInfo:

@@ -23,15 +23,13 @@ Each window size is its own shape, so with graphs each is recorded once, when de
 from __future__ import annotations
 
 import functools
-import logging
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from verl.utils.compile_beside import capture_error_mode
+from verl.utils.compile_beside import building_beside
 
-logger = logging.getLogger(__name__)
 
 __all__ = ["StaticDecoder", "compiled_decode_step", "static_decoding_unsupported"]
 
@@ -157,8 +155,11 @@ class StaticDecoder:
         window = self.window(slot)
         if not self.graphs:
             return self._step(window)
-        if window not in self._graphs and not self._record(window):
-            return self._graph_logits   # not recorded (see _record): the warm-up computed this step
+        if window not in self._graphs:
+            if building_beside():   # record once the side thread is done (see building_beside)
+                return self._step(window)
+            if not self._record(window):
+                return self._graph_logits   # the warm-up computed this step and started a build
         self._graphs[window].replay()
         return self._graph_logits
 
@@ -188,11 +189,10 @@ class StaticDecoder:
         requires; it computes the current step for real (its logits left in the logits buffer), and the
         replay that follows rewrites the same slot. Every window's graph shares one memory pool (only one
         replays at a time, and nothing a graph allocates outlives its replay) and writes one logits buffer
-        (read before the next step). A capture that fails while a side thread builds compiled code
-        (verl/utils/compile_beside.py) leaves this decoder without graphs (False), with a warning."""
+        (read before the next step). Not recorded (False) when the warm-up's first call of a compiled
+        step started building it beside (verl/utils/compile_beside.py)."""
         side = _warmup_stream(self.keys[0].device)
         side.wait_stream(torch.cuda.current_stream())
-        mode = None   # set once the warm-up has computed this step
         try:
             with torch.cuda.stream(side):
                 logits = self._step(window)
@@ -202,16 +202,12 @@ class StaticDecoder:
                 self._pool = torch.cuda.graph_pool_handle()
             self._graph_logits.copy_(logits)
             del logits
-            mode = capture_error_mode()
+            if building_beside():
+                return False
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode=mode):
+            with torch.cuda.graph(graph, pool=self._pool):
                 self._step(window, self._graph_logits)
         except RuntimeError as e:
-            if mode == "thread_local":
-                logger.warning("recording the decode step as a CUDA graph failed while compiled code is built "
-                               "beside it (%s); this rollout chunk decodes without graphs", e)
-                self.graphs = False
-                return False
             raise RuntimeError(f"compiling or capturing the rollout decode step as a CUDA graph failed ({e}); set "
                                "actor_rollout_ref.rollout.enforce_eager=True to decode without graphs or compilation"
                                ) from e
