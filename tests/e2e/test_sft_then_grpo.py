@@ -78,6 +78,8 @@ def test_sft_learns_and_leaves_a_hugging_face_folder(sft_run):
     assert sorted(steps) == list(range(1, STEPS + 1))
     assert steps[STEPS]["train/loss"] < 0.5 * steps[1]["train/loss"]
     assert "val/loss" in steps[4] and "val/loss" in steps[8] and "val/loss" not in steps[1]
+    # the step's time and memory peak under upstream's PPO names (on CPU the peak is the process's resident set)
+    assert all(steps[s]["timing_s/step"] > 0 and steps[s]["perf/max_memory_allocated_gb"] > 0 for s in steps)
     ckpt = root / "ckpt"
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == str(STEPS)
     assert sorted(os.listdir(ckpt)) == ["global_step_8", "latest_checkpointed_iteration.txt"]  # keep 1

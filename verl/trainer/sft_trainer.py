@@ -18,6 +18,7 @@ import math
 import os
 import shutil
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -276,6 +277,7 @@ class SFTTrainer:
         """Train to `trainer.total_training_steps` (else total_epochs); returns the last step's metrics."""
         from omegaconf import OmegaConf
 
+        from verl.utils.fsdp_utils import memory_metrics
         from verl.utils.tracking import Tracking
 
         trainer = self.config.trainer
@@ -284,7 +286,11 @@ class SFTTrainer:
         metrics: dict[str, float] = {}
         test_freq, save_freq = int(trainer.test_freq), int(trainer.save_freq)
         for step in range(self._resume() + 1, self.total_steps + 1):
+            start = time.perf_counter()
             metrics = self.train_step(self._rows_of_step(step))
+            # upstream's PPO names for the step's time and the memory peaks, so the same tools read both
+            metrics["timing_s/step"] = time.perf_counter() - start
+            metrics.update(memory_metrics(self.plan.device_type))
             metrics["train/epoch"] = (step - 1) // self.steps_per_epoch
             last = step == self.total_steps
             if self.val_set is not None and (last or (test_freq > 0 and step % test_freq == 0)):
