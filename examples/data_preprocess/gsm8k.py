@@ -54,11 +54,17 @@ def make_rows(questions_and_answers: pd.DataFrame, split: str) -> list[dict]:
 
 def _read_table(path: Path) -> pd.DataFrame:
     if path.suffix == ".parquet":
-        return pd.read_parquet(path, columns=["question", "answer"])
-    frame = pd.read_json(path, lines=path.suffix == ".jsonl", dtype=False)
+        import pyarrow.parquet as pq
+
+        names = set(pq.read_schema(path).names)   # this script's own output lacks both: say so, not pyarrow
+        frame = pd.read_parquet(path, columns=["question", "answer"]) if {"question", "answer"} <= names \
+            else pd.DataFrame(columns=sorted(names))
+    else:
+        frame = pd.read_json(path, lines=path.suffix == ".jsonl", dtype=False)
     missing = {"question", "answer"} - set(frame.columns)
     if missing:
-        raise ValueError(f"{path} lacks the column(s) {sorted(missing)}; GSM8K files have 'question' and 'answer'")
+        raise ValueError(f"{path} lacks the column(s) {sorted(missing)}; GSM8K files have 'question' and 'answer' "
+                         "(files this script wrote are not its input: keep the source files in a folder of their own)")
     return frame[["question", "answer"]]
 
 

@@ -128,6 +128,16 @@ def test_missing_split_file_is_explained(tmp_path, script):
         script.load_local(str(tmp_path))
 
 
+def test_own_output_beside_the_source_is_explained(tmp_path, script):
+    """Writing the parquet files into the source folder, then preprocessing that folder again, names the
+    file and the missing columns (pyarrow alone said "No match for FieldRef.Name(question)")."""
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n')
+    script.main(["--local_dataset_path", str(tmp_path), "--local_save_dir", str(tmp_path)])
+    with pytest.raises(ValueError, match=r"train.parquet lacks the column\(s\) \['answer', 'question'\].*folder of their own"):
+        script.load_local(str(tmp_path))
+
+
 def test_answer_without_marker_is_explained(script):
     with pytest.raises(ValueError, match="####"):
         script.final_answer("no final line")
