@@ -37,6 +37,7 @@ __all__ = [
     "collate_fn",
     "fold_batch_dim",
     "unfold_batch_dim",
+    "all_gather_data_proto",
     "serialize_single_tensor",
     "deserialize_single_tensor",
     "serialize_tensordict",
@@ -479,6 +480,47 @@ def unfold_batch_dim(data: "DataProto", batch_dims=2):
         batch = TensorBatch(tensors, batch_size=merge(next(iter(data.batch.values())).shape)[:1] if tensors else ())
     non_tensor = {k: np.reshape(v, merge(v.shape)) for k, v in data.non_tensor_batch.items()}
     return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=data.meta_info)
+
+
+def _collective_device(process_group) -> torch.device:
+    """Where a collective of `process_group` takes its tensors: the CPU for gloo, the accelerator otherwise."""
+    import torch.distributed as dist
+
+    if dist.get_backend(process_group) == "gloo":
+        return torch.device("cpu")
+    from verl.utils.device import get_device_id, get_device_name
+
+    return torch.device(get_device_name(), get_device_id())
+
+
+def all_gather_data_proto(data: "DataProto", process_group) -> None:
+    """Give `data`, in place, the rows of every rank of `process_group` in rank order (as torch's all_gather
+    fills its list): every tensor and non-tensor array; `meta_info` stays this rank's. Ranks may hold
+    different row counts (tensors are padded for the collective and cut back).
+
+    Tensors cross on the group's device and return to the device each came from. Every rank must call it
+    with the same keys and the same non-batch tensor shapes.
+    """
+    import torch.distributed as dist
+
+    if not isinstance(data, DataProto):
+        raise TypeError(f"all_gather_data_proto takes a DataProto, got {type(data).__name__}")
+    world = dist.get_world_size(group=process_group)
+    parts: list = [None] * world
+    dist.all_gather_object(parts, (len(data), data.non_tensor_batch), group=process_group)
+    rows = [n for n, _ in parts]
+    if data.batch is not None:
+        wire, most = _collective_device(process_group), max(rows)
+        gathered = {}
+        for key in sorted(data.batch.keys()):  # one order on every rank: collectives pair up by call order
+            local = data.batch[key]
+            padded = local.new_zeros((most, *local.shape[1:]), device=wire)
+            padded[: len(local)] = local.to(wire)
+            pieces = [torch.empty_like(padded) for _ in range(world)]
+            dist.all_gather(pieces, padded, group=process_group)
+            gathered[key] = torch.cat([p[:n] for p, n in zip(pieces, rows)]).to(local.device)
+        data.batch = TensorBatch(gathered, batch_size=(sum(rows), *data.batch.batch_size[1:]))
+    data.non_tensor_batch = {k: np.concatenate([nt[k] for _, nt in parts]) for k in data.non_tensor_batch}
 
 
 def serialize_single_tensor(obj: torch.Tensor) -> tuple[str, tuple[int, ...], Any]:

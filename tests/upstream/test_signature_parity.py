@@ -53,6 +53,10 @@ NAMES = [
     ("verl.tools.base_tool", "BaseTool.execute"),
     ("verl.tools.function_tool", "function_tool"),
     ("verl.tools.tool_registry", "load_all_tools"),
+    ("verl.single_controller.ray.base", "SubRayResourcePool.__init__"),
+    ("verl.single_controller.ray.base", "split_resource_pool"),
+    ("verl.single_controller.ray.base", "merge_resource_pool"),
+    ("verl.protocol", "all_gather_data_proto"),
 ]
 
 

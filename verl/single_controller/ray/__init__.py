@@ -6,12 +6,15 @@ from .base import (
     RayWorkerGroup,
     ResourcePoolManager,
     ResourceUnavailableError,
+    SubRayResourcePool,
     WorkerDiedError,
     WorkerError,
     WorkerGroupTimeoutError,
     create_colocated_worker_cls,
     create_colocated_worker_cls_fused,
     create_colocated_worker_raw_cls,
+    merge_resource_pool,
+    split_resource_pool,
 )
 
 __all__ = [
@@ -20,10 +23,13 @@ __all__ = [
     "RayWorkerGroup",
     "ResourcePoolManager",
     "ResourceUnavailableError",
+    "SubRayResourcePool",
     "WorkerDiedError",
     "WorkerError",
     "WorkerGroupTimeoutError",
     "create_colocated_worker_cls",
     "create_colocated_worker_cls_fused",
     "create_colocated_worker_raw_cls",
+    "merge_resource_pool",
+    "split_resource_pool",
 ]

@@ -27,6 +27,9 @@ from verl.single_controller.base.worker_group import registered_methods
 
 __all__ = [
     "RayResourcePool",
+    "SubRayResourcePool",
+    "split_resource_pool",
+    "merge_resource_pool",
     "ResourcePoolManager",
     "RayClassWithInitArgs",
     "RayWorkerGroup",
@@ -195,6 +198,131 @@ class RayResourcePool(ResourcePool):
             remove_placement_group(pg)
         self.pgs = None
 
+    def bundle_slots(self, strategy: str = "STRICT_PACK") -> list[tuple[int, PlacementGroup, int]]:
+        """The bundles workers go on, in rank order: (index of the placement group, the group, bundle index)."""
+        pgs = self.get_placement_groups(strategy=strategy)
+        return [(pg_idx, pg, b) for pg_idx, pg in enumerate(pgs) for b in range(pg.bundle_count)]
+
+
+class SubRayResourcePool(RayResourcePool):
+    """A view of `subgroup_world_size` consecutive bundles of another pool's placement groups.
+
+    Bundles are counted across `placement_groups` in rank order, from `start_bundle_index`. Worker groups
+    built on views of one pool share its placement groups, so they land on disjoint bundles of it (e.g. a
+    trainer and a rollout on the two halves of one node). The pool it was taken from owns the groups.
+    """
+
+    def __init__(
+        self,
+        placement_groups: list[PlacementGroup],
+        start_bundle_index: int,
+        subgroup_world_size: int,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        total = sum(pg.bundle_count for pg in placement_groups)
+        if start_bundle_index < 0 or subgroup_world_size < 1 or start_bundle_index + subgroup_world_size > total:
+            raise ValueError(
+                f"bundles [{start_bundle_index}, {start_bundle_index + subgroup_world_size}) are not inside the "
+                f"{total} bundles of the placement groups"
+            )
+        self.pgs = list(placement_groups)
+        self.start_bundle_index = int(start_bundle_index)
+        self.subgroup_world_size = int(subgroup_world_size)
+
+    @property
+    def world_size(self) -> int:
+        return self.subgroup_world_size
+
+    def bundle_slots(self, strategy: str = "STRICT_PACK") -> list[tuple[int, PlacementGroup, int]]:
+        every = super().bundle_slots(strategy)
+        return every[self.start_bundle_index : self.start_bundle_index + self.subgroup_world_size]
+
+    def local_world_size_list(self) -> list[int]:
+        """For each rank of the view, the bundle count of the placement group (node) it is on."""
+        return [pg.bundle_count for _, pg, _ in self.bundle_slots()]
+
+    def local_rank_list(self) -> list[int]:
+        """For each rank of the view, its bundle's index in its placement group."""
+        return [b for _, _, b in self.bundle_slots()]
+
+    def release(self) -> None:
+        """Nothing to remove: the placement groups belong to the pool this view was split from."""
+
+
+def _pool_options(pool: RayResourcePool) -> dict:
+    return {
+        "use_gpu": pool.use_gpu,
+        "max_colocate_count": pool.max_colocate_count,
+        "detached": pool.detached,
+        "accelerator_type": pool.accelerator_type,
+        "num_cpus_per_bundle": pool.num_cpus_per_bundle,
+    }
+
+
+def split_resource_pool(
+    resource_pool: RayResourcePool | SubRayResourcePool, split_size: int | list[int]
+) -> list[SubRayResourcePool]:
+    """Cut a pool (or a view, again) into consecutive views: equal parts of `split_size` bundles, or the listed sizes.
+
+    The pool's placement groups are created here if they do not exist yet.
+    """
+    world = resource_pool.world_size
+    if isinstance(split_size, int):
+        if split_size < 1 or world % split_size:
+            raise ValueError(f"split_size {split_size} does not divide the pool's {world} bundles")
+        sizes = [split_size] * (world // split_size)
+    else:
+        sizes = [int(n) for n in split_size]
+        if sum(sizes) != world or min(sizes, default=0) < 1:
+            raise ValueError(f"split sizes {sizes} must be positive and sum to the pool's {world} bundles")
+    pgs = resource_pool.get_placement_groups()
+    start = getattr(resource_pool, "start_bundle_index", 0)
+    views = []
+    for i, size in enumerate(sizes):
+        views.append(SubRayResourcePool(
+            placement_groups=pgs,
+            start_bundle_index=start,
+            subgroup_world_size=size,
+            process_on_nodes=resource_pool.store,
+            name_prefix=f"{resource_pool.name_prefix}_split_{i}",
+            **_pool_options(resource_pool),
+        ))
+        start += size
+    return views
+
+
+def merge_resource_pool(rp1: RayResourcePool, rp2: RayResourcePool) -> RayResourcePool:
+    """One pool over the bundles of `rp1` then those of `rp2`.
+
+    Two pools: their placement groups (created if need be) side by side. Two adjacent views of the same
+    placement groups (`rp2` starting where `rp1` ends): the view over both, so merging the parts of a
+    split gives back the whole.
+    """
+    mine, theirs = _pool_options(rp1), _pool_options(rp2)
+    differ = sorted(k for k in mine if mine[k] != theirs[k])
+    if differ:
+        raise ValueError(f"cannot merge resource pools that differ in {differ}: {mine} vs {theirs}")
+    name = f"{rp1.name_prefix}_{rp2.name_prefix}"
+    views = isinstance(rp1, SubRayResourcePool), isinstance(rp2, SubRayResourcePool)
+    if all(views):
+        same_groups = [pg.id for pg in rp1.pgs] == [pg.id for pg in rp2.pgs]
+        if not same_groups or rp1.start_bundle_index + rp1.world_size != rp2.start_bundle_index:
+            raise ValueError("only adjacent views of the same placement groups merge (rp2 must start where rp1 ends)")
+        return SubRayResourcePool(
+            placement_groups=rp1.pgs,
+            start_bundle_index=rp1.start_bundle_index,
+            subgroup_world_size=rp1.world_size + rp2.world_size,
+            process_on_nodes=rp1.store,
+            name_prefix=name,
+            **mine,
+        )
+    if any(views):
+        raise ValueError("cannot merge a view of a pool (SubRayResourcePool) with a whole pool")
+    merged = RayResourcePool(process_on_nodes=rp1.store + rp2.store, name_prefix=name, **mine)
+    merged.pgs = rp1.get_placement_groups() + rp2.get_placement_groups()
+    return merged
+
 
 def _short(resources: dict) -> dict:
     return {k: round(v, 3) for k, v in resources.items() if k in ("CPU", "GPU")}
@@ -346,43 +474,50 @@ class RayWorkerGroup(WorkerGroup):
             self.method_names = self._bind_worker_method(ray_cls_with_init.user_cls)
 
     def _init_with_resource_pool(self, resource_pool, ray_cls_with_init, bin_pack, detached) -> None:
-        pgs = resource_pool.get_placement_groups(strategy="STRICT_PACK" if bin_pack else "PACK")
-        if self._master_addr is None and _on_this_node(pgs[0]):
+        # pgs are sorted by node IP, so read each node's size from its own group; a SubRayResourcePool
+        # gives only its share of the bundles
+        slots = resource_pool.bundle_slots(strategy="STRICT_PACK" if bin_pack else "PACK")
+        _, first_pg, first_bundle = slots[0]
+        if self._master_addr is None and _on_this_node(first_pg, first_bundle):
             # rank 0 runs on the driver's node: no task (and no worker process started for it) needed
             self._master_addr, self._master_port = _addr_and_free_port()
         elif self._master_addr is None:
             task = _node_addr_and_free_port.options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pgs[0], placement_group_bundle_index=0)
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=first_pg, placement_group_bundle_index=first_bundle
+                )
             ).remote()
             self._master_addr, self._master_port = self.wait(task, "find master address")
 
         cls_name = ray_cls_with_init.user_cls.__name__
-        rank = 0
-        for node_idx, pg in enumerate(pgs):  # sorted by node IP, so read each node's size from its group
-            local_world_size = pg.bundle_count
-            for local_rank in range(local_world_size):
-                env = self._worker_env(rank, resource_pool.world_size, local_rank, local_world_size)
-                name = f"{self.name_prefix}{cls_name}_{node_idx}:{local_rank}"
-                options = {"runtime_env": {"env_vars": env}, "name": name, **resource_pool.actor_resources()}
-                if detached:
-                    options["lifetime"] = "detached"
-                self._workers.append(ray_cls_with_init(pg, local_rank, options))
-                self._worker_names.append(name)
-                rank += 1
+        on_node = {}  # this group's workers per placement group (node): torchrun's LOCAL_WORLD_SIZE
+        for pg_idx, _, _ in slots:
+            on_node[pg_idx] = on_node.get(pg_idx, 0) + 1
+        seen: dict[int, int] = {}
+        for rank, (pg_idx, pg, bundle) in enumerate(slots):
+            local_rank = seen[pg_idx] = seen.get(pg_idx, -1) + 1
+            env = self._worker_env(rank, len(slots), local_rank, on_node[pg_idx], bundle, pg.bundle_count)
+            name = f"{self.name_prefix}{cls_name}_{pg_idx}:{bundle}"
+            options = {"runtime_env": {"env_vars": env}, "name": name, **resource_pool.actor_resources()}
+            if detached:
+                options["lifetime"] = "detached"
+            self._workers.append(ray_cls_with_init(pg, bundle, options))
+            self._worker_names.append(name)
         # surface constructor errors and unschedulable actors now, with the rank named; each worker
         # reports the node it really runs on (placement, error messages)
         self._node_ids = self.wait([w.__ray_call__.remote(_actor_node_id) for w in self._workers], "__init__",
                                    timeout_s=self.start_timeout_s)
 
-    def _worker_env(self, rank, world_size, local_rank, local_world_size) -> dict[str, str]:
+    def _worker_env(self, rank, world_size, local_rank, local_world_size, bundle, bundles_on_node) -> dict[str, str]:
         env = {
             "WORLD_SIZE": str(world_size),
             "RANK": str(rank),
             "LOCAL_RANK": str(local_rank),
             "LOCAL_WORLD_SIZE": str(local_world_size),
-            # upstream's names for the same two values (Ray-placed workers, read by upstream worker code)
-            "RAY_LOCAL_RANK": str(local_rank),
-            "RAY_LOCAL_WORLD_SIZE": str(local_world_size),
+            # upstream's names for the bundle's place in its node's placement group (equal to the two above
+            # unless the group sits on part of the bundles, see SubRayResourcePool)
+            "RAY_LOCAL_RANK": str(bundle),
+            "RAY_LOCAL_WORLD_SIZE": str(bundles_on_node),
             "MASTER_ADDR": str(self._master_addr),
             "MASTER_PORT": str(self._master_port),
             "WG_PREFIX": self.name_prefix,
