@@ -66,8 +66,8 @@ def _own_compile_flag() -> None:
 
 def building_beside() -> bool:
     """Whether a side thread of this process is building compiled code. A CUDA graph must not be
-    recorded meanwhile: the side thread's kernel launches and allocations would void the capture (seen
-    on the H200), so the rollout decodes without graphs until the build is done."""
+    recorded meanwhile: the side thread's kernel launches and allocations would void the capture, so
+    the rollout decodes without graphs until the build is done."""
     return _building > 0
 
 
