@@ -85,7 +85,10 @@ def test_sft_learns_and_leaves_a_hugging_face_folder(sft_run):
     assert sorted(os.listdir(ckpt)) == ["global_step_8", "latest_checkpointed_iteration.txt"]  # keep 1
     hf = ckpt / "global_step_8" / "huggingface"
     rows = _rows(8)
-    assert _answer_nll(hf, rows) < 0.5 * _answer_nll(model, rows)
+    # the folder holds the trained weights: its answers' NLL well below the starting model's (the ratio depends on
+    # how the tiny tokenizer, trained by the installed `tokenizers`, splits "77777777": 0.41 on current
+    # releases, 0.59 on the floors of scripts/test_floor.sh)
+    assert _answer_nll(hf, rows) < 0.7 * _answer_nll(model, rows)
 
 
 def _greedy_scores(model_dir, table) -> list[float]:
@@ -103,8 +106,8 @@ def _greedy_scores(model_dir, table) -> list[float]:
     for row in table.itertuples():
         ids = tok.apply_chat_template([dict(m) for m in row.prompt], add_generation_prompt=True,
                                       return_tensors="pt", return_dict=True)
-        with torch.no_grad():
-            out = model.generate(**ids, do_sample=False, max_new_tokens=8, eos_token_id=tok.eos_token_id,
+        with torch.no_grad():   # transformers 4.56's tokenizer adds token_type_ids, which generate refuses
+            out = model.generate(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"], do_sample=False, max_new_tokens=8, eos_token_id=tok.eos_token_id,
                                  pad_token_id=tok.pad_token_id)
         answer = tok.decode(out[0, ids["input_ids"].shape[-1]:], skip_special_tokens=True)
         scores.append(compute_score(row.data_source, answer, row.reward_model["ground_truth"]))
