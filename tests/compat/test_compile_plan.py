@@ -1,7 +1,8 @@
 """compat.compile_warmup and compat.compile_cache_dir: the plan's choice per case, each with its reason.
 
-background where compiled code is planned and the eager first steps fit; synchronous for Ulysses, SFT, where
-the eager steps would not fit, or when the user asks; off where nothing is compiled. The cache folder is
+synchronous wherever compiled code is planned (it started sooner than eager steps beside a compiling thread);
+background when the user asks and the eager first steps fit, refused (adapted, or an error under compat.strict)
+for Ulysses and where the eager steps would not fit; off where nothing is compiled. The cache folder is
 per torch version and device unless the user names one.
 """
 import dataclasses
@@ -29,28 +30,30 @@ def _plan(cfg, device="h200", software=PLAIN, **extra):
 
 
 @pytest.mark.parametrize("cfg", [GRPO, QUICKSTART], ids=["grpo", "quickstart"])
-def test_background_where_compiled_code_is_planned_and_the_eager_steps_fit(cfg):
+def test_synchronous_by_default_background_when_asked_and_the_eager_steps_fit(cfg):
     plan = _plan(cfg)
-    assert plan.torch_compile and plan.compile_warmup == "background"
-    assert "side thread" in plan.reasons["compile_warmup"]
-
-
-def test_synchronous_where_the_eager_first_steps_would_not_fit():
-    """On a T4 the fitted GRPO plan fits only with compiled layers (they keep less for backward)."""
-    plan = _plan(GRPO, "t4")
     assert plan.torch_compile and plan.compile_warmup == "synchronous"
-    assert "eager first steps would need" in plan.reasons["compile_warmup"]
+    assert plan.reasons["compile_warmup"].startswith("compiled before the first step")
+    asked = _plan(cfg, compile_warmup="background")
+    assert asked.compile_warmup == "background" and not asked.warnings
+    assert asked.reasons["compile_warmup"].startswith("set by the user") and "side thread" in asked.reasons["compile_warmup"]
+
+
+def test_background_refused_where_the_eager_first_steps_would_not_fit():
+    """On a T4 the fitted GRPO plan fits only with compiled layers (they keep less for backward)."""
+    assert _plan(GRPO, "t4").compile_warmup == "synchronous"
     strict = {**GRPO["compat"], "strict": True, "compile_warmup": "background"}
     with pytest.raises(PlanError, match="compile_warmup=background"):
         make_plan(get_profile("t4"), {**GRPO, "compat": strict}, PLAIN, QWEN05)
     asked = _plan(GRPO, "t4", compile_warmup="background")   # not strict: adapted, with a warning
     assert asked.compile_warmup == "synchronous" and any("compile_warmup" in w for w in asked.warnings)
+    assert "eager first steps would need" in asked.reasons["compile_warmup"]
 
 
-def test_synchronous_for_ulysses():
+def test_background_refused_for_ulysses():
     cfg = config(64, 512, 512, 16, 16, 16, actor_rollout_ref__actor__ulysses_sequence_parallel_size=2,
                  trainer__n_gpus_per_node=2)
-    plan = _plan(cfg)
+    plan = _plan(cfg, compile_warmup="background")
     assert plan.actor.sequence_parallel_size == 2 and plan.compile_warmup == "synchronous"
     assert "Ulysses" in plan.reasons["compile_warmup"]
 
@@ -78,7 +81,7 @@ def test_sft_compiles_before_its_first_step():
            "trainer": {"n_gpus_per_node": 1, "nnodes": 1}, "compat": {"strict": False, "memory_margin": 0.1}}
     plan = make_sft_plan(get_profile("h200"), sft, PLAIN, QWEN05)
     assert plan.torch_compile and plan.compile_warmup == "synchronous"
-    assert "SFT" in plan.reasons["compile_warmup"]
+    assert plan.reasons["compile_warmup"].startswith("compiled before the first step")
 
 
 def test_cache_folder_per_torch_version_and_device():

@@ -1,19 +1,20 @@
 """When the compiled code is built (`compat.compile_warmup`) and where it is kept (`compat.compile_cache_dir`).
 
 The plan's torch_compile compiles the decoder layers, the log-prob kernels and the rollout's decode
-step; built before the first step, that is a minute or two of a fresh machine's start. `background`
-runs the first steps eagerly while a side thread builds the compiled code (verl/utils/compile_beside.py),
-which takes over where a pass begins (on every rank at the same pass). It is chosen where the eager
-first steps fit, which keep more for backward than compiled layers do (the memory model's
-`compiled_layers`), and where no layer runs collectives inside its compiled region (Ulysses' all-to-all
-attention). Otherwise the code is compiled before the first step (`synchronous`), as torch.compile
-does by itself; the user may ask for either, or `off`. Either way inductor's cache is kept per torch version and device, so
-a second run on the machine loads the generated code instead of generating it.
+step; built before the first step, that is most of a fresh machine's first minute. By default it is built
+there (`synchronous`), as torch.compile does by itself: the alternative, `background`, runs the first steps
+eagerly while a side thread builds the compiled code (verl/utils/compile_beside.py), which takes over where
+a pass begins (on every rank at the same pass), but the side thread and the eager steps share one
+interpreter, and on a fresh machine the first step came later that way than after compiling first
+(docs/performance.md, "Compile off the critical path"). `background` is the user's to ask for; it is
+refused where the eager first steps would not fit (eager layers keep more for backward than compiled
+ones: the memory model's `compiled_layers`) or where a layer runs collectives inside its compiled region
+(Ulysses' all-to-all attention). `off` compiles nothing. Either way inductor's cache is kept per torch
+version and device, so a second run on the machine loads the generated code instead of generating it.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from typing import Any, Callable
 
 from verl.compat.planning import settings
@@ -59,16 +60,15 @@ def decide_compile_warmup(decider: Decider, config: Any, torch_compile: bool, ro
     if asked == "off":   # the planner turned torch_compile off for it; reached only when the user forced it on
         return decider.adapt("compile_warmup", key, "off", "synchronous",
                              "actor_rollout_ref.actor.use_torch_compile=true asks for compiled code")
-    if asked == "synchronous":
-        return decider.note("compile_warmup", "synchronous", "set by the user: compiled before the first step")
+    if asked != "background":
+        return decider.note("compile_warmup", "synchronous", ("set by the user: " if asked == "synchronous" else "")
+                            + "compiled before the first step (eager steps beside a compiling thread share its "
+                            "interpreter and start later)")
     blocker = _background_blocker(decider, roles, eager_required_gb)
-    if blocker is None:
-        why = ("the first steps run eagerly while a side thread builds the compiled code, which takes over "
-               "at the start of a pass once built")
-        return decider.note("compile_warmup", "background", ("set by the user: " if asked == "background" else "") + why)
-    if asked == "background":
+    if blocker is not None:
         return decider.adapt("compile_warmup", key, "background", "synchronous", blocker)
-    return decider.note("compile_warmup", "synchronous", f"compiled before the first step: {blocker}")
+    return decider.note("compile_warmup", "background", "set by the user: the first steps run eagerly while a side "
+                        "thread builds the compiled code, which takes over at the start of a pass once built")
 
 
 def _background_blocker(decider: Decider, roles: dict, eager_required_gb: Callable[[], float | None]) -> str | None:
@@ -79,12 +79,3 @@ def _background_blocker(decider: Decider, roles: dict, eager_required_gb: Callab
         return (f"eager first steps would need {need:.1f} GiB of {decider.profile.memory_gb:.1f} (eager layers keep "
                 "more for backward than compiled ones)")
     return None
-
-
-def synchronous_compile(plan):
-    """`plan` for SFT's trainer, which compiles its layers before the first step (it has no passes for a
-    side thread to build beside)."""
-    if plan.compile_warmup != "background":
-        return plan
-    plan.reasons["compile_warmup"] = "SFT compiles before its first step"
-    return replace(plan, compile_warmup="synchronous")

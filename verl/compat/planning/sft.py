@@ -13,7 +13,6 @@ from dataclasses import replace
 from typing import Any
 
 from verl.compat.planning import settings
-from verl.compat.planning.compile import synchronous_compile
 from verl.compat.plan import Plan
 
 # SFT key -> the actor's key in the PPO tree the planner reads
@@ -78,7 +77,7 @@ def make_sft_plan(profile, config: Any, software, model=None) -> Plan:
     """The plan for an SFT run (pure, as `make_plan`); the actor role is the trained model."""
     from verl.compat.planning.planner import make_plan
 
-    return _padded(synchronous_compile(make_plan(profile, ppo_view(config), software, model)))
+    return _padded(make_plan(profile, ppo_view(config), software, model))
 
 
 def build_sft_plan(config: Any, *, to_run: bool = True) -> Plan:
