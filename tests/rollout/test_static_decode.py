@@ -654,3 +654,46 @@ def test_recording_graphs_again_leaves_no_device_memory_behind():
         rollout.generate_sequences(batch)
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated(device) == settled
+
+
+def _vl_engines(tmp_path, device, plan, response_length):
+    """Greedy responses of four geo3k-shaped image prompts (different lengths, left-padded) on a tiny
+    Qwen2.5-VL: (static decoder under `plan`, static decoder eager, the HF forward at every step)."""
+    from omegaconf import OmegaConf
+    from vision_data import geo3k_parquet, tiny_vl_model
+
+    from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset
+    from verl.workers.model_building.loading import load_processor, load_tokenizer
+
+    model_dir = tiny_vl_model(tmp_path / "vl")
+    data = geo3k_parquet(tmp_path / "geo3k", rows_per_split=4)
+    dataset = create_rl_dataset(str(data / "train.parquet"), OmegaConf.create({"max_prompt_length": 96}),
+                                load_tokenizer(model_dir), load_processor(model_dir))
+    model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="sdpa").to(device).eval()
+    batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(4)])).to(device)
+    batch.meta_info.update(eos_token_id=-1, pad_token_id=0)   # never stop: every step compared
+    config = _rollout_config(response_length, do_sample=False)
+    forced = HFRollout(model, config, plan=None)
+    forced.static_unsupported = lambda: "forced: the HF forward path"
+    engines = (HFRollout(model, config, plan=plan(model)), HFRollout(model, config, plan=None), forced)
+    assert engines[0].static_unsupported() is None
+    return [e.generate_sequences(batch).batch["responses"].cpu() for e in engines]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_vl_graphs_and_compiled_step_equal_the_hf_forward(tmp_path):
+    """A VL model on this GPU's real plan: prefill through its own forward, then the recorded (and, where
+    planned, compiled) decode step; greedy tokens equal eager static decoding and the HF forward's."""
+    from verl.compat.device.detect import detect_profile, detect_software
+
+    device = torch.device("cuda", torch.cuda.current_device())
+
+    def plan(model):
+        p = _plan(model, "h200", detect_software(detect_profile()), dtype="float32", micro_batch_size=2)
+        assert p.rollout.cuda_graphs
+        return p
+
+    graphs, eager, hf = _vl_engines(tmp_path, device, plan, 24)
+    assert torch.equal(graphs, eager) and torch.equal(graphs, hf)
