@@ -656,6 +656,47 @@ def test_recording_graphs_again_leaves_no_device_memory_behind():
     assert torch.cuda.memory_allocated(device) == settled
 
 
+def test_qwen2_vl_text_prompts_decode_statically_as_the_hf_forward_does(monkeypatch):
+    """A tiny Qwen2-VL (head_dim 128: the default mrope sections) on left-padded text prompts with
+    (batch, 4, seq) positions: the model's rotary at equal positions is 1-D rotary, and the static path
+    (its forward as prefill, then the static step) gives the logits and tokens of its forward at every step."""
+    from verl.workers.rollout import hf_rollout
+    from verl.workers.rollout.static_decoder import _rotary_table
+
+    torch.manual_seed(0)
+    text = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128, pad_token_id=PAD)
+    cfg = transformers.Qwen2VLConfig(text_config=text, vision_config=dict(depth=1, embed_dim=32, num_heads=2,
+                                                                          hidden_size=256))
+    cfg._attn_implementation = "sdpa"
+    model = transformers.Qwen2VLForConditionalGeneration(cfg).float().eval()
+    rotary = model.model.language_model.rotary_emb
+    cos = _rotary_table(rotary, 100, torch.float32, torch.device("cpu"), multimodal=True)[0].double()
+    tc = cfg.get_text_config()
+    theta = (getattr(tc, "rope_parameters", None) or {}).get("rope_theta") or tc.rope_theta   # 5.x / 4.x spelling
+    angles = torch.arange(100, dtype=torch.float64)[:, None] * float(theta) ** (-torch.arange(0, 128, 2) / 128)
+    torch.testing.assert_close(cos, torch.cat([angles, angles], -1).cos(), rtol=0, atol=1e-4)
+
+    batch = _batch(PROMPTS, 9, [VOCAB + 1])
+    batch.batch["position_ids"] = batch.batch["position_ids"][:, None].expand(-1, 4, -1).clone()
+    seen = []
+    pick = hf_rollout.sample_next_token
+    monkeypatch.setattr(hf_rollout, "sample_next_token", lambda logits, *a: seen.append(logits.float()) or pick(logits, *a))
+    runs = []
+    for forced in (False, True):
+        seen.clear()
+        engine = HFRollout(model, _rollout_config(10, do_sample=False), plan=None)
+        if forced:
+            engine.static_unsupported = lambda: "forced: the HF forward path"
+        assert forced or engine.static_unsupported() is None
+        out, calls = _engine_forward_calls(model, engine, batch)
+        runs.append((out.batch["responses"], calls, torch.stack(seen)))
+    (static, static_calls, static_logits), (hf, hf_calls, hf_logits) = runs
+    assert (static_calls, hf_calls) == (1, 10)
+    torch.testing.assert_close(static_logits, hf_logits, rtol=0, atol=1e-4)
+    assert torch.equal(static, hf)
+
+
 def _vl_engines(tmp_path, device, plan, response_length):
     """Greedy responses of four geo3k-shaped image prompts (different lengths, left-padded) on a tiny
     Qwen2.5-VL: (static decoder under `plan`, static decoder eager, the HF forward at every step)."""
