@@ -665,7 +665,8 @@ def test_qwen2_vl_text_prompts_decode_statically_as_the_hf_forward_does(monkeypa
 
     torch.manual_seed(0)
     text = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128, pad_token_id=PAD)
+                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128, pad_token_id=PAD,
+                rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]})   # 4.x reads it; 5.x converts it
     cfg = transformers.Qwen2VLConfig(text_config=text, vision_config=dict(depth=1, embed_dim=32, num_heads=2,
                                                                           hidden_size=256))
     cfg._attn_implementation = "sdpa"
