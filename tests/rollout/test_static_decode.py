@@ -661,7 +661,7 @@ def test_qwen2_vl_text_prompts_decode_statically_as_the_hf_forward_does(monkeypa
     (batch, 4, seq) positions: the model's rotary at equal positions is 1-D rotary, and the static path
     (its forward as prefill, then the static step) gives the logits and tokens of its forward at every step."""
     from verl.workers.rollout import hf_rollout
-    from verl.workers.rollout.static_decoder import _rotary_table
+    from verl.workers.rollout.static_decoder import _rotary_table, static_decoding_unsupported
 
     torch.manual_seed(0)
     text = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=128, num_hidden_layers=2,
@@ -696,6 +696,11 @@ def test_qwen2_vl_text_prompts_decode_statically_as_the_hf_forward_does(monkeypa
     assert (static_calls, hf_calls) == (1, 10)
     torch.testing.assert_close(static_logits, hf_logits, rtol=0, atol=1e-4)
     assert torch.equal(static, hf)
+    # what still takes the HF forward: sliding-window text layers, VL types not known to place text this way
+    model.config.get_text_config().layer_types = ["sliding_attention"] * 2
+    assert static_decoding_unsupported(model) == "sliding-window attention layers"
+    model.config.model_type = "qwen3_vl"
+    assert "vision-language model type 'qwen3_vl'" in static_decoding_unsupported(model)
 
 
 def _vl_engines(tmp_path, device, plan, response_length):
