@@ -145,13 +145,18 @@ def test_forwards_and_the_builtin_engine_count_the_towers_forward():
 
     from test_memory import HF, role
 
-    from verl.compat.planning.memory import GiB, Workload, estimate_memory, generation_bytes_per_sequence, vision_bytes
+    from verl.compat.planning.memory import (GiB, Workload, _generation_terms, estimate_memory,
+                                             generation_bytes_per_sequence, vision_bytes)
 
     spec = _vl_3b()
     per_seq = {t: generation_bytes_per_sequence(spec, role(), HF, 512, 256, image_tokens=t) for t in (0, 512)}
     tower = vision_bytes(spec, "bfloat16", "bfloat16", "sdpa", 1, 512, "forward")
     kv = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 768 * 2
     assert per_seq[512] == pytest.approx(kv + tower) and per_seq[512] > per_seq[0]
+    # the prefill is the model's own forward: its cache over the prompt sits beside the decoder's whole cache
+    prefill = _generation_terms(spec, role(), HF, 512, 256)[0]
+    assert prefill["rollout.prefill_cache"] == pytest.approx(kv * 512 / 768)
+    assert prefill["rollout.kv_cache"] == pytest.approx(kv)
     wl = Workload(prompt_length=512, response_length=256, rollout_batch_per_gpu=32, image_tokens=512)
     spec = replace(spec, vocab_size=520)   # tiny_vl_model's tokenizer (the H200 runs'): the tower is the peak
     log_prob = estimate_memory(spec, wl, role(micro=32), HF, device_memory_gb=140.0).phases["log_prob"]

@@ -654,3 +654,93 @@ def test_recording_graphs_again_leaves_no_device_memory_behind():
         rollout.generate_sequences(batch)
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated(device) == settled
+
+
+def test_qwen2_vl_text_prompts_decode_statically_as_the_hf_forward_does(monkeypatch):
+    """A tiny Qwen2-VL (head_dim 128: the default mrope sections) on left-padded text prompts with
+    (batch, 4, seq) positions: the model's rotary at equal positions is 1-D rotary, and the static path
+    (its forward as prefill, then the static step) gives the logits and tokens of its forward at every step."""
+    from verl.workers.rollout import hf_rollout
+    from verl.workers.rollout.static_decoder import _rotary_table, static_decoding_unsupported
+
+    torch.manual_seed(0)
+    text = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128, pad_token_id=PAD,
+                rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]})   # 4.x reads it; 5.x converts it
+    cfg = transformers.Qwen2VLConfig(text_config=text, vision_config=dict(depth=1, embed_dim=32, num_heads=2,
+                                                                          hidden_size=256))
+    cfg._attn_implementation = "sdpa"
+    model = transformers.Qwen2VLForConditionalGeneration(cfg).float().eval()
+    rotary = model.model.language_model.rotary_emb
+    cos = _rotary_table(rotary, 100, torch.float32, torch.device("cpu"), multimodal=True)[0].double()
+    tc = cfg.get_text_config()
+    theta = (getattr(tc, "rope_parameters", None) or {}).get("rope_theta") or tc.rope_theta   # 5.x / 4.x spelling
+    angles = torch.arange(100, dtype=torch.float64)[:, None] * float(theta) ** (-torch.arange(0, 128, 2) / 128)
+    torch.testing.assert_close(cos, torch.cat([angles, angles], -1).cos(), rtol=0, atol=1e-4)
+
+    batch = _batch(PROMPTS, 9, [VOCAB + 1])
+    batch.batch["position_ids"] = batch.batch["position_ids"][:, None].expand(-1, 4, -1).clone()
+    seen = []
+    pick = hf_rollout.sample_next_token
+    monkeypatch.setattr(hf_rollout, "sample_next_token", lambda logits, *a: seen.append(logits.float()) or pick(logits, *a))
+    runs = []
+    for forced in (False, True):
+        seen.clear()
+        engine = HFRollout(model, _rollout_config(10, do_sample=False), plan=None)
+        if forced:
+            engine.static_unsupported = lambda: "forced: the HF forward path"
+        assert forced or engine.static_unsupported() is None
+        out, calls = _engine_forward_calls(model, engine, batch)
+        runs.append((out.batch["responses"], calls, torch.stack(seen)))
+    (static, static_calls, static_logits), (hf, hf_calls, hf_logits) = runs
+    assert (static_calls, hf_calls) == (1, 10)
+    torch.testing.assert_close(static_logits, hf_logits, rtol=0, atol=1e-4)
+    assert torch.equal(static, hf)
+    # what still takes the HF forward: sliding-window text layers, VL types not known to place text this way
+    model.config.get_text_config().layer_types = ["sliding_attention"] * 2
+    assert static_decoding_unsupported(model) == "sliding-window attention layers"
+    model.config.model_type = "qwen3_vl"
+    assert "vision-language model type 'qwen3_vl'" in static_decoding_unsupported(model)
+
+
+def _vl_engines(tmp_path, device, plan, response_length):
+    """Greedy responses of four geo3k-shaped image prompts (different lengths, left-padded) on a tiny
+    Qwen2.5-VL: (static decoder under `plan`, static decoder eager, the HF forward at every step)."""
+    from omegaconf import OmegaConf
+    from vision_data import geo3k_parquet, tiny_vl_model
+
+    from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset
+    from verl.workers.model_building.loading import load_processor, load_tokenizer
+
+    model_dir = tiny_vl_model(tmp_path / "vl")
+    data = geo3k_parquet(tmp_path / "geo3k", rows_per_split=4)
+    dataset = create_rl_dataset(str(data / "train.parquet"), OmegaConf.create({"max_prompt_length": 96}),
+                                load_tokenizer(model_dir), load_processor(model_dir))
+    model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="sdpa").to(device).eval()
+    batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(4)])).to(device)
+    batch.meta_info.update(eos_token_id=-1, pad_token_id=0)   # never stop: every step compared
+    config = _rollout_config(response_length, do_sample=False)
+    forced = HFRollout(model, config, plan=None)
+    forced.static_unsupported = lambda: "forced: the HF forward path"
+    engines = (HFRollout(model, config, plan=plan(model)), HFRollout(model, config, plan=None), forced)
+    assert engines[0].static_unsupported() is None
+    return [e.generate_sequences(batch).batch["responses"].cpu() for e in engines]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_vl_graphs_and_compiled_step_equal_the_hf_forward(tmp_path):
+    """A VL model on this GPU's real plan: prefill through its own forward, then the recorded (and, where
+    planned, compiled) decode step; greedy tokens equal eager static decoding and the HF forward's."""
+    from verl.compat.device.detect import detect_profile, detect_software
+
+    device = torch.device("cuda", torch.cuda.current_device())
+
+    def plan(model):
+        p = _plan(model, "h200", detect_software(detect_profile()), dtype="float32", micro_batch_size=2)
+        assert p.rollout.cuda_graphs
+        return p
+
+    graphs, eager, hf = _vl_engines(tmp_path, device, plan, 24)
+    assert torch.equal(graphs, eager) and torch.equal(graphs, hf)

@@ -62,8 +62,8 @@ def test_plan_decides_the_vision_tower(setup, device):
     assert plan.reasons["vision.frozen"].startswith("actor.freeze_vision_tower=True" if device == "p40"
                                                     else "the tower trains")
     assert "tower parameters counted" in plan.reasons["vision.memory"]
-    assert not plan.rollout.cuda_graphs and plan.rollout.compile_backend is None
-    assert "vision-language model" in plan.reasons["rollout.cuda_graphs"]
+    # the built-in engine decodes a VL model's text tokens with its static decoder: the text model's graph rule
+    assert plan.rollout.cuda_graphs is (device != "cpu") and plan.rollout.enforce_eager is (device == "cpu")
 
 
 def test_a_critic_on_a_vl_model_is_refused_by_the_plan(setup):
@@ -132,11 +132,16 @@ def test_changing_the_image_changes_the_log_probs(setup):
     torch.testing.assert_close(log_probs([dataset[0], dataset[1]]), same, rtol=0, atol=1e-5)
 
 
-def test_builtin_engine_greedy_equals_transformers_generate(setup):
+def test_builtin_engine_greedy_equals_transformers_generate(setup, monkeypatch):
+    """Through the static decoder (the HF decode loop is not called), two rows of different prompt
+    lengths, left-padded in one batch, each equal to `generate` on its own unpadded prompt."""
     model_dir, dataset, plan = setup
     model = build_model(model_dir, plan.actor, train=False)
     rollout = HFRollout(model, actor_rollout_ref_config(model_dir).rollout, plan)
+    assert rollout.static_unsupported() is None
+    monkeypatch.setattr(HFRollout, "_hf_passes", lambda *a, **k: pytest.fail("the HF decode loop ran"))
     rows = [dataset[0], dataset[2]]
+    assert rows[0]["attention_mask"].sum() != rows[1]["attention_mask"].sum()   # different left padding
     prompts = _batch(rows)
     prompts.meta_info.update(do_sample=False, response_length=RESPONSE)
     prompts.meta_info["eos_token_id"] = -1   # never stop: compare every step
@@ -151,6 +156,80 @@ def test_builtin_engine_greedy_equals_transformers_generate(setup):
             theirs = model.generate(**inputs, max_new_tokens=RESPONSE, min_new_tokens=RESPONSE, do_sample=False,
                                     eos_token_id=None, pad_token_id=0)
         assert ours[i].tolist() == theirs[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def _rotary_table_f64(positions, head_dim: int, theta: float):
+    """1-D rotary cos/sin (len, head_dim) in float64: angle p * theta^(-2i/head_dim), halves repeated."""
+    inv = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = positions.double()[:, None] * inv
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def test_equal_mrope_positions_are_one_dimensional_rotary(setup):
+    """What the static decoder relies on for a VL model's generated (text) tokens: the model's mrope
+    module given equal (temporal, height, width) positions returns the ordinary 1-D rotary table (every
+    section reads the same inverse frequencies), and so does the decoder's table built from it."""
+    from verl.workers.rollout.static_decoder import _rotary_table
+
+    model_dir, _, plan = setup
+    model = build_model(model_dir, plan.actor, train=False)
+    rotary = model.model.language_model.rotary_emb
+    text = model.config.get_text_config()
+    head_dim, theta = text.hidden_size // text.num_attention_heads, 10000.0
+    positions = torch.tensor([0, 1, 7, 95, 300, 1500])
+    x = torch.zeros(1, dtype=torch.float32)
+    cos, sin = rotary(x, positions.view(1, 1, -1).expand(3, 1, -1))
+    if cos.dim() == 4:   # transformers 4.x: one table per axis, sections chosen in the attention
+        cos, sin = cos[0], sin[0]
+    ref_cos, ref_sin = _rotary_table_f64(positions, head_dim, theta)
+    torch.testing.assert_close(cos[0].double(), ref_cos, rtol=0, atol=1e-4)
+    torch.testing.assert_close(sin[0].double(), ref_sin, rtol=0, atol=1e-4)
+    table_cos, table_sin = _rotary_table(rotary, 1501, torch.float32, torch.device("cpu"), multimodal=True)
+    torch.testing.assert_close(table_cos[positions].double(), ref_cos, rtol=0, atol=1e-4)
+    torch.testing.assert_close(table_sin[positions].double(), ref_sin, rtol=0, atol=1e-4)
+    # the check can fail: unequal axes (an image token's positions) do not give the 1-D table
+    apart = rotary(x, torch.stack([positions, positions + 50, positions + 400])[:, None])[0]
+    moved = (apart[1] - apart[0]) if apart.dim() == 4 else (apart[0].double() - ref_cos)   # 4.x: per-axis tables
+    assert moved.abs().max() > 0.1
+
+
+@pytest.mark.parametrize("sampling", [dict(do_sample=True, temperature=1.0),
+                                      dict(do_sample=True, temperature=0.8, top_k=50, top_p=0.9)])
+def test_static_vl_sampling_equals_the_hf_forward_path(setup, monkeypatch, sampling):
+    """One seed, the same rows: the static decoder (HF prefill, static steps) and the HF forward at every
+    step sample the same tokens from the same logits (float32 rounding apart); the static run calls the
+    model's forward once (the prefill)."""
+    from verl.workers.rollout import hf_rollout
+
+    model_dir, dataset, plan = setup
+    model = build_model(model_dir, plan.actor, train=False)
+    config = actor_rollout_ref_config(model_dir).rollout
+    seen = []
+    pick = hf_rollout.sample_next_token
+    monkeypatch.setattr(hf_rollout, "sample_next_token", lambda logits, *a: seen.append(logits.float()) or pick(logits, *a))
+
+    def sample(force_hf: bool):
+        seen.clear()
+        rollout = HFRollout(model, config, plan)
+        if force_hf:
+            monkeypatch.setattr(rollout, "static_unsupported", lambda: "forced: the HF forward path")
+        prompts = _batch([dataset[0], dataset[2], dataset[1]])
+        prompts.meta_info.update(sampling, response_length=16, seed=1234)
+        prompts.meta_info["eos_token_id"] = -1   # every step compared
+        calls = []
+        hook = model.register_forward_pre_hook(lambda *_: calls.append(1))
+        try:
+            return rollout.generate_sequences(prompts).batch["responses"], len(calls), torch.stack(seen)
+        finally:
+            hook.remove()
+
+    static, static_calls, static_logits = sample(force_hf=False)
+    hf, hf_calls, hf_logits = sample(force_hf=True)
+    assert (static_calls, hf_calls) == (1, 16)
+    torch.testing.assert_close(static_logits, hf_logits, rtol=0, atol=1e-4)
+    assert torch.equal(static, hf)
+    assert len(set(static.flatten().tolist())) > 10   # sampled, not one repeated token
 
 
 def test_update_trains_the_tower_unless_frozen(setup):

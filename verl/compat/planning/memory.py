@@ -177,7 +177,8 @@ def _generation_terms(model: ModelSpec, actor: RolePlan, rollout: RolloutPlan, p
     prefill (the whole KV cache, which the static decoder allocates up front, plus one layer's
     transients over the prompt), the end of decoding (full KV, float32 sampling over the last
     position's logits), and for a VL model the vision tower's forward over the prompt's images
-    at the prefill (`vision_bytes`; the KV cache counted beside it as well).
+    at the prefill (`vision_bytes`; the KV cache counted beside it as well). A VL prefill is the model's
+    own forward, whose cache over the prompt is held beside the decoder's until copied into it.
 
     Prefill transients per token: 4H*r + 3I*c, plus 4I under autocast, with c the rollout dtype and r the residual width: that of
     the weights the engine computes with, the gathered ones (`gather_dtype`), so a plan that casts
@@ -195,7 +196,10 @@ def _generation_terms(model: ModelSpec, actor: RolePlan, rollout: RolloutPlan, p
     prefill = {"rollout.kv_cache": kv_cache, "rollout.prefill": prompt_length * per_token}
     decode = {"rollout.kv_cache": kv_cache,
               "rollout.sampling": model.vocab_size * 4 * 3}
-    if model.vision is None or not image_tokens:
+    if model.vision is None:
+        return prefill, decode
+    prefill["rollout.prefill_cache"] = kv_per_token * prompt_length
+    if not image_tokens:
         return prefill, decode
     tower = vision_bytes(model, rollout.dtype, weights, rollout.attn_implementation, 1, image_tokens, "forward")
     return prefill, decode, {"rollout.kv_cache": kv_cache, "rollout.vision tower": tower}

@@ -28,7 +28,7 @@ from verl.compat.device.profile import DeviceProfile, SoftwareInfo
 from verl.compat.planning.reward_model import add_reward_model
 from verl.compat.planning.wrapping import wraps_in_fsdp
 from verl.compat.planning.settings import AUTO
-from verl.compat.planning.vision import decide_vision, decide_vision_rollout
+from verl.compat.planning.vision import decide_vision
 from verl.compat.planning.throughput import UPSTREAM_TOKEN_BUDGET, decide_dynamic_bsz, decide_fused_optimizer, dynamic_auto
 
 __all__ = ["MAX_ROLLOUT_MICRO_BATCH", "PlanError", "make_plan"]
@@ -474,7 +474,6 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     rollout, rollout_asked = _decide_rollout(decider, config, roles["actor"].compute_dtype,
                                              roles["actor"].attn_implementation)
     rollout = _decide_compiled_decode(decider, rollout, glob["torch_compile"])
-    rollout = decide_vision_rollout(decider, rollout, model.vision if model is not None else None)
     _check_ulysses_heads(roles, model)
     _decide_cast_on_gather(decider, roles, rollout.dtype)
     _warn_vllm_only_keys(decider, config, rollout.name)

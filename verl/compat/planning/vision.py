@@ -7,8 +7,9 @@ prompt, then the usual decoder. For planning that means:
 - sequence length: each image becomes `patches / merge^2` prompt tokens, already inside
   `data.max_prompt_length` (the data set counts the processor's expanded tokens);
 - activations: the tower runs over the patches (merge^2 per image token) at its own width;
-- positions: (4, seq) multimodal rotary positions, which the packed (remove-padding) path does not carry,
-  and the built-in engine's static decoder does not take (it calls the model's own forward for VL).
+- positions: (4, seq) multimodal rotary positions, which the packed (remove-padding) path does not carry;
+  the built-in engine prefills through the model's own forward (pixels, these positions) and decodes
+  with its static decoder (generated tokens are text), so its CUDA graph and compile rules are the text ones.
 """
 from __future__ import annotations
 
@@ -168,18 +169,6 @@ def decide_vision(decider, config: Any, roles: dict, vision: VisionSpec | None, 
     decider.note("vision.memory", round(vision.params / 1e6, 2), _memory_reason(vision, actor, frozen, prompt_length))
     out["actor"] = replace(actor, vision_frozen=frozen)
     return out
-
-
-def decide_vision_rollout(decider, rollout, vision: VisionSpec | None):
-    """The built-in engine generates a VL model through the model's own forward (the pixels enter at the
-    prefill), so its static decoder, and with it CUDA graphs and the compiled decode step, are off."""
-    if vision is None or rollout.name != "hf":
-        return rollout
-    why = ("vision-language model: the built-in engine calls the model's own forward (image features at the "
-           "prefill), not the static decoder")
-    decider.note("rollout.cuda_graphs", False, why)
-    decider.note("rollout.compile_backend", None, why)
-    return replace(rollout, cuda_graphs=False, compile_backend=None)
 
 
 def _memory_reason(vision: VisionSpec, actor, frozen: bool, prompt_length: int) -> str:

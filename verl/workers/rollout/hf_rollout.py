@@ -9,6 +9,9 @@ Two ways to run the model: Llama-family models with unsharded weights (the actor
 before generating) go through `StaticDecoder` (a preallocated KV cache, one prefill pass, then a
 fixed-shape step per token, replayed as a CUDA graph when the plan says `rollout.cuda_graphs`);
 anything else (other architectures, weights still sharded) calls the HF forward with its own cache.
+A vision-language model with a Qwen2 text model (Qwen2-VL, Qwen2.5-VL) takes the static path too, its
+prefill (pixels, multimodal positions) through the model's own forward, whose cache then seeds the
+decoder's (`StaticDecoder.load_prefix`); its generated tokens are text and decode like a text model's.
 
 Two things keep the static path's work to what the rows hold: a chunk's prompts lose the left-padding
 columns every row shares before prefill (see `trim_common_padding`), and the decoder attends over the
@@ -147,6 +150,7 @@ def rollout_autocast_dtype(rollout_dtype: torch.dtype | None, weight_dtype: torc
 
 def trim_common_padding(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor):
     """The prompts without the leading columns that are padding in every row (mask zero throughout).
+    `pos` is (batch, seq), or a VL model's (batch, 4, seq); its last dimension is cut like the others.
 
     Such columns are masked keys for every query and no row's query reads them, so dropping them
     changes no token: it only shrinks the prefill and the KV cache every decode step reads. The kept
@@ -158,7 +162,7 @@ def trim_common_padding(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor
     filled = mask.bool().any(dim=0)
     first = int(filled.to(torch.int8).argmax())  # the first filled column; 0 (keep all) when none is
     keep = min(width, -(-(width - first) // TRIM_MULTIPLE) * TRIM_MULTIPLE)
-    return ids[:, width - keep:], mask[:, width - keep:], pos[:, width - keep:]
+    return ids[:, width - keep:], mask[:, width - keep:], pos[..., width - keep:]  # pos: (batch, [4,] seq)
 
 
 def eos_check_due(step: int) -> bool:
@@ -361,9 +365,14 @@ class HFRollout(BaseRollout):
 
         return logits, advance
 
-    def _static_passes(self, holder: list, ids, mask, pos, response_length):
+    def _static_passes(self, holder: list, ids, mask, pos, response_length, images: dict | None = None):
         """First logits and a next-step function over a StaticDecoder (kept in `holder` for equal chunks),
-        on the prompts without their common left padding."""
+        on the prompts without their common left padding.
+
+        With a VL model's (batch, 4, seq) positions the prefill is the model's own forward (`images` and
+        the multimodal positions go in there) and its cache is copied into the decoder's. Each new token
+        then sits at the next mrope position: one past the row's largest, as the model's own generation
+        places text after the prompt (for a prompt ending in text, its last column's mrope position)."""
         ids, mask, pos = trim_common_padding(ids, mask, pos)
         batch, prompt_length = ids.shape
         positions = max(int(pos.max()) + 1, prompt_length) + response_length
@@ -378,8 +387,14 @@ class HFRollout(BaseRollout):
                                     self.compile_backend, step=self._step)
             holder[:] = [key, decoder]
         decoder = holder[1]
-        last = pos[:, -1]
-        logits = decoder.prefill(ids, mask, pos)
+        if pos.dim() == 3:  # rows 1-3 are the (temporal, height, width) mrope positions
+            last = pos[:, 1:].amax(dim=(1, 2))
+            logits, cache = self._forward(ids, mask, pos, None, images)
+            decoder.load_prefix([(layer.keys, layer.values) for layer in cache.layers], mask)
+            del cache  # the prompt's keys and values now live in the decoder's cache only
+        else:
+            last = pos[:, -1]
+            logits = decoder.prefill(ids, mask, pos)
         return logits, lambda token, step: decoder.decode(token, last + step + 1, prompt_length + step)
 
     def _generate(self, prompts: DataProto, params, response_length, eos_ids, pad_id, generator, holder) -> DataProto:
@@ -404,10 +419,10 @@ class HFRollout(BaseRollout):
         keep_states = not ignore_eos and not params.greedy
 
         images = _image_inputs(prompts, device)
-        if holder is None or images:
+        if holder is None:
             logits, advance = self._hf_passes(ids, mask, pos, images)
         else:
-            logits, advance = self._static_passes(holder, ids, mask, pos, response_length)
+            logits, advance = self._static_passes(holder, ids, mask, pos, response_length, images)
         for step in range(response_length):
             token = sample_next_token(logits, params, generator)
             token = torch.where(finished, torch.full_like(token, pad_id), token)

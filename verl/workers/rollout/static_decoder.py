@@ -13,6 +13,13 @@ needs only slots [0, P + s]: it attends over a window of the first W slots, W th
 of WINDOW_BUCKET that covers them, rather than the whole cache (most of which, early on, is unwritten),
 unless the whole cache is small beside the weights (WHOLE_CACHE_SHARE): then one window covers it.
 
+Vision-language models whose text model is a Qwen2 decoder (Qwen2-VL, Qwen2.5-VL) are decoded here
+too, after a prefill through the model's own forward: the image features and the multimodal (mrope)
+positions enter there, and `load_prefix` copies the keys and values it cached (already rotated) into
+slots [0, P). Every generated token is text, whose three mrope positions are equal, and mrope with
+equal positions is the ordinary 1-D rotary of the text model's inverse frequencies: the decode step
+is the text model's, at the mrope position following the prompt's last.
+
 A decode step for a small model is ~50 tiny kernels per layer (norms, rotary, casts, the attention's
 softmax), each too short to hide its launch even inside a CUDA graph. With `compile_backend` the
 per-layer step is a `torch.compile`d function (module-level, layer passed in, so one compiled graph
@@ -34,6 +41,8 @@ from verl.utils.compile_beside import building_beside
 __all__ = ["StaticDecoder", "compiled_decode_step", "static_decoding_unsupported"]
 
 _FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+# vision-language models whose text model is a Qwen2 decoder with mrope over (temporal, height, width)
+_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 # rotary types whose cos/sin for a position do not depend on the length of the call
 _ROPE_TYPES = ("default", "linear", "llama3")
 # Decode windows grow in steps of this many cache slots: at most 63 unwritten slots read per step
@@ -47,7 +56,10 @@ WHOLE_CACHE_SHARE = 0.05
 
 
 def _parts(inner: nn.Module):
+    """The text model (embed_tokens, layers, norm, rotary_emb) and the LM head; a VL model's text model
+    is `model.language_model`."""
     base = getattr(inner, "model", None)
+    base = getattr(base, "language_model", base)
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
     return base, head
 
@@ -57,9 +69,11 @@ def static_decoding_unsupported(inner: nn.Module) -> str | None:
     cfg = getattr(inner, "config", None)
     family = getattr(cfg, "model_type", None)
     if getattr(cfg, "vision_config", None) is not None:
-        return ("a vision-language model: image features and multimodal positions enter through the model's "
-                "own forward")
-    if family not in _FAMILIES:
+        if family not in _VL_FAMILIES:
+            return (f"vision-language model type {family!r} is not one of {_VL_FAMILIES} (a Qwen2 text model "
+                    "whose generated tokens take equal mrope positions)")
+        cfg = cfg.get_text_config()
+    elif family not in _FAMILIES:
         return f"model type {family!r} is not one of {_FAMILIES}"
     base, head = _parts(inner)
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
@@ -75,6 +89,21 @@ def static_decoding_unsupported(inner: nn.Module) -> str | None:
     if rope not in _ROPE_TYPES:
         return f"rotary type {rope!r} (its angles depend on the sequence length)"
     return None
+
+
+def _rotary_table(rotary: nn.Module, positions: int, dtype, device, multimodal: bool):
+    """cos/sin (positions, head_dim) from the model's own rotary module, so scaled variants match.
+
+    A multimodal (mrope) module is given equal positions on its three axes, the positions of text
+    tokens: it returns (batch, seq, dim) with the sections already chosen (transformers 5) or
+    (3, batch, seq, dim), one table per axis, all equal here (transformers 4.x)."""
+    ids = torch.arange(positions, device=device)[None]
+    if multimodal:
+        ids = ids.expand(3, 1, positions)
+    cos, sin = rotary(torch.zeros(1, dtype=dtype, device=device), ids)
+    if cos.dim() == 4:
+        cos, sin = cos[0], sin[0]
+    return cos[0].to(dtype), sin[0].to(dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -100,7 +129,7 @@ class StaticDecoder:
                  device: torch.device, graphs: bool = False, compile_backend=None, step=None):
         base, self.head = _parts(inner)
         self.embed, self.layers, self.norm = base.embed_tokens, list(base.layers), base.norm
-        cfg = inner.config
+        cfg = inner.config.get_text_config()
         attn = self.layers[0].self_attn
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = attn.head_dim
@@ -114,10 +143,8 @@ class StaticDecoder:
         shape = (batch, self.kv_heads, max_len + 1, self.head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
-        # cos/sin for every position once: the model's own rotary module, so scaled variants match
-        cos, sin = base.rotary_emb(torch.zeros(1, dtype=dtype, device=device),
-                                   torch.arange(positions, device=device)[None])
-        self.cos, self.sin = cos[0].to(dtype), sin[0].to(dtype)
+        self.cos, self.sin = _rotary_table(base.rotary_emb, positions, dtype, device,
+                                           multimodal=getattr(inner.config, "vision_config", None) is not None)
         self.key_valid = torch.ones(batch, max_len, dtype=torch.bool, device=device)
         self.slots = torch.arange(max_len, device=device)
         # the decode step's inputs: written before each step, read by the (recorded) step
@@ -144,6 +171,17 @@ class StaticDecoder:
                                                                           device=ids.device)
         cos, sin = F.embedding(positions, self.cos), F.embedding(positions, self.sin)
         return self._prefill(ids, cos, sin, allowed[:, None])
+
+    def load_prefix(self, keys_values, mask: torch.Tensor) -> None:
+        """Take a prefill done elsewhere (a VL model's own forward): `keys_values` holds each layer's
+        (keys, values), rotated, (batch, kv_heads, P, head_dim), for the left-padded prompts that `mask`
+        (batch, P) marks; they fill cache slots [0, P) as `prefill` would have."""
+        length = mask.shape[1]
+        self.key_valid[:, :length] = mask.bool()
+        self.key_valid[:, length:] = True  # later slots are gated by the step's slot instead
+        for (k, v), keys, values in zip(keys_values, self.keys, self.values, strict=True):
+            keys[:, :, :length] = k
+            values[:, :, :length] = v
 
     def decode(self, token: torch.Tensor, position: torch.Tensor, slot: int) -> torch.Tensor:
         """One token per row at `position`, written to cache `slot`; returns float32 logits (batch, vocab).
