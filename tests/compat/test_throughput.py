@@ -157,3 +157,31 @@ def test_budgets_grow_less_far_at_several_ranks():
     assert one_rank.memory["required_gb"] > two_ranks.memory_limit_gb * (1 - MULTI_RANK_RESHARD_HEADROOM)
     assert two_ranks.memory["required_gb"] <= two_ranks.memory_limit_gb * (1 - MULTI_RANK_RESHARD_HEADROOM)
     assert 16384 < two_ranks.actor.max_token_len_per_gpu < one_rank.actor.max_token_len_per_gpu
+
+
+def test_auto_micro_batches_divide_each_ranks_mini_batch():
+    """`auto` update micro-batches split each data-parallel rank's mini-batch evenly, as the worker requires:
+    on CPU too, where the memory model counts one host memory for all the rank processes."""
+    from omegaconf import OmegaConf
+
+    from verl.compat.planning.fit import _Batch, halve
+    from verl.workers.fsdp_workers import _normalize_mini_batch
+
+    # (device, ranks, prompts per mini-batch, samples per prompt, expected micro-batch)
+    for device, ranks, prompts, n, expected in (("cpu", 8, 4, 2, 1),    # 1 row a rank (was 8: the worker refused it)
+                                                ("h200", 1, 3, 4, 6),   # 12 rows: 6, not 8
+                                                ("h200", 2, 5, 2, 5)):  # 5 rows a rank
+        overrides = ["algorithm.adv_estimator=grpo", f"data.train_batch_size={prompts}", "data.max_prompt_length=256",
+                     "data.max_response_length=32", f"actor_rollout_ref.rollout.n={n}",
+                     f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}", f"trainer.n_gpus_per_node={ranks}",
+                     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=auto",
+                     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=auto",
+                     "actor_rollout_ref.actor.use_dynamic_bsz=false"]
+        _, _, plan = plan_for(overrides, device=device, model_spec="qwen2.5-0.5b")
+        micro = plan.actor.micro_batch_size_per_gpu
+        assert micro == expected, (device, ranks, prompts, n, micro)
+        cfg = OmegaConf.create({"ppo_mini_batch_size": prompts, "ppo_micro_batch_size_per_gpu": micro})
+        _normalize_mini_batch(cfg, n, ranks, "actor")   # the worker's own check passes
+    # halving for memory keeps an update's micro-batch a divisor of the one before; forwards just halve
+    smaller, _ = halve(_Batch(7, 14, 6, 12, 14, explicit={}), {}, False, 0)
+    assert (smaller.actor, smaller.actor_forward, smaller.critic, smaller.critic_forward, smaller.ref) == (1, 7, 3, 6, 7)

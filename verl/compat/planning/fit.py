@@ -47,11 +47,21 @@ class _Batch:
     explicit: dict
 
 
-def micro_batches(config: Any, workload: Workload, samples_per_prompt: int) -> _Batch:
+def _largest_divisor(rows: int, cap: int) -> int:
+    """The largest micro-batch of at most `cap` rows that splits `rows` evenly (workers require it)."""
+    return max(d for d in range(1, max(min(rows, cap), 1) + 1) if rows % d == 0)
+
+
+def micro_batches(config: Any, samples_per_prompt: int, ranks: int) -> _Batch:
+    """The `auto` micro-batches' starting points: an update's at most 8 rows and a divisor of the rows one
+    data-parallel rank trains per mini-batch (`ranks` processes over Ulysses groups: on CPU too, where
+    the memory model counts one host memory), forwards twice that."""
     arr = "actor_rollout_ref"
-    mini = int(get(config, f"{arr}.actor.ppo_mini_batch_size", 256)) * samples_per_prompt
-    per_gpu = max(mini // workload.world_size, 1)
-    auto_train = min(per_gpu, 8)
+    dp = max(ranks // max(int(get(config, f"{arr}.actor.ulysses_sequence_parallel_size", 1) or 1), 1), 1)
+    mini = int(get(config, f"{arr}.actor.ppo_mini_batch_size", 256))
+    critic_mini = int(get(config, "critic.ppo_mini_batch_size", mini))
+    auto_train = _largest_divisor(max(mini * samples_per_prompt // dp, 1), 8)
+    auto_critic = _largest_divisor(max(critic_mini * samples_per_prompt // dp, 1), 8)
 
     def pick(*paths, default):
         value = first(config, *paths)
@@ -59,7 +69,7 @@ def micro_batches(config: Any, workload: Workload, samples_per_prompt: int) -> _
 
     actor, actor_set = pick(f"{arr}.actor.ppo_micro_batch_size_per_gpu", default=auto_train)
     actor_fwd, actor_forward_set = pick(f"{arr}.rollout.log_prob_micro_batch_size_per_gpu", default=2 * actor)
-    critic, critic_set = pick("critic.ppo_micro_batch_size_per_gpu", default=actor)
+    critic, critic_set = pick("critic.ppo_micro_batch_size_per_gpu", default=auto_critic)
     critic_fwd, critic_forward_set = pick("critic.forward_micro_batch_size_per_gpu", default=critic)
     ref, ref_set = pick(f"{arr}.ref.log_prob_micro_batch_size_per_gpu", default=actor_fwd)
     return _Batch(actor, actor_fwd, critic, critic_fwd, ref,
@@ -572,7 +582,8 @@ def halve(batching: _Batch, budgets: dict, dynamic: bool, seq_len: int):
     sizes = [batching.actor, batching.actor_forward, batching.critic, batching.critic_forward, batching.ref]
     if all(s <= 1 for s in sizes):
         return None
-    h = [max(s // 2, 1) for s in sizes]
+    # an update's micro-batch stays a divisor of the one before (so of the rank's mini-batch): 6 -> 3 -> 1
+    h = [_largest_divisor(s, max(s // 2, 1)) if i in (0, 2) else max(s // 2, 1) for i, s in enumerate(sizes)]
     return _Batch(*h, explicit=batching.explicit), budgets
 
 

@@ -582,7 +582,7 @@ def _fit_inputs(decider: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig
     if decider.profile.backend == "cpu":
         _offload_on_host(decider, {name: roles_cfg[name] for name in roles}, asked_off)
     dynamic = decide_dynamic_bsz(decider.note, decider.profile, config)
-    batches = micro_batches(config, workload, n)
+    batches = micro_batches(config, n, ranks)
     if dynamic and dynamic_auto(config):
         floors = {"actor": batches.actor, "actor_forward": batches.actor_forward, "critic": batches.critic,
                   "critic_forward": batches.critic_forward, "ref": batches.ref}
