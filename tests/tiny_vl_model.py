@@ -49,11 +49,16 @@ def build_tiny_vl_model_dir(
     max_pixels: int = 224 * 224,
     max_position_embeddings: int = 2048,
     seed: int = 0,
+    tokenizer_dir: str | None = None,
+    init_device: str = "cpu",
+    save_dtype: str = "float32",
 ) -> str:
     """Write tokenizer, processor, config and random weights of a Qwen2.5-VL model; return `out_dir`.
 
-    Small by default; `QWEN25_VL_3B` holds the keyword arguments of Qwen2.5-VL-3B's shape (random weights,
-    this small tokenizer) for GPU runs that need the real model's size."""
+    Small by default; `QWEN25_VL_3B` holds the keyword arguments of Qwen2.5-VL-3B's shape (random weights)
+    for GPU runs that need the real model's size. `tokenizer_dir` (a Qwen tokenizer folder, which has the
+    vision tokens) replaces the trained small tokenizer, the vocabulary then at least `vocab_size`;
+    `init_device="cuda"` draws a 3B model's weights in seconds, `save_dtype` halves its files."""
     import torch
     from transformers import (GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration,
                               Qwen2_5_VLProcessor)
@@ -64,8 +69,16 @@ def build_tiny_vl_model_dir(
 
     os.makedirs(out_dir, exist_ok=True)
     # ChatML plus Qwen's vision tokens as special tokens; saved with the processor below
-    tokenizer = build_tokenizer(None, corpus_texts, vocab_size, special_tokens=SPECIAL_TOKENS + VISION_TOKENS,
-                                chat_template=VL_CHAT_TEMPLATE)
+    if tokenizer_dir is None:
+        tokenizer = build_tokenizer(None, corpus_texts, vocab_size, special_tokens=SPECIAL_TOKENS + VISION_TOKENS,
+                                    chat_template=VL_CHAT_TEMPLATE)
+        vocab_size = len(tokenizer)
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        tokenizer.chat_template = VL_CHAT_TEMPLATE
+        vocab_size = max(vocab_size, len(tokenizer))
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in VISION_TOKENS}
     head_dim = hidden_size // num_heads
     # mrope splits each head's rotary half into (temporal, height, width) sections.
@@ -73,7 +86,7 @@ def build_tiny_vl_model_dir(
     sections = mrope_section or [head_dim // 2 - 2 * quarter, quarter, quarter]
     config = Qwen2_5_VLConfig(
         text_config={
-            "vocab_size": len(tokenizer), "hidden_size": hidden_size, "intermediate_size": intermediate_size,
+            "vocab_size": vocab_size, "hidden_size": hidden_size, "intermediate_size": intermediate_size,
             "num_hidden_layers": num_layers, "num_attention_heads": num_heads,
             "num_key_value_heads": num_kv_heads, "max_position_embeddings": max_position_embeddings,
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections},
@@ -93,10 +106,11 @@ def build_tiny_vl_model_dir(
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        model = Qwen2_5_VLForConditionalGeneration(config)
+        with torch.device(init_device):
+            model = Qwen2_5_VLForConditionalGeneration(config)
     finally:
         torch.random.set_rng_state(generator_state)
-    model.save_pretrained(out_dir)
+    model.to(getattr(torch, save_dtype)).save_pretrained(out_dir)
     # By default small images stay small: at most 16x16 patches (64 image tokens) per image.
     image_processor = ImageProcessor(min_pixels=56 * 56, max_pixels=max_pixels, patch_size=14,
                                                temporal_patch_size=2, merge_size=2)
@@ -114,8 +128,8 @@ def build_tiny_vl_model_dir(
     return out_dir
 
 
-# Qwen2.5-VL-3B-Instruct's shape (its config.json); the vocabulary is this tokenizer's.
-QWEN25_VL_3B = {"hidden_size": 2048, "num_layers": 36, "num_heads": 16, "num_kv_heads": 2, "intermediate_size": 11008,
+# Qwen2.5-VL-3B-Instruct's shape (its config.json); the vocabulary is the tokenizer's, at least 151,936 (Qwen's).
+QWEN25_VL_3B = {"vocab_size": 151936, "hidden_size": 2048, "num_layers": 36, "num_heads": 16, "num_kv_heads": 2, "intermediate_size": 11008,
                 "vision_hidden_size": 1280, "vision_depth": 32, "vision_heads": 16, "vision_intermediate_size": 3420,
                 "mrope_section": [16, 24, 24], "max_position_embeddings": 128000, "max_pixels": 12845056}
 
@@ -139,5 +153,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Build a Qwen2.5-VL-architecture model + tokenizer + processor.")
     parser.add_argument("out_dir")
     parser.add_argument("--shape", choices=["tiny", "qwen2.5-vl-3b"], default="tiny")
+    parser.add_argument("--tokenizer", help="a Qwen tokenizer folder (e.g. .gpu-assets/tok) instead of a trained small one")
+    parser.add_argument("--device", default="cpu", help="where the random weights are drawn (cuda: seconds for 3B)")
+    parser.add_argument("--dtype", default="float32", help="the saved weights' dtype")
     args = parser.parse_args()
-    print(build_tiny_vl_model_dir(args.out_dir, **(QWEN25_VL_3B if args.shape == "qwen2.5-vl-3b" else {})))
+    shape = QWEN25_VL_3B if args.shape == "qwen2.5-vl-3b" else {}
+    print(build_tiny_vl_model_dir(args.out_dir, **shape, tokenizer_dir=args.tokenizer, init_device=args.device,
+                                  save_dtype=args.dtype))

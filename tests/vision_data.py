@@ -1,7 +1,9 @@
 """Shared pieces of the vision-language tests: a tiny Qwen2.5-VL folder and a geo3k-shaped local copy.
 
 The local copy has the hub repository's layout (data/<split>-*.parquet with problem, answer and images as
-{bytes, path}); examples/data_preprocess/geo3k.py turns it into the trainer's parquet files.
+{bytes, path}); examples/data_preprocess/geo3k.py turns it into the trainer's parquet files. The GPU
+runs' data (docs/performance.md) comes from the command line:
+    python tests/vision_data.py OUT --rows 256 --image-size 840      # OUT/geo3k/{train,test}.parquet
 """
 from __future__ import annotations
 
@@ -61,3 +63,14 @@ def geo3k_parquet(tmp_dir, rows_per_split: int = 8, image_size: int = 56) -> Pat
     subprocess.run([sys.executable, "examples/data_preprocess/geo3k.py", "--local_dataset_path", str(source),
                     "--local_save_dir", str(out)], cwd=REPO_ROOT, check=True, timeout=120)
     return out
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="geo3k-shaped parquet files with random images")
+    parser.add_argument("out")
+    parser.add_argument("--rows", type=int, default=8, help="rows per split")
+    parser.add_argument("--image-size", type=int, default=56, help="pixels a side (840: ~900 Qwen2.5-VL image tokens)")
+    args = parser.parse_args()
+    print(geo3k_parquet(args.out, args.rows, args.image_size))
