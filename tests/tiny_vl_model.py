@@ -89,7 +89,8 @@ def build_tiny_vl_model_dir(
             "vocab_size": vocab_size, "hidden_size": hidden_size, "intermediate_size": intermediate_size,
             "num_hidden_layers": num_layers, "num_attention_heads": num_heads,
             "num_key_value_heads": num_kv_heads, "max_position_embeddings": max_position_embeddings,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections},
+            # hub configs' (transformers 4.x) form, which transformers 5 reads as its rope_parameters
+            "rope_theta": 10000.0, "rope_scaling": {"type": "mrope", "mrope_section": sections},
             "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
             "bos_token_id": None, "tie_word_embeddings": True,
         },

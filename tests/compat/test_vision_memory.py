@@ -59,7 +59,8 @@ def _measure(tower, dtype: torch.dtype, grad: bool) -> tuple[int, int]:
     try:
         autocast = torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32)
         with torch.set_grad_enabled(grad), autocast, tracker:
-            out = tower(pixels, grid_thw=grid).pooler_output
+            out = tower(pixels, grid_thw=grid)
+            out = getattr(out, "pooler_output", out)   # transformers 4.x returns the merged features as a tensor
         alive = tracker.live
     finally:
         gc.enable()

@@ -1,5 +1,7 @@
 """Images in the data path: geo3k preprocessing, RLHFDataset with the model's processor, the checks that
 run before Ray, and the vision tower's size in the planner's ModelSpec."""
+import inspect
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -63,8 +65,11 @@ def test_dataset_rows_carry_pixels_and_transformers_mrope_positions(geo3k, model
     assert row["position_ids"][0][mask].tolist() == list(range(int(mask.sum())))
     model = AutoModelForImageTextToText.from_pretrained(model_dir)
     types = (row["input_ids"] == processor.image_token_id).long()
-    theirs, _ = model.model.get_rope_index(row["input_ids"][None], mm_token_type_ids=types[None],
-                                           image_grid_thw=grid, attention_mask=row["attention_mask"][None])
+    # transformers 5 marks image tokens with mm_token_type_ids; 4.x finds them by the config's token id
+    marks = ({"mm_token_type_ids": types[None]}
+             if "mm_token_type_ids" in inspect.signature(model.model.get_rope_index).parameters else {})
+    theirs, _ = model.model.get_rope_index(row["input_ids"][None], image_grid_thw=grid,
+                                           attention_mask=row["attention_mask"][None], **marks)
     torch.testing.assert_close(row["position_ids"][1:][:, mask], theirs[:, 0][:, mask], rtol=0, atol=0)
     assert not torch.equal(row["position_ids"][1], row["position_ids"][2])   # height and width differ in the image
 

@@ -77,8 +77,12 @@ class RopeIndex:
     """
 
     def __init__(self, model_class, config):
+        import inspect
+
         self._cls = model_class
         self.config = config
+        # transformers 5 tells image tokens apart by `mm_token_type_ids`; 4.x finds them by the config's ids
+        self._types = "mm_token_type_ids" in inspect.signature(model_class.get_rope_index).parameters
 
     def get_vision_position_ids(self, *args, **kwargs):
         return self._cls.get_vision_position_ids(self, *args, **kwargs)
@@ -86,8 +90,9 @@ class RopeIndex:
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, mm_token_type_ids: torch.Tensor,
                  image_grid_thw: torch.Tensor | None) -> torch.Tensor:
         """For one row: input_ids, attention_mask, mm_token_type_ids (seq,) -> position ids (4, seq)."""
-        mrope, _ = self._cls.get_rope_index(self, input_ids[None], mm_token_type_ids=mm_token_type_ids[None],
-                                            image_grid_thw=image_grid_thw, attention_mask=attention_mask[None])
+        types = {"mm_token_type_ids": mm_token_type_ids[None]} if self._types else {}
+        mrope, _ = self._cls.get_rope_index(self, input_ids[None], image_grid_thw=image_grid_thw,
+                                            attention_mask=attention_mask[None], **types)
         text = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         return torch.cat([text[None], mrope[:, 0]], dim=0)
 

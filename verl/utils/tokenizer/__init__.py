@@ -78,7 +78,7 @@ def _image_processor_only(name_or_path, **kwargs):
     import os
 
     import transformers
-    from transformers import AutoImageProcessor, AutoTokenizer
+    from transformers import AutoImageProcessor, AutoTokenizer, PreTrainedTokenizerBase
 
     from verl.utils.fs import resolve_model_path
 
@@ -90,12 +90,19 @@ def _image_processor_only(name_or_path, **kwargs):
             with open(path) as f:
                 name = name or json.load(f).get("processor_class")
     base = getattr(transformers, name, None) if name else None
-    if base is None or "video_processor" not in base.get_attributes():
+    # transformers 5 lists a processor's parts with get_attributes(), 4.x in the `attributes` class field
+    attributes = (base.get_attributes() if hasattr(base, "get_attributes") else list(getattr(base, "attributes", ()))
+                  ) if base is not None else []
+    if "video_processor" not in attributes:
         raise ImportError(f"{name_or_path}: processor {name!r} needs torchvision")
 
     class ImageOnly(base):
         def check_argument_for_proper_class(self, argument_name, argument):
             if argument_name == "video_processor" and argument is None:
+                return None
+            # transformers 4.x also wants the model's own tokenizer class; any fast tokenizer works here
+            # (transformers 5 accepts one too), e.g. a folder's re-saved PreTrainedTokenizerFast
+            if argument_name == "tokenizer" and isinstance(argument, PreTrainedTokenizerBase):
                 return None
             return super().check_argument_for_proper_class(argument_name, argument)
 
@@ -107,7 +114,7 @@ def _image_processor_only(name_or_path, **kwargs):
             template = f.read()
     parts = {"tokenizer": AutoTokenizer.from_pretrained(folder, **kwargs),
              "image_processor": AutoImageProcessor.from_pretrained(folder, **kwargs), "video_processor": None}
-    args = {attr: parts[attr] for attr in base.get_attributes()}
+    args = {attr: parts[attr] for attr in attributes}
     return ImageOnly(**args, chat_template=template or getattr(args["tokenizer"], "chat_template", None))
 
 
