@@ -1,4 +1,5 @@
 """The SFT run's plan: the trained model planned as an actor, from upstream's SFT keys."""
+import pytest
 from test_planner import FULL, PLAIN, QWEN05
 
 from verl.compat.device.catalog import get_profile
@@ -39,3 +40,32 @@ def test_packing_is_planned_off_and_user_dtype_is_kept():
     cfg = sft_config()
     cfg["engine"]["dtype"] = "float32"
     assert make_sft_plan(get_profile("h200"), cfg, FULL, QWEN05).actor.compute_dtype == "float32"
+
+
+def test_sft_generates_nothing_so_its_peak_is_the_update():
+    """SFT plans printed a generation peak (the H200 run under the p40 profile: 19.26 GiB "in validation",
+    above its 18.36 GiB update; here 14.18 over 11.95): SFT samples nothing, so its plan has no generation
+    phase or engine settings."""
+    from verl.compat import format_plan
+
+    plan = make_sft_plan(get_profile("h200"), sft_config(train_batch_size=32, max_length=512), FULL, QWEN05)
+    phases = plan.memory["phases"]
+    assert "rollout" not in phases and "validation" not in phases and not plan.generates
+    assert plan.memory["peak_phase"] == "actor_update" and plan.predicted_peak_gb == pytest.approx(11.95, abs=0.01)
+    assert plan.predicted_peak_gb == plan.memory["phases_total"]["actor_update"]["total_gb"] == plan.actor.predicted_peak_gb
+    # the no-grad forward (SFT's validation loss) is planned, and below the update here
+    assert phases["log_prob"] and plan.memory["phases_total"]["log_prob"]["total_gb"] < plan.predicted_peak_gb
+    text = format_plan(plan)
+    assert "\n  rollout " not in text and "rollout." not in text and "in actor_update;" in text
+    assert not [k for k in plan.reasons if k.startswith("rollout.")]
+
+
+def test_a_ppo_plan_still_generates():
+    from test_planner import QUICKSTART
+
+    from verl.compat import format_plan
+    from verl.compat.planning.planner import make_plan
+
+    plan = make_plan(get_profile("p40"), QUICKSTART, FULL, QWEN05)
+    assert plan.generates and {"rollout", "validation"} <= set(plan.memory["phases"])
+    assert "\n  rollout  hf " in format_plan(plan) and "rollout.micro_batch_size" in plan.reasons

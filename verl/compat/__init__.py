@@ -183,9 +183,10 @@ def format_plan(plan: Plan) -> str:
             f"{_yes(r.fsdp):4s} {_yes(r.param_offload) + '/' + _yes(r.optimizer_offload):11s} {micro:5s} {r.predicted_peak_gb:8.2f}")
     lines += _trained_what(plan)
     rollout = plan.rollout
-    lines.append(f"  {'rollout':8s} {rollout.name} ({rollout.dtype}, {rollout.attn_implementation}, "
-                 f"gpu_memory_utilization {rollout.gpu_memory_utilization:.2f}, "
-                 f"enforce_eager {_yes(rollout.enforce_eager)}) {rollout.predicted_peak_gb:8.2f}")
+    if plan.generates:
+        lines.append(f"  {'rollout':8s} {rollout.name} ({rollout.dtype}, {rollout.attn_implementation}, "
+                     f"gpu_memory_utilization {rollout.gpu_memory_utilization:.2f}, "
+                     f"enforce_eager {_yes(rollout.enforce_eager)}) {rollout.predicted_peak_gb:8.2f}")
     lines.append(f"  global   device {plan.device_type}, backend {plan.dist_backend}, "
                  f"torch.compile {_yes(plan.torch_compile)}"
                  f"{f' ({plan.compile_warmup})' if plan.torch_compile else ''}, tf32 {_yes(plan.tf32)}; predicted peak "

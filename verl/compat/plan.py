@@ -99,6 +99,7 @@ class Plan:
     # compiled code built beside them), "synchronous" (before the first step) or "off" (nothing compiled)
     compile_warmup: str = "synchronous"
     compile_cache_dir: str | None = None   # inductor's cache folder (None: torch's default)
+    generates: bool = True   # False: the run samples nothing (SFT); `rollout` is then unused and not printed
 
     @property
     def use_remove_padding(self) -> bool:

@@ -242,10 +242,13 @@ class _Search:
 
     def attempt(self, batching: _Batch, budgets_now: dict, whole: bool, rungs: int | None = None, ckpt: int | None = None):
         vllm = self.inputs.rollout.name == "vllm"
+        generates = self.inputs.workload.generates
         for rung, offload in ladder(self.inputs.asked_off, self.inputs.roles)[:rungs]:
             for ckpt_on in self.ckpt_options[:ckpt]:
                 util, why, chunk = 0.0, "", None
-                if vllm:
+                if not generates:
+                    pass   # no engine to size: the update and the forwards are the step
+                elif vllm:
                     util, why = self.vllm_util(offload, ckpt_on, batching, budgets_now)
                     if util is None:
                         continue
@@ -254,7 +257,7 @@ class _Search:
                     if chunk is None:
                         continue
                 role_plans, rollout_plan, estimate = self.build(offload, ckpt_on, batching, budgets_now, util, chunk)
-                if not vllm:
+                if generates and not vllm:
                     engine = sum(v for k, v in estimate.phases["rollout"].terms.items() if k.startswith("rollout."))
                     util = round(min(engine / self.limit, 1.0), 3)
                     why = "built-in engine allocates on demand; predicted share of its weights, KV cache and logits"
@@ -310,7 +313,7 @@ def fit(decider: Decider, inputs: FitInputs, plan_kwargs: dict) -> Plan:
     # First keep each training rollout in one pass (offloading for it, as before chunking existed);
     # the built-in engine may then settle for chunked training rollouts.
     found, batching, budgets, halvings = search.search(whole=True)
-    if found is None and inputs.rollout.name == "hf":
+    if found is None and inputs.rollout.name == "hf" and inputs.workload.generates:
         found, batching, budgets, halvings = search.search(whole=False)
     if found is None:
         raise_shortfall(decider, inputs, batching, budgets, search.limit)
@@ -356,15 +359,15 @@ def _fitted_plan(decider: Decider, inputs: FitInputs, search: _Search, found, ba
                 decider.warnings.append(f"{name} micro-batch reduced to fit {decider.profile.name} ({halvings} halvings); "
                                   f"gradient accumulation keeps the mini-batch and the math unchanged.")
                 break
-    decider.note("rollout.gpu_memory_utilization", rollout_plan.gpu_memory_utilization, util_why)
-    if rollout_plan.name == "hf":
+    if inputs.workload.generates:
+        decider.note("rollout.gpu_memory_utilization", rollout_plan.gpu_memory_utilization, util_why)
+    if rollout_plan.name == "hf" and inputs.workload.generates:
         note_chunk(decider, rollout_plan.micro_batch_size, search.micro_asked, estimate, limit, search.per_seq,
                    inputs.workload)
     for name, rp in role_plans.items():
         phases = [p for k, p in estimate.phases.items() if k.startswith(name) or (name == "critic" and k == "values")]
         role_plans[name] = replace(rp, predicted_peak_gb=round(max(p.total_gb for p in phases), 3))
-    rollout_peak = max(estimate.phases[phase].total_gb for phase in ("rollout", "validation"))
-    rollout_plan = replace(rollout_plan, predicted_peak_gb=round(rollout_peak, 3))
+    rollout_plan = replace(rollout_plan, predicted_peak_gb=round(estimate.generation_peak_gb(), 3))
     note_vision(decider, inputs, role_plans, estimate, halvings)
     decider.note("memory", round(estimate.predicted_peak_gb, 3),
            f"peak {estimate.predicted_peak_gb:.2f} GiB in {estimate.peak_phase}; with context and {inputs.margin:.0%} margin "

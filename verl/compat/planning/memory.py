@@ -39,6 +39,7 @@ class Workload:
     update_batch_per_gpu: int | None = None         # sequences per actor mini-batch; None: the rollout batch
     critic_update_batch_per_gpu: int | None = None  # the critic's; None: the actor's
     image_tokens: int = 0    # a VL model's image tokens per sequence, at most (they are part of the prompt)
+    generates: bool = True   # False: the run samples nothing (SFT), so it has no rollout or validation phase
 
     @property
     def seq_len(self) -> int:
@@ -90,8 +91,13 @@ class MemoryEstimate:
 
     def rollout_resident_gb(self) -> float:
         """What stays allocated while generating: everything in the rollout phase except the
-        engine's own memory (its per-sequence terms, or vLLM's share)."""
-        return sum(v for k, v in self.phases["rollout"].terms.items() if k not in ENGINE_TERMS)
+        engine's own memory (its per-sequence terms, or vLLM's share); 0 for a run that generates nothing."""
+        rollout = self.phases.get("rollout")
+        return sum(v for k, v in rollout.terms.items() if k not in ENGINE_TERMS) if rollout else 0.0
+
+    def generation_peak_gb(self) -> float:
+        """The engine's peak (training rollout or validation); 0 for a run that generates nothing."""
+        return max((self.phases[k].total_gb for k in ("rollout", "validation") if k in self.phases), default=0.0)
 
     def to_dict(self) -> dict:
         out = {name: {k: round(v, 4) for k, v in p.terms.items()} for name, p in self.phases.items()}
@@ -755,7 +761,8 @@ def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollo
                     critic_model: ModelSpec | None = None, compiled_layers: bool = False,
                     ref_in_actor: bool = False, reward_model: RolePlan | None = None,
                     reward_model_spec: ModelSpec | None = None, reward_seq_len: int | None = None) -> MemoryEstimate:
-    """Peak allocated memory of each phase of one PPO step on one device (GiB); `compiled_layers`:
+    """Peak allocated memory of each phase of one PPO step on one device (GiB), the generation phases
+    only where `workload.generates`; `compiled_layers`:
     the plan's torch_compile compiles the decoder layers (they keep less for backward); `ref_in_actor`:
     the reference log-probs are a forward of the LoRA actor with its adapters disabled; `reward_model`
     (with its model's spec): a `reward_model` phase scoring sequences of `reward_seq_len` tokens (default:
@@ -769,7 +776,7 @@ def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollo
     step = _Step(model, cmodel, workload, _roles(model, cmodel, actor, critic, ref), rollout, device_memory_gb,
                  compiled_layers, rm)
     phases = {"rollout": _generation_phase(step, workload.rollout_batch_per_gpu),
-              "validation": _generation_phase(step, workload.val_batch_per_gpu)}
+              "validation": _generation_phase(step, workload.val_batch_per_gpu)} if workload.generates else {}
     phases.update({label: _forward_phase(step, name) for name, label in FORWARD_PHASES.items() if name in step.roles})
     if ref_in_actor:
         phases["ref"] = _forward_phase(step, "actor")

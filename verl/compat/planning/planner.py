@@ -31,6 +31,9 @@ from verl.compat.planning.settings import AUTO
 from verl.compat.planning.vision import decide_vision
 from verl.compat.planning.throughput import UPSTREAM_TOKEN_BUDGET, decide_dynamic_bsz, decide_fused_optimizer, dynamic_auto
 
+# Not a user key: the SFT view (verl/compat/planning/sft.py) sets it false, planning a step that generates nothing
+GENERATES_KEY = "compat._generates"
+
 __all__ = ["MAX_ROLLOUT_MICRO_BATCH", "PlanError", "make_plan"]
 
 
@@ -487,7 +490,7 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     if model is None:
         unfitted = _plan_without_model(decider, inputs, plan_kwargs)
         unfitted = _with_compile_warmup(decider, config, unfitted, inputs)
-        return add_reward_model(decider, config, _throughput(decider, unfitted, inputs.dynamic))
+        return _without_engine(add_reward_model(decider, config, _throughput(decider, unfitted, inputs.dynamic)), inputs)
     try:
         fitted = fit(decider, inputs, plan_kwargs)
     except MemoryShortfall as err:
@@ -495,7 +498,15 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
             raise
         raise MemoryShortfall(str(err) + lever_hint(profile, config, software, model)) from None
     fitted = _with_compile_warmup(decider, config, fitted, inputs)
-    return add_reward_model(decider, config, _throughput(decider, fitted, inputs.dynamic), inputs, reward_model)
+    return _without_engine(add_reward_model(decider, config, _throughput(decider, fitted, inputs.dynamic), inputs,
+                                            reward_model), inputs)
+
+
+def _without_engine(plan: Plan, inputs: FitInputs) -> Plan:
+    """A run that generates nothing (SFT) reads none of the engine's settings: its plan gives no reasons for them."""
+    if inputs.workload.generates:
+        return plan
+    return replace(plan, generates=False, reasons={k: v for k, v in plan.reasons.items() if not k.startswith("rollout.")})
 
 
 def _with_compile_warmup(decider: _Decider, config: Any, plan: Plan, inputs: FitInputs) -> Plan:
@@ -563,7 +574,8 @@ def _fit_inputs(decider: _Decider, config: Any, roles_cfg: dict[str, _RoleConfig
                         critic_update_batch_per_gpu=max(critic_mini * n // world, 1),
                         # image tokens are prompt tokens: data.max_prompt_length bounds them per sequence
                         image_tokens=int(_get(config, "data.max_prompt_length", 512))
-                        if model is not None and model.vision is not None else 0)
+                        if model is not None and model.vision is not None else 0,
+                        generates=bool(_get(config, GENERATES_KEY, True)))
     # `auto` budgets start from upstream's defaults (16384; the critic's 32768) and may grow in the fit.
     budget_keys = {"actor": f"{arr}.actor.ppo_max_token_len_per_gpu",
                    "actor_forward": f"{arr}.rollout.log_prob_max_token_len_per_gpu",

@@ -178,7 +178,6 @@ def _with_estimate(plan: Plan, role: RolePlan, est) -> Plan:
             peaks[name] = replace(current, predicted_peak_gb=round(max(phases), 3))
     memory = est.to_dict()
     memory["phases_total"] = {k: {"total_gb": round(p.total_gb, 3)} for k, p in est.phases.items()}
-    rollout = replace(plan.rollout, predicted_peak_gb=round(max(est.phases[k].total_gb
-                                                                for k in ("rollout", "validation")), 3))
+    rollout = replace(plan.rollout, predicted_peak_gb=round(est.generation_peak_gb(), 3))
     return replace(plan, reward_model=role, memory=memory, rollout=rollout,
                    predicted_peak_gb=round(est.predicted_peak_gb, 3), **peaks)

@@ -5,7 +5,8 @@ SFT's keys (upstream 0.9.1's `sft_trainer_engine.yaml`: `model.*`, `engine.*`, `
 are read into the actor's places of the PPO key tree (LoRA's `model.lora_rank` / `lora_alpha` /
 `target_modules` too, so the same LoRA rules plan the frozen base and its adapters); its one pass per batch is a mini-batch of
 `data.train_batch_size` sequences of up to `data.max_length` tokens, all of them scored (a one-token
-prompt and a response of the rest, as the memory model sees it).
+prompt and a response of the rest, as the memory model sees it); nothing is generated, so the plan has no
+rollout or validation phase and no engine settings.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from verl.compat.planning import settings
+from verl.compat.planning.planner import GENERATES_KEY
 from verl.compat.plan import Plan
 
 # SFT key -> the actor's key in the PPO tree the planner reads
@@ -68,7 +70,7 @@ def ppo_view(config: Any) -> dict:
     for key, value in {"data.max_prompt_length": 1, "data.max_response_length": max(length - 1, 1), "data.train_batch_size": batch,
                        "actor_rollout_ref.actor.ppo_mini_batch_size": batch, "actor_rollout_ref.rollout.n": 1,
                        "actor_rollout_ref.rollout.name": "hf", "algorithm.adv_estimator": "grpo",
-                       "critic.enable": False}.items():
+                       "critic.enable": False, GENERATES_KEY: False}.items():
         _put(view, key, value)
     return view
 
