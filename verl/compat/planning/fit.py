@@ -6,7 +6,10 @@ precision, small) -> params + optimizer offload of every role, each with and wit
 checkpointing (where the user left it to compat), then the micro-batches (or token budgets) halved down
 to 1, then `PlanError` with the shortfall and the largest batch or response length that would fit (the
 planner adds the LoRA / QLoRA setting that would, `verl.compat.planning.modes`). The built-in engine's generation
-chunk and a vLLM engine's memory share are sized in the same search. Pure, like the planner.
+chunk and a vLLM engine's memory share are sized in the same search. A rung whose offloaded state does
+not fit the host's RAM (`host_memory.py`) is passed over, so smaller micro-batches with less offload come
+before a refusal; when the device had a plan but the host had none, the refusal names the host. Pure,
+like the planner.
 """
 from __future__ import annotations
 
@@ -197,6 +200,7 @@ class _Search:
                                                      inputs.workload.prompt_length, inputs.workload.response_length,
                                                      inputs.workload.image_tokens) / GiB
         asked, roles = inputs.asked_ckpt, inputs.roles
+        self.host_refusal: str | None = None   # why the first rung that fitted the device did not fit the host
         self.ckpt_options = [{n: (asked[n] if asked[n] is not AUTO else False) for n in roles}]
         if any(asked[n] is AUTO for n in roles):
             self.ckpt_options.append({n: (asked[n] if asked[n] is not AUTO else True) for n in roles})
@@ -263,7 +267,22 @@ class _Search:
                     why = "built-in engine allocates on demand; predicted share of its weights, KV cache and logits"
                     rollout_plan = replace(rollout_plan, gpu_memory_utilization=util)
                 if estimate.required_gb <= self.limit:
-                    return rung, ckpt_on, role_plans, rollout_plan, estimate, why
+                    refusal = self.host_shortfall(role_plans)
+                    if refusal is None:
+                        return rung, ckpt_on, role_plans, rollout_plan, estimate, why
+                    self.host_refusal = self.host_refusal or refusal
+        return None
+
+    def host_shortfall(self, role_plans: dict) -> str | None:
+        """Why these roles' offloaded state does not fit the host's RAM (None: it fits). A rung that offloads
+        more than the host holds is passed over, so smaller micro-batches with less offload are tried instead."""
+        inputs = self.inputs
+        nodes = max(inputs.nnodes, 1)
+        try:
+            check_host_memory(self.decider.profile.host_memory_gb, inputs.model, role_plans,
+                              max(inputs.ranks // nodes, 1), nodes, pinned=self.decider.profile.backend != "cpu")
+        except MemoryShortfall as err:
+            return str(err)
         return None
 
     def _without_recompute(self, whole: bool):
@@ -316,12 +335,10 @@ def fit(decider: Decider, inputs: FitInputs, plan_kwargs: dict) -> Plan:
     if found is None and inputs.rollout.name == "hf" and inputs.workload.generates:
         found, batching, budgets, halvings = search.search(whole=False)
     if found is None:
+        if search.host_refusal is not None:   # the device had a plan; the host's RAM had none
+            raise MemoryShortfall(search.host_refusal)
         raise_shortfall(decider, inputs, batching, budgets, search.limit)
-    plan = _fitted_plan(decider, inputs, search, found, batching, halvings, plan_kwargs)
-    nodes = max(inputs.nnodes, 1)
-    roles = {n: r for n, r in (("actor", plan.actor), ("critic", plan.critic), ("ref", plan.ref)) if r is not None}
-    check_host_memory(decider.profile.host_memory_gb, inputs.model, roles, max(inputs.ranks // nodes, 1), nodes)
-    return plan
+    return _fitted_plan(decider, inputs, search, found, batching, halvings, plan_kwargs)
 
 
 def _note_roles(decider: Decider, inputs: FitInputs, roles: dict, rung: str, halvings: int) -> None:
