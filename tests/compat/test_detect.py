@@ -40,6 +40,20 @@ def fake_gpu(monkeypatch, name, cc, total_gib, sms=80, optin=None, hip=None, arc
     monkeypatch.setattr(torch.version, "hip", hip)
 
 
+
+def test_a_container_memory_limit_lowers_host_ram(tmp_path):
+    """Inside a container /proc/meminfo shows the machine's RAM; the cgroup limit is what the OOM killer enforces."""
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    whole, whole_avail = detect.host_memory_gb(limit_files=())
+    v2.write_text("max\n")
+    v1.write_text("9223372036854771712\n")   # cgroup v1's "no limit"
+    assert detect.cgroup_limit_bytes((str(v2), str(v1))) is None
+    assert detect.host_memory_gb(limit_files=(str(v2), str(v1))) == (whole, whole_avail)
+    v2.write_text(f"{2**30}\n")                # a 1 GiB container
+    total, avail = detect.host_memory_gb(limit_files=(str(v2), str(v1)))
+    assert total == 1.0 and avail <= 1.0
+    assert detect.cgroup_limit_bytes((str(tmp_path / "absent"), str(v1))) is None
+
 # ----------------------------------------------------------------------------- real device
 
 @cpu_host_only

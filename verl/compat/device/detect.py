@@ -62,19 +62,40 @@ def host_cpu_count() -> int:
     return os.cpu_count() or 0
 
 
-def host_memory_gb() -> tuple[float, float | None]:
-    """(total, available) host RAM in GiB: /proc/meminfo where it exists, else sysconf."""
+# where a container's memory limit is kept: cgroup v2, then v1 (unlimited v1 reads as a huge number)
+CGROUP_LIMIT_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def cgroup_limit_bytes(files=CGROUP_LIMIT_FILES) -> int | None:
+    """This process's container memory limit in bytes, or None where there is none. Inside a container
+    /proc/meminfo shows the whole machine's RAM; the limit is what the kernel's OOM killer enforces."""
+    for path in files:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:   # "max" (v2) or a near-2^63 value (v1): no limit
+            return int(text)
+    return None
+
+
+def host_memory_gb(limit_files=CGROUP_LIMIT_FILES) -> tuple[float, float | None]:
+    """(total, available) host RAM in GiB: /proc/meminfo where it exists, else sysconf; a container's memory
+    limit lowers both."""
     try:
         fields = {}
         with open("/proc/meminfo") as f:
             for line in f:
                 key, value = line.split(":", 1)
                 fields[key] = int(value.split()[0]) * 1024
-        avail = fields.get("MemAvailable")
-        return fields["MemTotal"] / GiB, (avail / GiB if avail is not None else None)
+        total, avail = fields["MemTotal"], fields.get("MemAvailable")
     except (OSError, KeyError, ValueError):
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return total / GiB, None
+        total, avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), None
+    limit = cgroup_limit_bytes(limit_files)
+    if limit is not None:
+        total, avail = min(total, limit), (min(avail, limit) if avail is not None else None)
+    return total / GiB, (avail / GiB if avail is not None else None)
 
 
 def _smem_fallback_kb(compute_capability: tuple[int, int]) -> int:
