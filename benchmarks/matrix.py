@@ -88,6 +88,7 @@ def predicted(cell_overrides: list[str], shape: str) -> dict:
     m, a = plan["memory"], plan["actor"]
     return {"phases": {k: v["total_gb"] for k, v in m["phases_total"].items()}, "terms": m["phases"],
             "peak_gb": plan["predicted_peak_gb"], "required_gb": m["required_gb"], "limit_gb": plan["memory_limit_gb"],
+            "host_gb": m.get("host_gb_per_worker"),   # offloaded plans: one worker's host memory
             "simulated": plan["device"]["simulated"], "rollout_chunk": plan["rollout"]["micro_batch_size"],
             "actor": {k: a.get(k) for k in ("compute_dtype", "param_offload", "optimizer_offload",
                                             "gradient_checkpointing", "micro_batch_size_per_gpu", "lora_rank")}}
@@ -172,6 +173,8 @@ def table(rows: list[dict]) -> str:
         phases = ", ".join(f"{k} {v['predicted']:.2f}/{v['measured']:.2f} ({100 * (v['ratio'] - 1):+.1f}%"
                            f"{'' if v['ok'] else ', off'})" for k, v in r.get("phases", {}).items())
         note = f" {run['error']}".replace("|", "/") if run.get("error") else ""
+        if plan.get("host_gb"):   # the worker's peak resident memory against the host-memory model
+            note += f"; host {f(plan['host_gb'])} / {f(run.get('memory_gb', {}).get('perf/cpu_memory_used_gb'))}"
         lines.append(f"| {r['cell']} | {what} | {run.get('exit', '')} | {f(run.get('s_per_step'))} | "
                      f"{f(run.get('update_actor_s'))} | {f(plan.get('peak_gb'))} / {f(run.get('run_peak_gb'))} | "
                      f"{phases}{note} |")

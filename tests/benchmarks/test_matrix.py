@@ -70,6 +70,9 @@ def test_tolerance_is_plus_15_and_minus_3_percent():
     text = matrix.table([row])
     assert "update_actor 11.50/10.00 (+15.0%)" in text and "gen 9.60/10.00 (-4.0%, off)" in text
     assert "| 12.00 / 10.00 |" in text and text.endswith("1 of 3 phases within +15% / -3%")
+    assert "host" not in text                      # nothing offloaded: no host-memory prediction
+    row["plan"]["host_gb"], row["run"]["memory_gb"] = 28.97, {"perf/cpu_memory_used_gb": 27.8}
+    assert "; host 28.97 / 27.80 |" in matrix.table([row])
 
 
 def test_measured_reads_the_file_logger(tmp_path):

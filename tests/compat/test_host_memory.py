@@ -85,6 +85,7 @@ def test_the_plans_that_ran_predict_the_workers_peak_host_memory(case):
     roles = {n: r for n, r in (("actor", plan.actor), ("ref", plan.ref)) if r is not None}
     assert plan.actor.param_offload and plan.actor.optimizer_offload   # what the runs did
     predicted = host_state_gb(model, roles) + PROCESS_GB
+    assert plan.memory["host_gb_per_worker"] == pytest.approx(predicted, abs=1e-3)   # logged as perf/predicted_host_gb
     assert -0.05 <= predicted / measured - 1 <= 0.10, (case, predicted, measured)
 
 
@@ -143,6 +144,7 @@ def test_the_fit_passes_over_rungs_the_host_cannot_hold():
         assert not role.param_offload and role.optimizer_offload
     assert small.actor.max_token_len_per_gpu < large.actor.max_token_len_per_gpu
     assert small.predicted_peak_gb <= small.memory_limit_gb
+    assert small.memory["host_gb_per_worker"] < 0.9 * 23.5 < large.memory["host_gb_per_worker"]
     roles = {"actor": small.actor, "critic": small.critic}
     check_host_memory(23.5, q05, roles, ranks_per_node=1)   # what the fit chose fits the host
     with pytest.raises(MemoryShortfall, match="host memory"):

@@ -24,7 +24,7 @@ from verl.compat.planning.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.planning.settings import AUTO, first, get
 from verl.compat.planning.throughput import decide_fused_optimizer
-from verl.compat.planning.host_memory import check_host_memory
+from verl.compat.planning.host_memory import PROCESS_GB, check_host_memory, host_state_gb
 from verl.compat.planning.wrapping import wraps_in_fsdp
 
 MAX_ROLLOUT_MICRO_BATCH = 1024   # past this, bigger built-in generate passes gain little and hold the device longer
@@ -391,6 +391,11 @@ def _fitted_plan(decider: Decider, inputs: FitInputs, search: _Search, found, ba
            f"{estimate.required_gb:.2f} of {limit:.1f} GiB ({rung})")
     memory = estimate.to_dict()
     memory["phases_total"] = {k: {"total_gb": round(p.total_gb, 3)} for k, p in estimate.phases.items()}
+    nodes = max(inputs.nnodes, 1)
+    ranks_per_node = max(inputs.ranks // nodes, 1)
+    host = host_state_gb(inputs.model, role_plans, nodes, ranks_per_node, pinned=decider.profile.backend != "cpu")
+    if host:   # one worker process's offloaded state and its own memory: what `perf/cpu_memory_used_gb` measures
+        memory["host_gb_per_worker"] = round(host / ranks_per_node + PROCESS_GB, 3)
     plan_kwargs.update(actor=role_plans["actor"], critic=role_plans.get("critic"), ref=role_plans.get("ref"),
                        rollout=rollout_plan, predicted_peak_gb=round(estimate.predicted_peak_gb, 3))
     return Plan(reasons=decider.reasons, warnings=decider.warnings, memory=memory, **plan_kwargs)

@@ -458,6 +458,8 @@ class RayPPOTrainer:
                     metrics.update(compute_throughout_metrics(batch=batch, timing_raw=timing_raw, n_gpus=n_devices))
                     if self.plan is not None:
                         metrics["perf/predicted_peak_gb"] = self.plan.predicted_peak_gb
+                        if "host_gb_per_worker" in self.plan.memory:   # offloaded plans: beside perf/cpu_memory_used_gb
+                            metrics["perf/predicted_host_gb"] = self.plan.memory["host_gb_per_worker"]
                     logger.log(data=metrics, step=self.global_steps)
                     self._check_finite(metrics)  # before saving: a diverged step never becomes a checkpoint
                     self._check_updates(metrics)
