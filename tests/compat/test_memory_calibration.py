@@ -9,7 +9,8 @@ is an OOM the plan did not see), so a formula change that breaks the calibration
 Every file of that form is checked: `{"model": <BUILTIN_MODELS name>, "cases": [{"case", "memory_limit_gb",
 "workload": Workload fields, "plan": {"actor", "critic", "ref", "rollout"} (RolePlan / RolloutPlan fields),
 "ref_in_actor" (optional), "compiled_layers" (optional: the plan's torch_compile), "model" (optional: this
-case's model, over the file's), "measured_gb": {phase: GiB}}]}`; new measurements are added as new files.
+case's model, over the file's), "model_config" (optional: a config.json's dict instead, e.g. a VL model),
+"measured_gb": {phase: GiB}}]}`; new measurements are added as new files.
 """
 import json
 from pathlib import Path
@@ -28,9 +29,11 @@ PEAK_TOLERANCE = 0.15    # predicted peak vs measured peak
 UNDER_TOLERANCE = 0.03   # no phase predicted more than 3% below its measurement
 
 
-def _model(name: str) -> ModelSpec:
+def _model(name: str | None, case: dict) -> ModelSpec:
     import transformers
 
+    if "model_config" in case:
+        return ModelSpec.from_hf_config(case["model_config"])
     spec = dict(BUILTIN_MODELS[name])
     model_type = spec.pop("model_type")
     return ModelSpec.from_hf_config(transformers.AutoConfig.for_model(model_type, **spec))
@@ -42,14 +45,14 @@ def _predict(model: str, case: dict) -> dict[str, float]:
     actor = role(plan["actor"])
     # a LoRA actor with a reference phase and no reference model served it (files may predate the field)
     ref_in_actor = case.get("ref_in_actor", actor.lora_rank > 0 and plan["ref"] is None and "ref" in case["measured_gb"])
-    est = estimate_memory(_model(model), Workload(**case["workload"]), actor, RolloutPlan(**plan["rollout"]),
+    est = estimate_memory(_model(model, case), Workload(**case["workload"]), actor, RolloutPlan(**plan["rollout"]),
                           role(plan["critic"]), role(plan["ref"]), device_memory_gb=case["memory_limit_gb"],
                           ref_in_actor=ref_in_actor, compiled_layers=case.get("compiled_layers", False))
     return {name: phase.total_gb for name, phase in est.phases.items()}
 
 
 def test_there_are_measurements_to_check():
-    assert CASES and all(model in BUILTIN_MODELS for _, model, _ in CASES)
+    assert CASES and all(model in BUILTIN_MODELS or "model_config" in case for _, model, case in CASES)
 
 
 @pytest.mark.parametrize("file,model,case", CASES, ids=[f"{f}:{c['case']}" for f, _, c in CASES])
