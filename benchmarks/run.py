@@ -46,9 +46,6 @@ SUITES = {
                         "--jobs", "4", "--timeout", "480"]),
         "7b": (580, ["matrix.py", "--cells", "p40:7b:lora,t4:7b:qlora,rtx3090:7b:lora,a100-40gb:7b:full",
                      "--jobs", "3", "--timeout", "480"]),
-        # upstream's Qwen2.5-VL geo3k script on a 3B-shaped model, ~900 image tokens a prompt
-        "vl": (590, ["vision.py", "--profile", "h200", "--batch", "16", "--timeout", "540"]),
-        "vl-p40": (590, ["vision.py", "--profile", "p40", "--batch", "4", "--timeout", "540"]),
     },
 }
 PACK_FILE_LIMIT = 8 * 2**20

@@ -20,6 +20,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PROBLEMS = ["<image>Find x.", "<image>Find the area of the figure.", "<image>Find y in the triangle.",
             "<image>Find the angle 1."]
 
+# Qwen2.5-VL-3B-Instruct's config.json (the hub's flat layout): planner and memory tests use its shape
+QWEN25_VL_3B_HUB = {
+    "model_type": "qwen2_5_vl", "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+    "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
+    "max_position_embeddings": 128000, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+    "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
+                      "num_heads": 16, "in_chans": 3, "out_hidden_size": 2048, "patch_size": 14,
+                      "spatial_merge_size": 2, "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31],
+                      "tokens_per_second": 2, "temporal_patch_size": 2}}
+
 
 def png_bytes(image) -> bytes:
     buffer = io.BytesIO()

@@ -6,6 +6,7 @@ import pytest
 
 from verl.compat.planning.decider import MemoryShortfall
 from verl.compat.planning.host_memory import check_host_memory, host_state_gb, pinned_size, weight_tensors
+from vision_data import QWEN25_VL_3B_HUB
 from verl.compat.planning.memory import GiB
 from verl.compat.planning.model_spec import BUILTIN_MODELS, ModelSpec
 from verl.compat.plan import RolePlan
@@ -89,15 +90,6 @@ def test_the_plans_that_ran_predict_the_workers_peak_host_memory(case):
     assert -0.05 <= predicted / measured - 1 <= 0.10, (case, predicted, measured)
 
 
-# Qwen2.5-VL-3B-Instruct's config.json (the hub's flat layout), as tests/data/test_vision_data.py counts it
-QWEN25_VL_3B_HUB = {
-    "model_type": "qwen2_5_vl", "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
-    "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
-    "max_position_embeddings": 128000, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
-    "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
-                      "num_heads": 16, "in_chans": 3, "out_hidden_size": 2048, "patch_size": 14,
-                      "spatial_merge_size": 2, "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31],
-                      "tokens_per_second": 2, "temporal_patch_size": 2}}
 
 
 def test_the_planner_refuses_an_a100_7b_offload_on_a_128_gib_host_and_plans_it_on_a_larger_one():

@@ -8,7 +8,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from vision_data import PROBLEMS, geo3k_parquet, png_bytes, tiny_vl_model
+from vision_data import PROBLEMS, QWEN25_VL_3B_HUB, geo3k_parquet, png_bytes, tiny_vl_model
 from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset
 from verl.workers.model_building.loading import load_processor, load_tokenizer
 from tiny_vl_model import tiny_images
@@ -144,13 +144,7 @@ def test_model_spec_of_qwen25_vl_3b_hub_config_counts_every_weight():
 
     from verl.compat.planning.model_spec import ModelSpec
 
-    hub = {"model_type": "qwen2_5_vl", "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
-           "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
-           "max_position_embeddings": 128000, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
-           "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
-                             "num_heads": 16, "in_chans": 3, "out_hidden_size": 2048, "patch_size": 14,
-                             "spatial_merge_size": 2, "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31],
-                             "tokens_per_second": 2, "temporal_patch_size": 2}}
+    hub = QWEN25_VL_3B_HUB
     spec = ModelSpec.from_hf_config(hub)
     with torch.device("meta"):
         model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**hub))
