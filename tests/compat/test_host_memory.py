@@ -6,10 +6,10 @@ import pytest
 
 from verl.compat.planning.decider import MemoryShortfall
 from verl.compat.planning.host_memory import check_host_memory, host_state_gb, pinned_size, weight_tensors
-from vision_data import QWEN25_VL_3B_HUB
 from verl.compat.planning.memory import GiB
 from verl.compat.planning.model_spec import BUILTIN_MODELS, ModelSpec
 from verl.compat.plan import RolePlan
+from vision_data import QWEN25_VL_3B_HUB
 
 Q7 = ModelSpec.from_hf_config(BUILTIN_MODELS["qwen2.5-7b"])
 

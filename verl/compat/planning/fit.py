@@ -188,6 +188,12 @@ def _estimate(decider: Decider, inputs: FitInputs, roles: dict, rollout: Rollout
                            compiled_layers=inputs.compiled_layers, ref_in_actor=inputs.ref_in_actor)
 
 
+def _host_layout(decider: Decider, inputs: FitInputs) -> tuple[int, int, bool]:
+    """(nodes, ranks per node, whether offloaded state is page-locked: on an accelerator, not on CPU)."""
+    nodes = max(inputs.nnodes, 1)
+    return nodes, max(inputs.ranks // nodes, 1), decider.profile.backend != "cpu"
+
+
 class _Search:
     """The fit's search: offload rungs x checkpointing x micro-batch halvings, smallest change first."""
 
@@ -276,11 +282,10 @@ class _Search:
     def host_shortfall(self, role_plans: dict) -> str | None:
         """Why these roles' offloaded state does not fit the host's RAM (None: it fits). A rung that offloads
         more than the host holds is passed over, so smaller micro-batches with less offload are tried instead."""
-        inputs = self.inputs
-        nodes = max(inputs.nnodes, 1)
+        nodes, ranks_per_node, pinned = _host_layout(self.decider, self.inputs)
         try:
-            check_host_memory(self.decider.profile.host_memory_gb, inputs.model, role_plans,
-                              max(inputs.ranks // nodes, 1), nodes, pinned=self.decider.profile.backend != "cpu")
+            check_host_memory(self.decider.profile.host_memory_gb, self.inputs.model, role_plans, ranks_per_node, nodes,
+                              pinned=pinned)
         except MemoryShortfall as err:
             return str(err)
         return None
@@ -391,9 +396,8 @@ def _fitted_plan(decider: Decider, inputs: FitInputs, search: _Search, found, ba
            f"{estimate.required_gb:.2f} of {limit:.1f} GiB ({rung})")
     memory = estimate.to_dict()
     memory["phases_total"] = {k: {"total_gb": round(p.total_gb, 3)} for k, p in estimate.phases.items()}
-    nodes = max(inputs.nnodes, 1)
-    ranks_per_node = max(inputs.ranks // nodes, 1)
-    host = host_state_gb(inputs.model, role_plans, nodes, ranks_per_node, pinned=decider.profile.backend != "cpu")
+    nodes, ranks_per_node, pinned = _host_layout(decider, inputs)
+    host = host_state_gb(inputs.model, role_plans, nodes, ranks_per_node, pinned=pinned)
     if host:   # one worker process's offloaded state and its own memory: what `perf/cpu_memory_used_gb` measures
         memory["host_gb_per_worker"] = round(host / ranks_per_node + PROCESS_GB, 3)
     plan_kwargs.update(actor=role_plans["actor"], critic=role_plans.get("critic"), ref=role_plans.get("ref"),
