@@ -83,3 +83,23 @@ def test_frozen_layers_compile_once_for_every_layer():
     assert len(frames) == 1
     for layer, out in zip(layers, outs):
         torch.testing.assert_close(out, x @ layer[0].weight.float().T + layer[0].bias.float())
+
+
+def test_float16_reference_wrapped_in_fsdp2_computes_in_float32(model_dir):
+    """Offloaded (FSDP2-wrapped), a float16-stored reference on a float32 device still computes in float32:
+    FSDP2 must cast every layer's float16 weights up as it gathers them, even though the model then holds
+    one storage dtype only."""
+    worker = ActorRolloutRefWorker(
+        actor_rollout_ref_config(model_dir, use_kl_loss=True), role="ref",
+        plan=cpu_plan(model_dir, device="p40", actor_rollout_ref__ref__fsdp_config__param_offload=True))
+    worker.init_model()
+    assert worker.plan.ref.fsdp and worker.plan.ref.frozen_dtype == "float16"
+    seen = []
+    layer = worker.ref_module.model.layers[0]
+    hook = layer.mlp.down_proj.register_forward_hook(lambda m, i, o: seen.append((m.weight.dtype, o.dtype)))
+    data = ppo_batch(batch_size=4)
+    got = worker.compute_ref_log_prob(data).batch["ref_log_prob"]
+    hook.remove()
+    assert seen and set(seen) == {(torch.float32, torch.float32)}
+    want = _ref(model_dir, "cpu").compute_ref_log_prob(data).batch["ref_log_prob"]
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-3)

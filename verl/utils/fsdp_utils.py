@@ -74,9 +74,11 @@ def shard_model(
     if mesh is not None:
         kwargs["mesh"] = mesh
     gather_dtype = compute_dtype if cast_params_for_compute else param_dtype
-    if len({p.dtype for p in model.parameters()}) > 1:
-        # frozen weights kept in another dtype than the trained ones (verl.workers.model_building.frozen_weights): a unit's
-        # parameters are gathered together, so every one is cast to the gather dtype, one layer at a time
+    if {p.dtype for p in model.parameters()} - {gather_dtype}:
+        # frozen weights stored in another dtype than they compute in (verl.workers.model_building.frozen_weights:
+        # a float16 reference, or a LoRA base beside float32 adapters): FSDP2 casts every parameter of a unit to
+        # the gather dtype as it gathers it, one layer at a time. Without the policy, weights all stored in
+        # float16 would be gathered, and computed with, in float16.
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=gather_dtype, reduce_dtype=reduce_dtype)
     elif gather_dtype != param_dtype or reduce_dtype != gather_dtype:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=gather_dtype if gather_dtype != param_dtype else None,
