@@ -157,6 +157,24 @@ def test_sampled_frequencies_follow_temperature_and_nucleus():
     torch.testing.assert_close(freq, expected, atol=0.012, rtol=0)  # ~4 standard errors at n=20000
 
 
+def test_sampled_frequencies_plain_softmax_and_dropped_tokens_never_drawn():
+    """Temperature 1, no filters (the GRPO setting): the race sampler draws softmax(x) exactly; a -inf logit
+    (a token a filter dropped) is never drawn, even beside a single finite one."""
+    p = torch.tensor([0.6, 0.25, 0.1, 0.05], dtype=torch.float64)
+    logits = torch.log(p).float().repeat(20000, 1)
+    logits[::2, 3] = float("-inf")
+    g = torch.Generator().manual_seed(1)
+    tok = sample_next_token(logits, SamplingParams(True, 1.0, 0, 1.0), g)
+    odd = torch.bincount(tok[1::2], minlength=4).double() / 10000
+    even = torch.bincount(tok[::2], minlength=4).double() / 10000
+    torch.testing.assert_close(odd, p, atol=0.017, rtol=0)   # ~4 standard errors at n=10000
+    torch.testing.assert_close(even, torch.cat([p[:3] / p[:3].sum(), torch.zeros(1, dtype=torch.float64)]),
+                               atol=0.017, rtol=0)
+    one = torch.full((1000, 50), float("-inf"))
+    one[:, 7] = 0.0
+    assert torch.equal(sample_next_token(one, SamplingParams(), g), torch.full((1000,), 7))
+
+
 # ---------------------------------------------------------------- greedy decoding
 
 
