@@ -300,13 +300,12 @@ def decode_layer(layer, x, cos, sin, hidden, keys, values, slot, head_dim: int, 
     values[:, :, slot] = v
     window = hidden.shape[-1]
     keys, values = keys[:, :, :window], values[:, :, :window]
-    # query heads grouped by their shared KV head (head h reads KV head h // groups), the groups standing
-    # where a prompt's positions would: one fused attention kernel per layer (scores, masked softmax in
-    # float32, weighted values), no repeated cache copy
+    # query heads grouped by their shared KV head (head h reads KV head h // groups): no repeated cache copy
     kv_heads = keys.shape[1]
     qg = q.reshape(batch, kv_heads, -1, head_dim)
-    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=~hidden, scale=scaling)
-    out = out.reshape(batch, -1, 1, head_dim)
+    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * scaling
+    weights = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1).to(values.dtype)
+    out = torch.matmul(weights, values).reshape(batch, -1, 1, head_dim)
     x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, 1, -1))
     return x + layer.mlp(layer.post_attention_layernorm(x))
 
