@@ -149,6 +149,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     harness.ensure_model()
+    harness.prepare_assets()   # the rows read GSM8K's parquet files
     import torch
 
     gpu, rows = torch.cuda.is_available(), {}
