@@ -108,3 +108,35 @@ def test_an_unwritable_folder_is_reported_and_python_left_alone(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["None", "None"]
     assert "cannot be written, so every process keeps compiling" in out.stderr and "VERL_PYCACHE" in out.stderr
+
+
+@pytest.mark.parametrize("cpus,cold,workers", [(16, True, 14), (8, True, 6), (4, True, 0), (2, True, 0), (16, False, 0)])
+def test_fill_workers(cpus, cold, workers):
+    assert bytecode_cache.fill_workers(cpus, cold) == workers
+
+
+def test_an_empty_folder_is_filled_beside_the_run(tmp_path, monkeypatch):
+    """On a many-core host whose cache folder is empty, configure() compiles the fill packages into it in a
+    process of its own: every module gets its bytecode where imports will look for it (tests/ skipped),
+    and the folder is then no longer empty (a later run starts no fill)."""
+    src = tmp_path / "src"
+    _package(src, "bigpkg", compiled=False)
+    (src / "bigpkg" / "tests").mkdir()
+    (src / "bigpkg" / "tests" / "test_it.py").write_text("X = 0\n")
+    monkeypatch.syspath_prepend(str(src))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    for name in ("PYTHONPYCACHEPREFIX", bytecode_cache.SETTING):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.setattr(bytecode_cache, "_ENABLED", None)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    choice = bytecode_cache.configure(packages=("bigpkg",), fill_packages=("bigpkg",))
+    folder = str(tmp_path / "cache" / "verl" / "pycache")
+    assert choice.folder == folder and "14 processes fill it beside the run" in choice.reason
+    assert bytecode_cache._FILL.wait(timeout=60) == 0
+    for name in ("__init__.py", "child.py"):
+        assert os.path.exists(bytecode_cache._cached_path(str(src / "bigpkg" / name), folder))
+    assert not os.path.exists(bytecode_cache._cached_path(str(src / "bigpkg" / "tests" / "test_it.py"), folder))
+    assert not bytecode_cache._is_cold(folder, ("bigpkg",))

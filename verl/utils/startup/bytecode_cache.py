@@ -10,11 +10,18 @@ bytecode in a folder of its own (PYTHONPYCACHEPREFIX), never next to the sources
 PYTHONDONTWRITEBYTECODE is normally set to prevent. The driver uses it from then on and every process
 it starts inherits it. `VERL_PYCACHE=off` leaves Python as it is; `VERL_PYCACHE=<folder>` picks the
 folder (and turns the cache on even where Python would write its own).
+
+An empty folder (a fresh machine) is filled beside the run: a low-priority `compileall` over the heavy
+packages on the host's spare cores (`fill_beside`), so the driver's and the workers' imports mostly find
+bytecode already written instead of compiling it one module at a time on one core.
 """
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
+import signal
+import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -23,6 +30,13 @@ from verl.utils.startup import SWITCH, tricks_enabled
 SETTING = "VERL_PYCACHE"
 # Packages whose start-up cost dominates every process of a run; if they ship bytecode, so does the rest.
 HEAVY_PACKAGES = ("torch", "transformers", "ray")
+# What the fill compiles: the heavy packages and sympy (torch.compile's symbolic shapes), minus the folders no run
+# imports from (test suites, ONNX export, transformers' ~400 model families: a run loads one, as it goes).
+FILL_PACKAGES = ("torch", "transformers", "ray", "sympy")
+FILL_SKIP = r"/(tests?|testing|_testing|onnx)/|/transformers/models/(?!auto/)"
+# The fill runs only where it leaves cores to the run: compileall takes the host's cores but these.
+FILL_MIN_CPUS = 8
+FILL_SPARE_CPUS = 2
 
 
 @dataclass(frozen=True)
@@ -82,6 +96,7 @@ def _usable(folder: str) -> bool:
 
 
 _ENABLED: str | None = None   # the folder enable() turned on in this process
+_FILL: subprocess.Popen | None = None   # the compileall fill_beside() started, if any
 
 
 def enable(folder: str) -> None:
@@ -102,8 +117,65 @@ def worker_env() -> dict[str, str]:
     return {"PYTHONPYCACHEPREFIX": _ENABLED, "PYTHONDONTWRITEBYTECODE": ""}
 
 
-def configure(packages=HEAVY_PACKAGES) -> BytecodeCache:
-    """Decide (judging by `packages`), turn the cache on where decided, and say so on stderr when it does."""
+def fill_workers(cpus: int, cold: bool) -> int:
+    """How many processes fill an empty cache (0: no fill): on a host of FILL_MIN_CPUS or more, all
+    cores but FILL_SPARE_CPUS; a cache that already holds bytecode is left to fill itself as imports go."""
+    return max(cpus - FILL_SPARE_CPUS, 1) if cold and cpus >= FILL_MIN_CPUS else 0
+
+
+def _is_cold(folder: str, packages=HEAVY_PACKAGES) -> bool:
+    """True when `folder` holds no bytecode for any of `packages`' top modules (found, not imported)."""
+    for name in packages:
+        origin = getattr(importlib.util.find_spec(name), "origin", None) or ""
+        if origin.endswith(".py") and os.path.exists(_cached_path(origin, folder)):
+            return False
+    return True
+
+
+def _cached_path(source: str, folder: str) -> str:
+    """Where an import caching bytecode in `folder` keeps `source`'s."""
+    kept, sys.pycache_prefix = sys.pycache_prefix, folder
+    try:
+        return importlib.util.cache_from_source(source)
+    finally:
+        sys.pycache_prefix = kept
+
+
+def _package_dirs(packages=FILL_PACKAGES) -> list[str]:
+    dirs = []
+    for name in packages:
+        spec = importlib.util.find_spec(name)
+        dirs += list(getattr(spec, "submodule_search_locations", None) or [])
+    return dirs
+
+
+def fill_beside(folder: str, workers: int, packages=FILL_PACKAGES) -> subprocess.Popen | None:
+    """Start compiling `packages` into `folder` with `workers` processes, at low priority, beside this run;
+    stopped when this process exits. Both sides write each .pyc atomically, so an import and the fill
+    may race on a module harmlessly. Returns the process (None: nothing to compile)."""
+    dirs = _package_dirs(packages)
+    if not dirs or workers <= 0:
+        return None
+    command = [sys.executable, "-X", f"pycache_prefix={folder}", "-m", "compileall", "-q", "-j", str(workers),
+               "-x", FILL_SKIP, *dirs]
+    global _FILL
+    _FILL = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True, preexec_fn=lambda: os.nice(10))
+    atexit.register(_stop, _FILL)
+    return _FILL
+
+
+def _stop(fill: subprocess.Popen) -> None:
+    if fill.poll() is None:
+        try:
+            os.killpg(fill.pid, signal.SIGTERM)   # compileall and its pool
+        except OSError:
+            pass
+
+
+def configure(packages=HEAVY_PACKAGES, fill_packages=FILL_PACKAGES) -> BytecodeCache:
+    """Decide (judging by `packages`), turn the cache on where decided, fill an empty one with `fill_packages`
+    beside the run (`fill_workers`), and say so on stderr when it does."""
     if not tricks_enabled():
         return BytecodeCache(None, f"{SWITCH}=0: Python's bytecode settings left as they are")
     choice = decide(os.environ.get(SETTING), bool(sys.flags.dont_write_bytecode or sys.dont_write_bytecode),
@@ -116,6 +188,11 @@ def configure(packages=HEAVY_PACKAGES) -> BytecodeCache:
                                      f"imports from source: point {SETTING} at a writable folder")
         print(f"verl: bytecode: {choice.reason}", file=sys.stderr, flush=True)
         return choice
+    workers = fill_workers(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+                           _is_cold(choice.folder, packages))
     enable(choice.folder)
-    print(f"verl: bytecode: {choice.reason}", file=sys.stderr, flush=True)
-    return choice
+    reason = choice.reason
+    if workers and fill_beside(choice.folder, workers, fill_packages) is not None:
+        reason += f"; the folder is empty, so {workers} processes fill it beside the run"
+    print(f"verl: bytecode: {reason}", file=sys.stderr, flush=True)
+    return BytecodeCache(choice.folder, reason)
