@@ -110,9 +110,10 @@ def test_an_unwritable_folder_is_reported_and_python_left_alone(tmp_path):
     assert "cannot be written, so every process keeps compiling" in out.stderr and "VERL_PYCACHE" in out.stderr
 
 
-@pytest.mark.parametrize("cpus,cold,workers", [(16, True, 14), (8, True, 6), (4, True, 0), (2, True, 0), (16, False, 0)])
-def test_fill_workers(cpus, cold, workers):
-    assert bytecode_cache.fill_workers(cpus, cold) == workers
+@pytest.mark.parametrize("cpus,cold,setting,workers", [(16, True, None, 14), (8, True, None, 6), (4, True, None, 0),
+                                                       (2, True, None, 0), (16, False, None, 0), (16, True, "off", 0)])
+def test_fill_workers(cpus, cold, setting, workers):
+    assert bytecode_cache.fill_workers(cpus, cold, setting) == workers
 
 
 def test_an_empty_folder_is_filled_beside_the_run(tmp_path, monkeypatch):
@@ -126,7 +127,7 @@ def test_an_empty_folder_is_filled_beside_the_run(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(src))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    for name in ("PYTHONPYCACHEPREFIX", bytecode_cache.SETTING):
+    for name in ("PYTHONPYCACHEPREFIX", bytecode_cache.SETTING, bytecode_cache.FILL_SETTING):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(sys, "pycache_prefix", None)
     monkeypatch.setattr(sys, "dont_write_bytecode", True)

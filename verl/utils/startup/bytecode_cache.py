@@ -13,7 +13,8 @@ folder (and turns the cache on even where Python would write its own).
 
 An empty folder (a fresh machine) is filled beside the run: a low-priority `compileall` over the heavy
 packages on the host's spare cores (`fill_beside`), so the driver's and the workers' imports mostly find
-bytecode already written instead of compiling it one module at a time on one core.
+bytecode already written instead of compiling it one module at a time on one core. `VERL_PYCACHE_FILL=off`
+leaves the folder to fill as imports go.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from verl.utils.startup import SWITCH, tricks_enabled
 
 SETTING = "VERL_PYCACHE"
+FILL_SETTING = "VERL_PYCACHE_FILL"
 # Packages whose start-up cost dominates every process of a run; if they ship bytecode, so does the rest.
 HEAVY_PACKAGES = ("torch", "transformers", "ray")
 # What the fill compiles: the heavy packages and sympy (torch.compile's symbolic shapes), minus the folders no run
@@ -117,9 +119,12 @@ def worker_env() -> dict[str, str]:
     return {"PYTHONPYCACHEPREFIX": _ENABLED, "PYTHONDONTWRITEBYTECODE": ""}
 
 
-def fill_workers(cpus: int, cold: bool) -> int:
+def fill_workers(cpus: int, cold: bool, setting: str | None = None) -> int:
     """How many processes fill an empty cache (0: no fill): on a host of FILL_MIN_CPUS or more, all
-    cores but FILL_SPARE_CPUS; a cache that already holds bytecode is left to fill itself as imports go."""
+    cores but FILL_SPARE_CPUS, unless `setting` (VERL_PYCACHE_FILL) is off; a cache that already holds
+    bytecode is left to fill itself as imports go."""
+    if (setting or "").strip().lower() in ("off", "0", "false", "no"):
+        return 0
     return max(cpus - FILL_SPARE_CPUS, 1) if cold and cpus >= FILL_MIN_CPUS else 0
 
 
@@ -189,7 +194,7 @@ def configure(packages=HEAVY_PACKAGES, fill_packages=FILL_PACKAGES) -> BytecodeC
         print(f"verl: bytecode: {choice.reason}", file=sys.stderr, flush=True)
         return choice
     workers = fill_workers(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
-                           _is_cold(choice.folder, packages))
+                           _is_cold(choice.folder, packages), os.environ.get(FILL_SETTING))
     enable(choice.folder)
     reason = choice.reason
     if workers and fill_beside(choice.folder, workers, fill_packages) is not None:
