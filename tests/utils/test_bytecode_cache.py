@@ -141,22 +141,3 @@ def test_an_empty_folder_is_filled_beside_the_run(tmp_path, monkeypatch):
         assert os.path.exists(bytecode_cache._cached_path(str(src / "bigpkg" / name), folder))
     assert not os.path.exists(bytecode_cache._cached_path(str(src / "bigpkg" / "tests" / "test_it.py"), folder))
     assert not bytecode_cache._is_cold(folder, ("bigpkg",))
-
-
-def test_the_fill_reads_the_gpu_libraries_through(tmp_path, monkeypatch):
-    """The fill's second job: every shared library and tool of the GPU packages read once (into the page cache),
-    largest first; plain sources are left alone."""
-    from verl.utils.startup import fill
-
-    pkg = tmp_path / "gpupkg"
-    (pkg / "lib").mkdir(parents=True)
-    (pkg / "bin").mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "lib" / "libsmall.so").write_bytes(b"x" * 10)
-    (pkg / "lib" / "libbig.so.12").write_bytes(b"y" * (fill.CHUNK + 5))
-    (pkg / "bin" / "ptxas").write_bytes(b"z" * 3)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    found = fill.library_files(("gpupkg", "not_installed_anywhere"))
-    assert [os.path.basename(f) for f in found] == ["libbig.so.12", "libsmall.so", "ptxas"]
-    assert [fill.read_through(f) for f in found] == [fill.CHUNK + 5, 10, 3]
-    assert fill.read_through(str(tmp_path / "missing.so")) == 0

@@ -11,10 +11,9 @@ PYTHONDONTWRITEBYTECODE is normally set to prevent. The driver uses it from then
 it starts inherits it. `VERL_PYCACHE=off` leaves Python as it is; `VERL_PYCACHE=<folder>` picks the
 folder (and turns the cache on even where Python would write its own).
 
-An empty folder (a fresh machine) is filled beside the run (`fill_beside`, `verl/utils/startup/fill.py`): a
-low-priority process compiles the heavy packages on the host's spare cores, so the driver's and the workers'
-imports mostly find bytecode already written instead of compiling it one module at a time on one core, and
-reads the GPU libraries the first step loads into the page cache. `VERL_PYCACHE_FILL=off`
+An empty folder (a fresh machine) is filled beside the run: a low-priority `compileall` over the heavy
+packages on the host's spare cores (`fill_beside`), so the driver's and the workers' imports mostly find
+bytecode already written instead of compiling it one module at a time on one core. `VERL_PYCACHE_FILL=off`
 leaves the folder to fill as imports go.
 """
 from __future__ import annotations
@@ -156,16 +155,14 @@ def _package_dirs(packages=FILL_PACKAGES) -> list[str]:
 
 
 def fill_beside(folder: str, workers: int, packages=FILL_PACKAGES) -> subprocess.Popen | None:
-    """Start compiling `packages` into `folder` with `workers` processes and reading the GPU libraries
-    (verl/utils/startup/fill.py, run by its path: it needs only the standard library), at low priority,
-    beside this run; stopped when this process exits. Both sides write each .pyc atomically, so an import
-    and the fill may race on a module harmlessly. Returns the process (None: nothing to compile)."""
+    """Start compiling `packages` into `folder` with `workers` processes, at low priority, beside this run;
+    stopped when this process exits. Both sides write each .pyc atomically, so an import and the fill
+    may race on a module harmlessly. Returns the process (None: nothing to compile)."""
     dirs = _package_dirs(packages)
     if not dirs or workers <= 0:
         return None
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fill.py")
-    command = [sys.executable, "-X", f"pycache_prefix={folder}", script, "--workers", str(workers),
-               "--skip", FILL_SKIP, *dirs]
+    command = [sys.executable, "-X", f"pycache_prefix={folder}", "-m", "compileall", "-q", "-j", str(workers),
+               "-x", FILL_SKIP, *dirs]
     global _FILL
     _FILL = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True, preexec_fn=lambda: os.nice(10))
