@@ -126,9 +126,9 @@ def sample_next_token(logits: torch.Tensor, params: SamplingParams, generator: t
 
     Sampled as a race: each candidate j draws E_j ~ Exp(1) and the smallest E_j / p_j wins, which it
     does with probability p_j exactly. In logits that is argmax(x_j - log E_j) (the Gumbel-max trick):
-    no softmax and no cumulative sums, a few passes over the (batch, vocab) scores instead of the
-    several of `torch.multinomial` (half the time per decode step at a 151k vocabulary). E is kept
-    above zero, so a dropped candidate (x = -inf) can never win.
+    no softmax and no cumulative sums, fewer passes over the (batch, vocab) scores than softmax and
+    `torch.multinomial` take (docs/performance.md, "Why the code does it this way"). E is kept above
+    zero, so a dropped candidate (x = -inf) can never win.
     """
     logits = logits.float()
     if params.greedy:
