@@ -59,15 +59,16 @@ def default_folder() -> str:
     return cache_dir("pycache")
 
 
+def _top_sources(names) -> dict[str, str]:
+    """Each installed package's top module source among `names` (found, not imported)."""
+    origins = {name: getattr(importlib.util.find_spec(name), "origin", None) or "" for name in names}
+    return {name: origin for name, origin in origins.items() if origin.endswith(".py")}
+
+
 def uncached_packages(names=HEAVY_PACKAGES) -> list[str]:
     """The installed packages among `names` whose top module has no .pyc beside it (found, not imported)."""
-    missing = []
-    for name in names:
-        spec = importlib.util.find_spec(name)
-        origin = getattr(spec, "origin", None) or ""
-        if origin.endswith(".py") and not os.path.exists(importlib.util.cache_from_source(origin)):
-            missing.append(name)
-    return missing
+    return [name for name, source in _top_sources(names).items()
+            if not os.path.exists(importlib.util.cache_from_source(source))]
 
 
 def decide(setting: str | None, dont_write: bool, prefix: str | None, uncached: list[str],
@@ -130,11 +131,7 @@ def fill_workers(cpus: int, cold: bool, setting: str | None = None) -> int:
 
 def _is_cold(folder: str, packages=HEAVY_PACKAGES) -> bool:
     """True when `folder` holds no bytecode for any of `packages`' top modules (found, not imported)."""
-    for name in packages:
-        origin = getattr(importlib.util.find_spec(name), "origin", None) or ""
-        if origin.endswith(".py") and os.path.exists(_cached_path(origin, folder)):
-            return False
-    return True
+    return not any(os.path.exists(_cached_path(source, folder)) for source in _top_sources(packages).values())
 
 
 def _cached_path(source: str, folder: str) -> str:
