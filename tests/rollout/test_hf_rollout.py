@@ -175,6 +175,31 @@ def test_sampled_frequencies_plain_softmax_and_dropped_tokens_never_drawn():
     assert torch.equal(sample_next_token(one, SamplingParams(), g), torch.full((1000,), 7))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_race_kernel_draws_the_same_tokens_as_the_float32_sampler(dtype, temperature):
+    """The one-pass race (`race_winner`, what `compiled_race` compiles) reads half logits as they are and takes
+    the same draws from the stream: every row's token equals the float32 path's, and the streams stay equal.
+    Under compilation (`aot_eager`: torch.compile's tracing, no generated code) too."""
+    from verl.workers.rollout.hf_rollout import race_winner
+
+    logits = (torch.randn(64, 3000, generator=torch.Generator().manual_seed(2)) * 3).to(dtype)
+    logits[5, 17] = float("-inf")
+    params = SamplingParams(True, temperature, 0, 1.0)
+    kernels = [race_winner, torch.compile(race_winner, backend="aot_eager", fullgraph=True, dynamic=True)]
+    streams = [torch.Generator().manual_seed(9) for _ in range(len(kernels) + 1)]
+    for _ in range(3):
+        want = sample_next_token(logits, params, streams[0])
+        for kernel, g in zip(kernels, streams[1:]):
+            assert torch.equal(sample_next_token(logits, params, g, race_kernel=kernel), want)
+    assert all(torch.equal(g.get_state(), streams[0].get_state()) for g in streams[1:])
+    # filters and greedy keep their own paths; greedy over half logits is the float32 argmax
+    filtered = SamplingParams(True, temperature, 5, 1.0)
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    assert torch.equal(sample_next_token(logits, filtered, g1, race_kernel=race_winner), sample_next_token(logits, filtered, g2))
+    assert torch.equal(sample_next_token(logits, SamplingParams(False), None), logits.float().argmax(-1))
+
+
 # ---------------------------------------------------------------- greedy decoding
 
 

@@ -354,7 +354,8 @@ def _decide_compiled_decode(decider: _Decider, rollout: RolloutPlan, torch_compi
     if rollout.cuda_graphs and torch_compile:
         backend = decider.note("rollout.compile_backend", "inductor",
                          "decode step compiled per layer (fused norms, rotary, softmax; one compile serves every layer, "
-                         "~10-30 s once per process) and replayed as a CUDA graph")
+                         "~10-30 s once per process) and replayed as a CUDA graph; the sampler's pass over the "
+                         "vocabulary compiled into one kernel")
     else:
         backend = decider.note("rollout.compile_backend", None, "decode step runs eagerly: "
                          + ("torch.compile is off (see torch_compile)" if rollout.cuda_graphs

@@ -21,6 +21,7 @@ filled part of its cache only. The EOS stop is asked every few steps, not every 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from dataclasses import dataclass
 
@@ -35,7 +36,8 @@ from .base import BaseRollout, inner_module, output_tensors, special_tokens
 from .static_decoder import StaticDecoder, compiled_decode_step, static_decoding_unsupported
 
 __all__ = ["HFRollout", "SamplingParams", "candidate_logits", "eos_check_due", "filter_logits",
-           "rollout_autocast_dtype", "sample_next_token", "trim_common_padding"]
+           "compiled_race", "race_winner", "rollout_autocast_dtype", "sample_next_token",
+           "trim_common_padding"]
 
 # A trimmed prompt keeps a multiple of this many columns (some padding stays): chunks then mostly share
 # a width, so the static decoder, its recorded graphs and the compiled step's shapes are reused
@@ -121,24 +123,48 @@ def candidate_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0):
     return filter_logits(logits, 0, top_p), None
 
 
-def sample_next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None):
-    """One token id per row of (batch, vocab) logits, computed in float32 on the logits' device.
+def sample_next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
+                      race_kernel=None):
+    """One token id per row of (batch, vocab) logits in any float dtype, computed in float32 on their device.
 
     Sampled as a race: each candidate j draws E_j ~ Exp(1) and the smallest E_j / p_j wins, which it
     does with probability p_j exactly. In logits that is argmax(x_j - log E_j) (the Gumbel-max trick):
     no softmax and no cumulative sums, fewer passes over the (batch, vocab) scores than softmax and
     `torch.multinomial` take (docs/performance.md, "Why the code does it this way"). E is kept above
-    zero, so a dropped candidate (x = -inf) can never win.
+    zero, so a dropped candidate (x = -inf) can never win. `race_kernel` (`compiled_race`), where given,
+    picks the winner over the whole vocabulary in one fused pass that reads the logits in their own dtype;
+    it draws the same E from `generator`, so the stream of draws is the same either way.
     """
-    logits = logits.float()
     if params.greedy:
-        return logits.argmax(dim=-1)
+        return logits.argmax(dim=-1)   # float32 is exact for every half value: the same argmax
+    unfiltered = not (0 < params.top_k < logits.shape[-1]) and not params.top_p < 1.0
+    if race_kernel is not None and unfiltered:
+        race = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_(generator=generator)
+        return race_kernel(logits, race, params.temperature)
+    logits = logits.float()
     scaled = logits if params.temperature == 1.0 else logits / params.temperature
     values, ids = candidate_logits(scaled, params.top_k, params.top_p)
     race = torch.empty_like(values).exponential_(generator=generator)
     race.clamp_(min=torch.finfo(race.dtype).tiny).log_()
     choice = torch.sub(values, race, out=race).argmax(dim=-1, keepdim=True)
     return (choice if ids is None else ids.gather(-1, choice)).squeeze(-1)
+
+
+def race_winner(logits: torch.Tensor, race: torch.Tensor, temperature: float) -> torch.Tensor:
+    """argmax_j(x_j / temperature - log E_j) per row, in float32, for logits in any float dtype and the
+    race's draws E (float32): the sampler's pass over the vocabulary as one function to compile."""
+    x = logits.float()
+    if temperature != 1.0:
+        x = x / temperature
+    return (x - race.clamp(min=torch.finfo(torch.float32).tiny).log()).argmax(dim=-1)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_race(backend):
+    """`race_winner` under torch.compile with `backend`: one kernel reading the half logits and the draws,
+    instead of a float32 copy of the logits and four passes over it. Rows symbolic (chunks and validation
+    share it); one wrapper per backend for the process."""
+    return torch.compile(race_winner, backend=backend, fullgraph=True, dynamic=True)
 
 
 def rollout_autocast_dtype(rollout_dtype: torch.dtype | None, weight_dtype: torch.dtype) -> torch.dtype | None:
@@ -261,6 +287,11 @@ class HFRollout(BaseRollout):
         # until its compiled form, built beside the first rollouts, takes over
         self._step = (compiled_decode_step(self.compile_backend, compiler)
                       if compiler is not None and self.compile_backend else None)
+        # the sampler's pass over the vocabulary compiled with the decode step, behind the same switch
+        self._race = None
+        if self.compile_backend:
+            race = compiled_race(self.compile_backend)
+            self._race = race if compiler is None else compiler.function("sampler", race_winner, race)
         forward_params = inspect.signature(inner_module(module).forward).parameters
         # transformers 5 renamed `past_key_values` to `cache`; follow whichever this model takes.
         self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
@@ -434,7 +465,7 @@ class HFRollout(BaseRollout):
         else:
             logits, advance = self._static_passes(holder, ids, mask, pos, response_length, images)
         for step in range(response_length):
-            token = sample_next_token(logits, params, generator)
+            token = sample_next_token(logits, params, generator, self._race)
             token = torch.where(finished, torch.full_like(token, pad_id), token)
             responses[:, step] = token
             last_step = step + 1 == response_length

@@ -154,14 +154,15 @@ class StaticDecoder:
         self.graphs = graphs
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}  # window -> its recorded step
         self._pool = None  # one memory pool for every window's graph: they replay one at a time
-        self._graph_logits = None  # every graph writes its logits here (float32, batch x vocab)
+        self._graph_logits = None  # every graph writes its logits here (batch x vocab)
         self._compiled = bool(compile_backend) or step is not None
         self._layer_step = step or (_compiled_layer_step(compile_backend) if compile_backend else decode_layer)
 
     # ------------------------------------------------------------------ passes
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Run the (left-padded) prompts, fill cache slots [0, P), return float32 last-position logits."""
+        """Run the (left-padded) prompts, fill cache slots [0, P), return the last position's logits (in the
+        head's output dtype: the sampler computes in float32 from them)."""
         length = ids.shape[1]
         self.key_valid[:, :length] = mask.bool()
         self.key_valid[:, length:] = True  # later slots are gated by the step's slot instead
@@ -184,7 +185,8 @@ class StaticDecoder:
             values[:, :, :length] = v
 
     def decode(self, token: torch.Tensor, position: torch.Tensor, slot: int) -> torch.Tensor:
-        """One token per row at `position`, written to cache `slot`; returns float32 logits (batch, vocab).
+        """One token per row at `position`, written to cache `slot`; returns logits (batch, vocab) in the head's
+        output dtype (no float32 copy of them here: the sampler upcasts as it reads).
 
         With graphs, the returned tensor is the graphs' output buffer: read it before the next step."""
         self.token.copy_(token.view(-1, 1))
@@ -209,7 +211,7 @@ class StaticDecoder:
     # ------------------------------------------------------------------ internals
 
     def _step(self, window: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The decode step over cache slots [0, window); float32 logits, written into `out` if given."""
+        """The decode step over cache slots [0, window); its logits, written into `out` if given."""
         cos, sin = F.embedding(self.position, self.cos), F.embedding(self.position, self.sin)
         cos, sin = cos[:, None], sin[:, None]
         # padding and unwritten slots
@@ -220,7 +222,7 @@ class StaticDecoder:
         for layer, keys, values in zip(self.layers, self.keys, self.values):
             x = self._layer_step(layer, x, cos, sin, hidden, keys, values, self.slot, self.head_dim, self.scaling)
         logits = self.head(self.norm(x[:, -1]))
-        return logits.float() if out is None else out.copy_(logits)
+        return logits if out is None else out.copy_(logits)
 
     def _record(self, window: int) -> bool:
         """Capture `_step` over `window` as a CUDA graph. Warm-up runs on a side stream first, as capture
@@ -243,8 +245,15 @@ class StaticDecoder:
             if building_beside():
                 return False
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                self._step(window, self._graph_logits)
+            # captured on the warm-up stream directly: `torch.cuda.graph` would first synchronize the device
+            # and empty torch's device and page-locked caches, at every window (a graph per 64 tokens), so
+            # the device idled through each capture and the next allocations went back to the driver
+            with torch.cuda.stream(side):
+                graph.capture_begin(pool=self._pool)
+                try:
+                    self._step(window, self._graph_logits)
+                finally:
+                    graph.capture_end()
         except RuntimeError as e:
             raise RuntimeError(f"compiling or capturing the rollout decode step as a CUDA graph failed ({e}); set "
                                "actor_rollout_ref.rollout.enforce_eager=True to decode without graphs or compilation"
@@ -257,7 +266,7 @@ class StaticDecoder:
         for i, layer in enumerate(self.layers):
             x = x + self._attention(i, layer.self_attn, layer.input_layernorm(x), cos, sin, mask)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.head(self.norm(x[:, -1])).float()
+        return self.head(self.norm(x[:, -1]))
 
     def _attention(self, i, attn, h, cos, sin, mask) -> torch.Tensor:
         """The prefill's attention: fill cache slots [0, P) and attend under the prompt mask."""
