@@ -550,14 +550,29 @@ def _forward_phase(step: _Step, name: str) -> dict[str, float]:
     logits = resp * spec.vocab_size * BYTES[c]
     head = {f"{name}.compute_copy": _compute_copy(spec, role, c, compiled=step.compiled_layers, layers=0),
             **hidden, "logits": logits}
-    # FSDP2 does not reshard the root unit after a forward: it stays gathered through the log-prob pass
-    log_prob = {f"{name}.compute_copy": _gathered_units(spec, role, c, False, 0), "logits": logits,
+    # after a forward without gradients FSDP2 has resharded the root unit too (an allocator trace of an offloaded
+    # 3B actor and reference: root freed before the pass); a plan gathering the whole model per call keeps it
+    kept = _gathered_units(spec, role, c, False, 0) if role.plan.gather_for_forward else 0.0
+    log_prob = {f"{name}.compute_copy": kept, "logits": logits,
                 "log-prob scratch": _logprob_scratch(spec, resp, c, backward=False, fused=step.compiled_layers)}
+    pixels = _pixel_values(step, name, rows)   # a VL micro-batch's pixels stay on the device through the call
+    for moment in (layer, head, log_prob):
+        moment.update(pixels)
     # a VL model's tower runs first, over the micro-batch's images; only its merged output outlives it
     tower = {f"{name}.compute_copy": layer[f"{name}.compute_copy"],
              **_vision_terms(step, name, rows, train=False)}
     terms.update(max((layer, head, log_prob, tower), key=lambda t: sum(t.values())))
     return terms
+
+
+def _pixel_values(step: _Step, name: str, rows: int) -> dict[str, float]:
+    """The float32 pixel values of a VL micro-batch of `rows` sequences (none for a text-only model)."""
+    spec, role = step.spec(name), step.roles[name]
+    if spec.vision is None or not step.workload.image_tokens or not rows:
+        return {}
+    plan = role.plan
+    return {"pixel values": vision_bytes(spec, plan.compute_dtype, read_dtype(plan, role.trainable),
+                                         plan.attn_implementation, rows, step.workload.image_tokens, "frozen")}
 
 
 def _vision_terms(step: _Step, name: str, rows: int, train: bool, running: bool = False) -> dict[str, float]:
