@@ -44,6 +44,12 @@ def _model(family="qwen2", seed=0, **extra):
     return cls(cfg).float().eval()
 
 
+def _prompt_tensors(width=8):
+    """(input_ids, attention_mask, position_ids) of PROMPTS left-padded to `width`."""
+    batch = _batch(PROMPTS, width, [VOCAB + 1])
+    return tuple(batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
+
+
 def _rollout_config(response_length, **sampling):
     from omegaconf import OmegaConf
 
@@ -308,8 +314,7 @@ def test_compiled_decode_step_equals_eager_with_one_compile_for_every_layer(fami
 
     torch._dynamo.reset()
     model = _model(family)
-    batch = _batch(PROMPTS, 8, [VOCAB + 1])
-    ids, mask, pos = (batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
+    ids, mask, pos = _prompt_tensors()
     counter = CompileCounter()
     with torch.no_grad():
         decoders = [StaticDecoder(model, len(PROMPTS), 14, 16, torch.float32, ids.device, compile_backend=b)
@@ -326,6 +331,70 @@ def test_compiled_decode_step_equals_eager_with_one_compile_for_every_layer(fami
         other.prefill(ids[:2], mask[:2], pos[:2])
         other.decode(token[:2], pos[:2, -1] + 1, ids.shape[1])
     assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
+def test_fused_projections_decode_as_the_modules_do(family):
+    """q/k/v (Qwen2's with biases, Llama's without, Qwen3's normalised per head after) and gate/up read from
+    the fused copies give the unfused step's logits, eager and traced (one graph for both layers); a layer
+    whose projection is not a plain Linear (an adapter) keeps its modules."""
+    from torch._dynamo.testing import CompileCounter
+
+    from verl.workers.rollout.static_decoder import StaticDecoder, fuse_projections
+
+    torch._dynamo.reset()
+    model = _model(family)
+    ids, mask, pos = _prompt_tensors()
+    counter = CompileCounter()
+    with torch.no_grad():
+        decoders = [StaticDecoder(model, len(PROMPTS), 14, 16, torch.float32, ids.device, fused=f, compile_backend=b)
+                    for f, b in ((False, None), (True, None), (True, counter))]
+        assert decoders[0].fused == [None, None] and all(f is not None for f in decoders[1].fused)
+        token = [d.prefill(ids, mask, pos) for d in decoders][0].argmax(-1)
+        for step in range(5):
+            plain, *fused = (d.decode(token, pos[:, -1] + step + 1, ids.shape[1] + step) for d in decoders)
+            for logits in fused:
+                torch.testing.assert_close(logits, plain, rtol=1e-5, atol=1e-5)
+            token = plain.argmax(-1)
+    assert counter.frame_count == 1
+    layer = model.model.layers[0]
+    weight, bias, gate_up = fuse_projections(layer, torch.bfloat16)
+    assert weight.dtype == gate_up.dtype == torch.bfloat16
+    assert weight.shape == (layer.self_attn.q_proj.out_features + 2 * layer.self_attn.k_proj.out_features, 32)
+    assert gate_up.shape == (2 * 64, 32) and (bias is None) == (family != "qwen2")
+    layer.self_attn.q_proj = torch.nn.Sequential(layer.self_attn.q_proj)   # stands for an adapter's wrapper
+    assert fuse_projections(layer, torch.float32) is None
+
+
+def test_plan_fuses_the_decode_projections_where_the_copies_are_small():
+    """The real planner: on a GPU with compiled, recorded decode steps the 0.5B shape's copies (0.44 GiB in bf16)
+    are fused and counted in generation; a 7B shape's (7.9 GiB) on a 24 GB card are not; an eager or
+    uncompiled step (no CUDA graphs; a P40 without Triton) is not fused."""
+    from verl.compat.planning.memory import fused_copy_gb
+    from verl.compat.planning.model_spec import BUILTIN_MODELS
+
+    def spec(name):
+        fields = dict(BUILTIN_MODELS[name])
+        return ModelSpec.from_hf_config(transformers.AutoConfig.for_model(fields.pop("model_type"), **fields))
+
+    cfg = {"data": {"train_batch_size": 8, "max_prompt_length": 256, "max_response_length": 256},
+           "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 2},
+                                 "rollout": {"name": "hf", "log_prob_micro_batch_size_per_gpu": 2, "n": 4},
+                                 "ref": {"log_prob_micro_batch_size_per_gpu": 2}},
+           "algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": False},
+           "trainer": {"n_gpus_per_node": 1, "nnodes": 1}}
+    triton = dataclasses.replace(SOFTWARE, triton_usable=True)
+    small = make_plan(get_profile("h200"), cfg, triton, spec("qwen2.5-0.5b"))
+    assert small.rollout.fused_projections and "one matmul" in small.reasons["rollout.fused_projections"]
+    gen = small.memory["phases"]["rollout"]
+    assert gen["rollout.fused weights"] == pytest.approx(fused_copy_gb(spec("qwen2.5-0.5b"), "bfloat16"), abs=1e-3)
+    assert fused_copy_gb(spec("qwen2.5-0.5b"), "bfloat16") == pytest.approx(24 * 896 * (896 + 256 + 2 * 4864) * 2 / 2**30)
+    big = make_plan(get_profile("rtx3090"), cfg, triton, spec("qwen2.5-7b"))
+    assert not big.rollout.fused_projections and "exceed 5%" in big.reasons["rollout.fused_projections"]
+    eager = make_plan(get_profile("h200"), {**cfg, "actor_rollout_ref": {**cfg["actor_rollout_ref"], "rollout": {
+        **cfg["actor_rollout_ref"]["rollout"], "enforce_eager": True}}}, triton, spec("qwen2.5-0.5b"))
+    assert not eager.rollout.fused_projections and "compile_backend" in eager.reasons["rollout.fused_projections"]
+    assert not make_plan(get_profile("p40"), cfg, triton, spec("qwen2.5-0.5b")).rollout.fused_projections   # no Triton
 
 
 def test_plan_compiles_the_decode_step_where_triton_and_graphs_are():

@@ -71,6 +71,7 @@ class RolloutPlan:
     micro_batch_size: int | None = None   # most sequences the built-in engine generates at once; None: vLLM schedules
     cuda_graphs: bool = False             # the built-in engine replays its decode step as a CUDA graph
     compile_backend: str | None = None    # torch.compile backend for the built-in engine's decode step; None: eager
+    fused_projections: bool = False       # the built-in engine decodes with q/k/v and gate/up each as one matmul
     free_cache_engine: bool = False       # vLLM sleeps (frees KV cache, offloads weights) while the actor trains
 
 

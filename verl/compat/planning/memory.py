@@ -259,7 +259,17 @@ def _generation_weights(model: ModelSpec, actor: _Role, rollout: RolloutPlan) ->
     gather = rollout.dtype if actor.lora else gather_dtype(actor.plan)   # a LoRA model gathers in compute dtype
     cast = model.vocab_size * model.hidden_size * BYTES[rollout.dtype] if stored != rollout.dtype else 0.0
     gathered = (actor.params + actor.adapters) * BYTES[gather] if actor.plan.fsdp else 0.0   # unwrapped: in place
-    return {"rollout.gathered weights": gathered, "rollout.weights": cast + _dequantized(model, actor, rollout.dtype)}
+    terms = {"rollout.gathered weights": gathered, "rollout.weights": cast + _dequantized(model, actor, rollout.dtype)}
+    if rollout.fused_projections:
+        terms["rollout.fused weights"] = fused_copy_gb(model, rollout.dtype) * GiB
+    return terms
+
+
+def fused_copy_gb(model: ModelSpec, dtype: str) -> float:
+    """GiB of the built-in engine's fused decode weights (`rollout.fused_projections`): every layer's q/k/v
+    and gate/up matrices, copied side by side in the rollout dtype."""
+    h, q, kv = model.hidden_size, model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    return model.num_layers * h * (q + 2 * kv + 2 * model.intermediate_size) * BYTES[dtype] / GiB
 
 
 def _dequantized(model: ModelSpec, role: _Role, dtype: str) -> float:

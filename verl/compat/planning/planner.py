@@ -20,12 +20,12 @@ from verl.compat.planning.decider import PACKED_KERNELS, MemoryShortfall, PlanEr
 from verl.compat.device.profile import cc_name
 from verl.compat.planning.fit import MAX_ROLLOUT_MICRO_BATCH, FitInputs, apply_batches, fit, micro_batches, settled
 from verl.compat.planning.lora import decide_adapters, keep_bitsandbytes_on_device
-from verl.compat.planning.memory import Workload, estimate_memory
+from verl.compat.planning.memory import Workload, estimate_memory, fused_copy_gb
 from verl.compat.planning.modes import lever_hint
 from verl.compat.planning.model_spec import ModelSpec
 from verl.compat.plan import Plan, RolePlan, RolloutPlan
 from verl.compat.device.profile import DeviceProfile, SoftwareInfo
-from verl.compat.planning.reward_model import add_reward_model
+from verl.compat.planning.reward_model import add_reward_model, reward_model_enabled
 from verl.compat.planning.wrapping import wraps_in_fsdp
 from verl.compat.planning.settings import AUTO
 from verl.compat.planning.vision import decide_vision
@@ -363,6 +363,41 @@ def _decide_compiled_decode(decider: _Decider, rollout: RolloutPlan, torch_compi
     return replace(rollout, compile_backend=backend)
 
 
+# The fused copies may take at most this share of the device: they buy fewer kernels per decode step, never
+# rows of the rollout's batch on a device where memory is the limit.
+FUSED_COPY_SHARE = 0.05
+
+
+def _fused_decode_candidate(decider: _Decider, rollout: RolloutPlan, actor: RolePlan, model: ModelSpec | None,
+                            memory_gb: float, reward_model: bool = False) -> bool:
+    """Whether the built-in engine's decode step may read q/k/v and gate/up as one matmul each, from copies of
+    those weights it makes per rollout (`static_decoder.fuse_projections`). A compiled, recorded decode step
+    of a small model is bound by kernel latency rather than bandwidth (profiled on the H200: ~21 kernels a
+    layer): five matmuls of a layer become two. Only there (a compile backend and CUDA graphs), where the
+    actor's linear layers are plain (no LoRA adapters, no 4-bit base) and the copies are small beside the
+    device's memory; the fit then keeps them only where the fitted plan has room (`fit.decide_fused_decode`),
+    so they never cost the rollout rows or another offload. Not beside a reward model, whose fit comes after
+    the policy's and takes the room that is left."""
+    if rollout.name != "hf":
+        return False
+    copy_gb = fused_copy_gb(model, rollout.dtype) if model is not None else None
+    if not (rollout.cuda_graphs and rollout.compile_backend):
+        why = "the decode step is not compiled and recorded (see rollout.compile_backend), the regime it pays in"
+    elif reward_model:
+        why = "a reward model shares the device: the room the policy's plan leaves is its"
+    elif actor.lora_rank or actor.base_quantization:
+        why = "the actor's linear layers carry LoRA adapters or a 4-bit base, which the copies would bypass"
+    elif copy_gb is None:
+        why = "the model's shape is unknown"
+    elif copy_gb > FUSED_COPY_SHARE * memory_gb:
+        why = (f"the copies ({copy_gb:.2f} GiB) exceed {FUSED_COPY_SHARE:.0%} of the device's {memory_gb:g} GiB: "
+               "the memory goes to the rollout's batch instead")
+    else:
+        return True
+    decider.note("rollout.fused_projections", False, why)
+    return False
+
+
 def _builtin_eager(decider: _Decider, asked: Any, key: str) -> bool:
     """Whether the built-in engine decodes without CUDA graphs. Graphs need a CUDA device (any
     compute capability torch runs on: capture is a CUDA driver feature, not an architecture one);
@@ -478,11 +513,13 @@ def make_plan(profile: DeviceProfile, config: Any, software: SoftwareInfo, model
     rollout, rollout_asked = _decide_rollout(decider, config, roles["actor"].compute_dtype,
                                              roles["actor"].attn_implementation)
     rollout = _decide_compiled_decode(decider, rollout, glob["torch_compile"])
+    fuse_decode = _fused_decode_candidate(decider, rollout, roles["actor"], model, profile.memory_gb,
+                                          reward_model_enabled(config))
     _check_ulysses_heads(roles, model)
     _decide_cast_on_gather(decider, roles, rollout.dtype)
     _warn_vllm_only_keys(decider, config, rollout.name)
-    inputs = _fit_inputs(decider, config, roles_cfg, roles, rollout, rollout_asked, model, glob["torch_compile"],
-                         ref_in_actor)
+    inputs = replace(_fit_inputs(decider, config, roles_cfg, roles, rollout, rollout_asked, model, glob["torch_compile"],
+                                 ref_in_actor), fuse_decode=fuse_decode)
     plan_kwargs = dict(device=profile, software=software, actor=None, critic=None, ref=None, rollout=rollout,
                        predicted_peak_gb=0.0, memory_limit_gb=profile.memory_gb, ref_in_actor=ref_in_actor, **glob)
     plan_kwargs["dataloader_num_workers"] = _dataloader_workers(decider, config,

@@ -255,6 +255,7 @@ class HFRollout(BaseRollout):
     `config` is the `actor_rollout_ref.rollout` section (temperature, top_k, top_p, do_sample,
     response_length, seed, ignore_eos, val_kwargs, and the optional micro_batch_size).
     `plan` is the compat plan: `rollout.cuda_graphs` records the static decode step as a CUDA graph,
+    `rollout.fused_projections` decodes with q/k/v and gate/up each as one matmul (`fuse_projections`),
     `rollout.compile_backend` compiles its per-layer step first (None: eager), or, with `compiler` (a
     `verl.utils.compile_beside.BesideCompiler`), beside the first eager rollouts;
     generation runs in its `rollout.dtype`, by autocast when the weights
@@ -273,6 +274,7 @@ class HFRollout(BaseRollout):
         self.dtype = None
         self.cuda_graphs = False
         self.compile_backend = None
+        self.fused_projections = False
         # An unresolved `auto` (no plan ran over this config) means the whole batch at once.
         configured = _cfg(config, "micro_batch_size")
         self.micro_batch_size = None if configured == "auto" else configured
@@ -283,6 +285,7 @@ class HFRollout(BaseRollout):
             self.micro_batch_size = plan.rollout.micro_batch_size or self.micro_batch_size
             self.cuda_graphs = bool(getattr(plan.rollout, "cuda_graphs", False))
             self.compile_backend = getattr(plan.rollout, "compile_backend", None)
+            self.fused_projections = bool(getattr(plan.rollout, "fused_projections", False))
         # with a BesideCompiler (the worker's, under compile_warmup=background) the decode step runs eagerly
         # until its compiled form, built beside the first rollouts, takes over
         self._step = (compiled_decode_step(self.compile_backend, compiler)
@@ -425,7 +428,7 @@ class HFRollout(BaseRollout):
             device = ids.device
             graphs = self.cuda_graphs and device.type == "cuda"
             decoder = StaticDecoder(inner_module(self.module), batch, key[1], positions, dtype, device, graphs,
-                                    self.compile_backend, step=self._step)
+                                    self.compile_backend, step=self._step, fused=self.fused_projections)
             holder[:] = [key, decoder]
         decoder = holder[1]
         if pos.dim() == 3:  # rows 1-3 are the (temporal, height, width) mrope positions

@@ -38,7 +38,7 @@ from torch import nn
 from verl.utils.compile_beside import building_beside
 
 
-__all__ = ["StaticDecoder", "compiled_decode_step", "static_decoding_unsupported"]
+__all__ = ["StaticDecoder", "compiled_decode_step", "fuse_projections", "static_decoding_unsupported"]
 
 _FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 # vision-language models whose text model is a Qwen2 decoder with mrope over (temporal, height, width)
@@ -122,11 +122,12 @@ class StaticDecoder:
     CUDA graph and every later step over that window replays it. With `compile_backend` (a
     torch.compile backend: a name such as "inductor", or a callable), the per-layer decode step is
     compiled with it (the first call compiles, for any shape and window). `step`, where given, stands
-    for `decode_layer` (a BesideCompiler's switch between it and its compiled form).
+    for `decode_layer` (a BesideCompiler's switch between it and its compiled form). With `fused`, the
+    decode step reads each layer's q/k/v and gate/up from copies side by side (`fuse_projections`).
     """
 
     def __init__(self, inner: nn.Module, batch: int, max_len: int, positions: int, dtype: torch.dtype,
-                 device: torch.device, graphs: bool = False, compile_backend=None, step=None):
+                 device: torch.device, graphs: bool = False, compile_backend=None, step=None, fused: bool = False):
         base, self.head = _parts(inner)
         self.embed, self.layers, self.norm = base.embed_tokens, list(base.layers), base.norm
         cfg = inner.config.get_text_config()
@@ -156,6 +157,8 @@ class StaticDecoder:
         self._pool = None  # one memory pool for every window's graph: they replay one at a time
         self._graph_logits = None  # every graph writes its logits here (batch x vocab)
         self._compiled = bool(compile_backend) or step is not None
+        # per layer (q/k/v weight, its bias or None, gate/up weight) side by side, in the activations' dtype, or None
+        self.fused = [fuse_projections(layer, dtype) for layer in self.layers] if fused else [None] * len(self.layers)
         self._layer_step = step or (_compiled_layer_step(compile_backend) if compile_backend else decode_layer)
 
     # ------------------------------------------------------------------ passes
@@ -219,8 +222,9 @@ class StaticDecoder:
         if self._compiled:  # the window is a symbol from the first compile on, not one graph per window
             torch._dynamo.mark_dynamic(hidden, 3)
         x = self.embed(self.token)
-        for layer, keys, values in zip(self.layers, self.keys, self.values):
-            x = self._layer_step(layer, x, cos, sin, hidden, keys, values, self.slot, self.head_dim, self.scaling)
+        for layer, keys, values, fused in zip(self.layers, self.keys, self.values, self.fused):
+            x = self._layer_step(layer, x, cos, sin, hidden, keys, values, self.slot, self.head_dim, self.scaling,
+                                 fused)
         logits = self.head(self.norm(x[:, -1]))
         return logits if out is None else out.copy_(logits)
 
@@ -280,12 +284,18 @@ class StaticDecoder:
         return attn.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
 
 
-def _project(attn, h, cos, sin, head_dim, cache_dtype):
-    """Queries, keys and values (batch, heads, length, head_dim), rotated; keys/values in the cache's dtype."""
+def _project(attn, h, cos, sin, head_dim, cache_dtype, qkv=None):
+    """Queries, keys and values (batch, heads, length, head_dim), rotated; keys/values in the cache's dtype.
+    `qkv`: (weight, bias) of the three projections side by side (`fuse_projections`), one matmul for all."""
     batch, length, _ = h.shape
-    q = attn.q_proj(h).view(batch, length, -1, head_dim)
-    k = attn.k_proj(h).view(batch, length, -1, head_dim)
-    v = attn.v_proj(h).view(batch, length, -1, head_dim)
+    if qkv is None:
+        q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+    else:
+        kv = attn.k_proj.out_features
+        q, k, v = F.linear(h, *qkv).split([attn.q_proj.out_features, kv, kv], dim=-1)
+    q = q.reshape(batch, length, -1, head_dim)
+    k = k.reshape(batch, length, -1, head_dim)
+    v = v.reshape(batch, length, -1, head_dim)
     if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before the rotation
         q, k = attn.q_norm(q), attn.k_norm(k)
     q = _rotate(q.transpose(1, 2), cos, sin)
@@ -293,18 +303,21 @@ def _project(attn, h, cos, sin, head_dim, cache_dtype):
     return q, k, v.transpose(1, 2).to(cache_dtype)
 
 
-def decode_layer(layer, x, cos, sin, hidden, keys, values, slot, head_dim: int, scaling: float) -> torch.Tensor:
+def decode_layer(layer, x, cos, sin, hidden, keys, values, slot, head_dim: int, scaling: float,
+                 fused=None) -> torch.Tensor:
     """One decoder layer for one new token per row: write its key/value to cache `slot`, attend over
     the cache's leading window (as many slots as `hidden`, which masks padding and unwritten slots),
     then the MLP. A plain function of its inputs, so one compiled graph serves every layer of the
-    model, and (shapes symbolic) every window.
+    model, and (shapes symbolic) every window. `fused`: the layer's `fuse_projections` copies, whose
+    matmuls replace q/k/v's three and gate/up's two.
 
     The whole cache comes in and the window is sliced here, after the write: handed a window view
     instead, a compiled step writes the mutated view back in full on every call, several times slower
     at long windows (docs/performance.md, "Why the code does it this way")."""
     attn = layer.self_attn
     batch = x.shape[0]
-    q, k, v = _project(attn, layer.input_layernorm(x), cos, sin, head_dim, keys.dtype)
+    q, k, v = _project(attn, layer.input_layernorm(x), cos, sin, head_dim, keys.dtype,
+                       None if fused is None else fused[:2])
     keys[:, :, slot] = k
     values[:, :, slot] = v
     window = hidden.shape[-1]
@@ -316,7 +329,30 @@ def decode_layer(layer, x, cos, sin, hidden, keys, values, slot, head_dim: int, 
     weights = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1).to(values.dtype)
     out = torch.matmul(weights, values).reshape(batch, -1, 1, head_dim)
     x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, 1, -1))
-    return x + layer.mlp(layer.post_attention_layernorm(x))
+    h = layer.post_attention_layernorm(x)
+    if fused is None:
+        return x + layer.mlp(h)
+    gate, up = F.linear(h, fused[2]).chunk(2, dim=-1)
+    return x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+
+
+def fuse_projections(layer: nn.Module, dtype: torch.dtype):
+    """(q/k/v weight, their bias or None, gate/up weight): one layer's projections that read the same input,
+    concatenated into one matrix each, in `dtype`, for `decode_layer`. A copy of the weights as they are now,
+    so made per decoder (per rollout, after the update). None where a projection is not a plain `nn.Linear`
+    (an adapter or a quantized layer would be bypassed) or the MLP has no `act_fn`."""
+    attn, mlp = layer.self_attn, getattr(layer, "mlp", None)
+    qkv = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj")]
+    gate_up = [getattr(mlp, name, None) for name in ("gate_proj", "up_proj")]
+    if any(type(m) is not nn.Linear for m in qkv + gate_up) or not hasattr(mlp, "act_fn"):
+        return None
+    with torch.no_grad():
+        bias = None
+        if any(m.bias is not None for m in qkv):
+            bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in qkv])
+            bias = bias.to(dtype)
+        return (torch.cat([m.weight for m in qkv]).to(dtype), bias,
+                torch.cat([m.weight for m in gate_up]).to(dtype))
 
 
 @functools.lru_cache(maxsize=None)
