@@ -138,6 +138,31 @@ def test_overlong_prompt_with_truncation_error_says_what_to_change(tokenizer, pa
         assert hint in message
 
 
+def test_prompt_counts_are_kept_for_the_next_run_over_the_same_inputs(tokenizer, parquet, tmp_path, monkeypatch):
+    """A second dataset over the same file, rows, tokenizer and template reads the counts the first one computed
+    (nothing is rendered); other template arguments or changed file contents are counted afresh; a damaged
+    cache file is recomputed."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    expected = [len(chat_ids(tokenizer, q)) for q in (SHORT, LONG, "Add 3 and 5.")]
+    assert RLHFDataset(parquet, tokenizer, config())._prompt_lengths().tolist() == expected
+    again = RLHFDataset(parquet, tokenizer, config())
+    monkeypatch.setattr(again, "_render", lambda *a, **k: pytest.fail("rendered although the counts were kept"))
+    assert again._prompt_lengths().tolist() == expected
+
+    def renders(dataset) -> int:
+        calls, real = [], dataset._render
+        monkeypatch.setattr(dataset, "_render", lambda *a, **k: calls.append(1) or real(*a, **k))
+        dataset._prompt_lengths()
+        return len(calls)
+
+    assert renders(RLHFDataset(parquet, tokenizer, config(apply_chat_template_kwargs={"enable_thinking": False}))) == 3
+    pd.DataFrame([row(SHORT, 0, "4")]).to_parquet(parquet)
+    assert RLHFDataset(parquet, tokenizer, config())._prompt_lengths().tolist() == expected[:1]
+    for kept in (tmp_path / "cache" / "verl" / "prompt_lengths").glob("*.npy"):
+        kept.write_bytes(b"damaged")
+    assert renders(RLHFDataset(parquet, tokenizer, config())) == 1
+
+
 def test_filter_drops_overlong_prompts(tokenizer, parquet):
     dataset = RLHFDataset(parquet, tokenizer, config(filter_overlong_prompts=True))
     assert len(dataset) == 2

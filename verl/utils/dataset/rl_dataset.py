@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset, RandomSampler, SequentialSampler
 
+from verl.utils.dataset import length_cache
 from verl.utils.torch_functional import compute_position_id_with_mask, postprocess_data
 
 TRUNCATION_MODES = ("error", "left", "right", "middle")
@@ -225,7 +226,8 @@ class RLHFDataset(Dataset):
         return {"text": text, **self.processor(text=[text], images=images, return_tensors="pt")}
 
     def _prompt_lengths(self) -> np.ndarray:
-        """Token count of every chat-formatted prompt, tokenised in batches (the fast tokenizer is threaded).
+        """Token count of every chat-formatted prompt, tokenised in batches (the fast tokenizer is threaded), or
+        read from an earlier run's counts over the same files, rows, tokenizer and template (`length_cache`).
 
         Only the counts are needed, so a fast tokenizer's Rust backend is called directly: the same
         encoding `__getitem__` makes, without building Python lists of every prompt's ids."""
@@ -240,6 +242,11 @@ class RLHFDataset(Dataset):
                 lengths[index] = self._encode(messages, self._row_images(messages, cell, index), index)[
                     "input_ids"].shape[-1]
             return lengths
+        key = length_cache.lengths_key(self.data_files, self._origin, self.prompt_key, self.tokenizer,
+                                       self.apply_chat_template_kwargs)
+        cached = length_cache.load(key, len(self)) if key else None
+        if cached is not None:
+            return cached
         for start in range(0, len(self), _LENGTH_BATCH):
             chunk = prompts.slice(start, _LENGTH_BATCH).to_pylist()
             texts = [self._render(messages, start + offset) for offset, messages in enumerate(chunk)]
@@ -248,6 +255,8 @@ class RLHFDataset(Dataset):
             else:
                 counts = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
             lengths[start : start + len(chunk)] = counts
+        if key:
+            length_cache.store(key, lengths)
         return lengths
 
     # ------------------------------------------------------------------ samples
