@@ -26,6 +26,9 @@ SUITES = {
                           "--variant", "eager=actor_rollout_ref.actor.use_torch_compile=False"]),
         "rollout-p40": (200, ["profile_step.py", "--profiles", "p40", "--settings", "field", "--phases",
                               "generate_sequences", "--steps", "2", "--prompt-tokens", "full"]),
+        # the GRPO row's generate (256 x (512 + 512), GSM8K-like 48-128 real prompt tokens): tokens/s of the phase
+        "rollout-grpo": (240, ["profile_step.py", "--profiles", "h200", "--settings", "grpo", "--phases",
+                               "generate_sequences", "--steps", "3", "--profile-decode-steps", "64"]),
     },
     "startup": {     # launch to first step, per start-up stage; run 1 fills the caches
         "cold": (400, ["speed.py", "--rows", "p40", "--steps", "1", "--repeat", "4", "--timeout", "95"]),
