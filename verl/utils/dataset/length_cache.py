@@ -26,7 +26,11 @@ def lengths_key(files: list[str], rows: np.ndarray, prompt_key: str, tokenizer, 
     """The hash the counts are kept under, or None where there is nothing exact to key on (a tokenizer without
     a fast backend to serialise, a data file that is not a local file)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
+    try:
+        vocabulary = backend.to_str() if backend is not None else None
+    except Exception:  # noqa: BLE001 - a backend that cannot serialise itself: no exact key, no cache
+        vocabulary = None
+    if vocabulary is None:
         return None
     digest = hashlib.sha256()
     for path in files:
@@ -37,7 +41,7 @@ def lengths_key(files: list[str], rows: np.ndarray, prompt_key: str, tokenizer, 
             for block in iter(lambda: handle.read(1 << 24), b""):
                 digest.update(block)
     digest.update(np.ascontiguousarray(rows, dtype=np.int64).tobytes())
-    digest.update(hashlib.sha256(backend.to_str().encode()).digest())
+    digest.update(hashlib.sha256(vocabulary.encode()).digest())
     rendering = [prompt_key, getattr(tokenizer, "chat_template", None), template_kwargs]
     digest.update(json.dumps(rendering, sort_keys=True, default=str).encode())
     return digest.hexdigest()
