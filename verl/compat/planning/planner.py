@@ -372,8 +372,8 @@ def _fused_decode_candidate(decider: _Decider, rollout: RolloutPlan, actor: Role
                             memory_gb: float, reward_model: bool = False) -> bool:
     """Whether the built-in engine's decode step may read q/k/v and gate/up as one matmul each, from copies of
     those weights it makes per rollout (`static_decoder.fuse_projections`). A compiled, recorded decode step
-    of a small model is bound by kernel latency rather than bandwidth (profiled on the H200: ~21 kernels a
-    layer): five matmuls of a layer become two. Only there (a compile backend and CUDA graphs), where the
+    of a small model is bound by kernel latency rather than bandwidth (docs/compat.md has the profile): five
+    matmuls of a layer become two. Only there (a compile backend and CUDA graphs), where the
     actor's linear layers are plain (no LoRA adapters, no 4-bit base) and the copies are small beside the
     device's memory; the fit then keeps them only where the fitted plan has room (`fit.decide_fused_decode`),
     so they never cost the rollout rows or another offload. Not beside a reward model, whose fit comes after
