@@ -415,7 +415,8 @@ def test_plan_compiles_the_decode_step_where_triton_and_graphs_are():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_compiled_cuda_graph_decode_equals_eager():
-    """The real plan on this GPU (detected software: triton) compiles the decode step with inductor."""
+    """The real plan on this GPU (detected software: triton) compiles the decode step with inductor and fuses
+    its projections (the tiny model's copies are small): greedy tokens equal the plain eager engine's."""
     from verl.compat.device.detect import detect_profile, detect_software
 
     device = torch.device("cuda", torch.cuda.current_device())
@@ -424,6 +425,7 @@ def test_compiled_cuda_graph_decode_equals_eager():
     plan = _plan(model, "h200", detect_software(profile), dtype="float32", micro_batch_size=5)
     if plan.rollout.compile_backend is None:
         pytest.skip(plan.reasons["rollout.compile_backend"])
+    assert plan.rollout.fused_projections, plan.reasons["rollout.fused_projections"]
     batch = _batch(PROMPTS * 3, 9, [VOCAB + 1]).to(device)
     compiled = HFRollout(model, _rollout_config(8, do_sample=False), plan=plan)
     eager = HFRollout(model, _rollout_config(8, do_sample=False), plan=None)
