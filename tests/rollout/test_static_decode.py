@@ -29,6 +29,17 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden
               pad_token_id=PAD)
 
 
+@pytest.fixture(autouse=True)
+def _no_warmed_windows():
+    """Each test starts with no window warmed in this process: several reset torch.compile's code, which a
+    capture made without a warm-up would then compile under capture."""
+    from verl.workers.rollout import static_decoder
+
+    static_decoder._warmed.clear()
+    yield
+    static_decoder._warmed.clear()
+
+
 def _model(family="qwen2", seed=0, **extra):
     torch.manual_seed(seed)
     if family == "qwen2":
@@ -703,6 +714,33 @@ def test_windowed_graphs_and_compiled_step_equal_eager(monkeypatch):
     assert recorded == [12, 16, 20, 24, 28] * 2
     if counter is not None:
         assert counter.frame_count == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_later_rollout_captures_warmed_windows_without_a_warm_up(monkeypatch):
+    """On this GPU's real plan, windows of 4 slots: the first generate call runs each window's step twice (warm-up
+    and capture); the second, a new decoder, warms up only its first window and captures the others directly;
+    both calls give eager decoding's greedy tokens."""
+    from verl.compat.device.detect import detect_profile, detect_software
+    from verl.workers.rollout import static_decoder
+
+    monkeypatch.setattr(static_decoder, "WINDOW_BUCKET", 4)
+    passes = _spy_windows(monkeypatch)
+    device = torch.device("cuda", torch.cuda.current_device())
+    model = _model().to(device)
+    plan = _plan(model, "h200", detect_software(detect_profile()), dtype="float32")
+    assert plan.rollout.cuda_graphs
+    batch = _batch(PROMPTS, 9, [VOCAB + 1]).to(device)
+    rollout = HFRollout(model, _rollout_config(20, do_sample=False), plan=plan)
+    first = rollout.generate_sequences(batch).batch["responses"].cpu()
+    assert passes == [12, 12, 16, 16, 20, 20, 24, 24, 28, 28]
+    passes.clear()
+    second = rollout.generate_sequences(batch).batch["responses"].cpu()
+    assert passes == [12, 12, 16, 20, 24, 28]
+    eager = HFRollout(model, _rollout_config(20, do_sample=False), plan=None).generate_sequences(batch)
+    assert torch.equal(first, eager.batch["responses"].cpu())
+    assert torch.equal(second, first)
 
 
 @pytest.mark.gpu

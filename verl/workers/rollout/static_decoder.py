@@ -234,20 +234,27 @@ class StaticDecoder:
         replay that follows rewrites the same slot. Every window's graph shares one memory pool (only one
         replays at a time, and nothing a graph allocates outlives its replay) and writes one logits buffer
         (read before the next step). Not recorded (False) when the warm-up's first call of a compiled
-        step started building it beside (verl/utils/compile_beside.py)."""
+        step started building it beside (verl/utils/compile_beside.py).
+
+        The warm-up is skipped for a window this process has already run with the same shapes and step
+        code (`_warmed`), except for a decoder's first recording, which makes its logits buffer: every
+        kernel such a capture launches was loaded and every compile done by the earlier run, and each
+        warm-up costs as much host time as the capture (a generate call records ~8 windows)."""
         side = _warmup_stream(self.keys[0].device)
         side.wait_stream(torch.cuda.current_stream())
+        shapes = self._shapes(window)
         try:
-            with torch.cuda.stream(side):
-                logits = self._step(window)
-            torch.cuda.current_stream().wait_stream(side)
-            if self._graph_logits is None:
-                self._graph_logits = torch.empty_like(logits)
-                self._pool = torch.cuda.graph_pool_handle()
-            self._graph_logits.copy_(logits)
-            del logits
-            if building_beside():
-                return False
+            if self._graph_logits is None or shapes not in _warmed:
+                with torch.cuda.stream(side):
+                    logits = self._step(window)
+                torch.cuda.current_stream().wait_stream(side)
+                if self._graph_logits is None:
+                    self._graph_logits = torch.empty_like(logits)
+                    self._pool = torch.cuda.graph_pool_handle()
+                self._graph_logits.copy_(logits)
+                del logits
+                if building_beside():
+                    return False
             graph = torch.cuda.CUDAGraph()
             # captured on the warm-up stream directly: `torch.cuda.graph` would first synchronize the device
             # and empty torch's device and page-locked caches, at every window (a graph per 64 tokens), so
@@ -263,7 +270,18 @@ class StaticDecoder:
                                "actor_rollout_ref.rollout.enforce_eager=True to decode without graphs or compilation"
                                ) from e
         self._graphs[window] = graph
+        _warmed.add(shapes)
         return True
+
+    def _shapes(self, window: int) -> tuple:
+        """What decides the kernels a step over `window` launches (not the buffers' addresses): the
+        shapes and dtype, the layout of the projections, and the step code now in force (a compile
+        switch's eager or compiled form)."""
+        step = self._layer_step
+        if hasattr(step, "owner"):   # a BesideCompiler's switch
+            step = step.compiled if step.owner.compiled else step.eager
+        return (self.keys[0].device, tuple(self.token.shape), window, self.keys[0].dtype, self.fused[0] is not None,
+                self.heads, self.kv_heads, self.head_dim, id(step))
 
     def _prefill(self, ids, cos, sin, mask) -> torch.Tensor:
         x = self.embed(ids)
@@ -353,6 +371,10 @@ def fuse_projections(layer: nn.Module, dtype: torch.dtype):
             bias = bias.to(dtype)
         return (torch.cat([m.weight for m in qkv]).to(dtype), bias,
                 torch.cat([m.weight for m in gate_up]).to(dtype))
+
+
+# `StaticDecoder._shapes` of every window this process has warmed up and recorded
+_warmed: set = set()
 
 
 @functools.lru_cache(maxsize=None)
