@@ -131,8 +131,8 @@ def logprob_chunk_grad(x: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
 def logprob_chunk_grad_into(out: torch.Tensor, x: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
                             grad_out: torch.Tensor) -> None:
     """`logprob_chunk_grad` written into `out`, the chunk's rows of the gradient buffer. Compiled, the one
-    kernel stores there: returning a new chunk instead costs a copy of the logits' size into the buffer
-    (a tenth of the H200's update time went to device-to-device copies, most of them these)."""
+    kernel stores there; returning a new chunk instead costs a device-to-device copy of every chunk into
+    the buffer (docs/performance.md, "Why the code does it this way")."""
     out.copy_(logprob_chunk_grad(x, labels, lse, grad_out))
 
 
