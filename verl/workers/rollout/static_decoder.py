@@ -239,7 +239,7 @@ class StaticDecoder:
         The warm-up is skipped for a window this process has already run with the same shapes and step
         code (`_warmed`), except for a decoder's first recording, which makes its logits buffer: every
         kernel such a capture launches was loaded and every compile done by the earlier run, and each
-        warm-up costs as much host time as the capture (a generate call records ~8 windows)."""
+        warm-up costs as much host time as the capture (a generate call records a window per `WINDOW_BUCKET` tokens)."""
         side = _warmup_stream(self.keys[0].device)
         side.wait_stream(torch.cuda.current_stream())
         shapes = self._shapes(window)
