@@ -187,3 +187,35 @@ def test_packed_critic_matches_padded_values_and_update(model_dir, attn, varlen_
     for name in ("critic/vf_loss", "critic/grad_norm", "critic/vpred_mean"):
         assert m1[name] == pytest.approx(m0[name], rel=1e-5, abs=1e-7), name
     assert bool(varlen_reference_kernel) == (attn == "torch_varlen")
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_the_update_backward_copies_no_logits(model_dir, packed):
+    """The logits are the update's largest tensor (tokens x vocabulary); the backward must pass their gradient
+    on without copying it. Indexing the model's (1, tokens, vocab) output with [0], or slicing every position of
+    it, made autograd zero a tensor of that size and copy the gradient into it, once per micro-batch. What is
+    left is the eager log-prob backward's one float32 working buffer per chunk (one chunk here); the compiled
+    kernels read the logits as they are (tests/algos/test_torch_functional.py)."""
+    from omegaconf import OmegaConf
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import AutoModelForCausalLM
+
+    from verl.workers.actor.dp_actor import DataParallelPPOActor, Precision
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    vocab = model.config.vocab_size
+    actor = DataParallelPPOActor(OmegaConf.create({"ppo_mini_batch_size": 2}), model, precision=Precision("cpu"),
+                                 use_remove_padding=packed)
+    ids = torch.randint(3, vocab, (2, 9), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    batch = {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+             "responses": ids[:, 5:]}
+    log_probs, _ = actor._forward_micro_batch(batch, 1.0, False)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        log_probs.sum().backward()
+    logits_sized = [e for e in prof.key_averages(group_by_input_shape=True)
+                    if any(shape and shape[-1] == vocab for shape in e.input_shapes)]
+    assert [(e.key, e.input_shapes) for e in logits_sized if e.key in ("aten::zero_", "aten::fill_")] == []
+    assert sum(e.count for e in logits_sized if e.key == "aten::copy_") == 1
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

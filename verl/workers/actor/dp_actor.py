@@ -175,8 +175,9 @@ class DataParallelPPOActor:
                 **kwargs,
             )
         # Position t predicts token t+1. All kept + 1 rows of logits go in (a contiguous view, no copy of
-        # the (tokens, vocab) tensor); the extra last row gets a dummy label and is dropped after.
-        logits = output.logits[:, -kept - 1 :, :]
+        # the (tokens, vocab) tensor); the extra last row gets a dummy label and is dropped after. Where the
+        # model kept only those rows, no slice: a slice's backward copies the gradient into a zeroed full tensor.
+        logits = output.logits if kwargs.get("logits_to_keep") else output.logits[:, -kept - 1 :, :]
         if temperature != 1.0:
             logits = logits / temperature
         labels = torch.nn.functional.pad(responses[:, :kept], (0, 1))
@@ -214,7 +215,8 @@ class DataParallelPPOActor:
         with self.precision.autocast():
             output = self.actor_module(input_ids=packed.input_ids, attention_mask=None,
                                        position_ids=packed.position_ids, use_cache=False, **kwargs)
-        logits = output.logits[0] if kwargs else output.logits[0, packed.predictor_index]
+        # squeeze, not [0]: a select's backward copies the gradient into a zeroed (1, tokens, vocab) tensor
+        logits = output.logits.squeeze(0) if self._logits_to_keep else output.logits[0, packed.predictor_index]
         if temperature != 1.0:
             logits = logits / temperature
         log_probs, entropy = self._log_probs(logits, responses[packed.target], calculate_entropy)
