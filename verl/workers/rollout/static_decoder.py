@@ -275,13 +275,13 @@ class StaticDecoder:
 
     def _shapes(self, window: int) -> tuple:
         """What decides the kernels a step over `window` launches (not the buffers' addresses): the
-        shapes and dtype, the layout of the projections, and the step code now in force (a compile
-        switch's eager or compiled form)."""
+        shapes and dtype (the cache's length too: it sets the strides the window's matmuls read with), the
+        layout of the projections, and the step code now in force (a compile switch's eager or compiled form)."""
         step = self._layer_step
         if hasattr(step, "owner"):   # a BesideCompiler's switch
             step = step.compiled if step.owner.compiled else step.eager
-        return (self.keys[0].device, tuple(self.token.shape), window, self.keys[0].dtype, self.fused[0] is not None,
-                self.heads, self.kv_heads, self.head_dim, id(step))
+        return (self.keys[0].device, tuple(self.keys[0].shape), window, self.keys[0].dtype, self.fused[0] is not None,
+                self.heads, id(step))
 
     def _prefill(self, ids, cos, sin, mask) -> torch.Tensor:
         x = self.embed(ids)
