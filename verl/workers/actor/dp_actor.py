@@ -177,7 +177,7 @@ class DataParallelPPOActor:
         # Position t predicts token t+1. All kept + 1 rows of logits go in (a contiguous view, no copy of
         # the (tokens, vocab) tensor); the extra last row gets a dummy label and is dropped after. Where the
         # model kept only those rows, no slice: a slice's backward copies the gradient into a zeroed full tensor.
-        logits = output.logits if kwargs.get("logits_to_keep") else output.logits[:, -kept - 1 :, :]
+        logits = output.logits if self._logits_to_keep else output.logits[:, -kept - 1 :, :]
         if temperature != 1.0:
             logits = logits / temperature
         labels = torch.nn.functional.pad(responses[:, :kept], (0, 1))
