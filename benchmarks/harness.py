@@ -193,6 +193,8 @@ def summarize(path) -> dict:
     phase_keys = sorted({k for s in steps for k in s if k.startswith("perf/max_memory_allocated_gb/")})
     return {
         "steps": len(steps), "s_per_step": median("timing_s/step"), "first_step_s": round(steps[0]["timing_s/step"], 3),
+        # seconds torch.compile ran in the workers' passes of the first step (absent where nothing compiles)
+        "first_step_compile_s": steps[0].get("perf/compile_s"),
         # background compile warm-up: the steps that ran eager code while the compiled code was built
         "eager_steps": len(eager),
         "eager_s_per_step": round(statistics.median(s["timing_s/step"] for s in eager), 4) if eager else None,

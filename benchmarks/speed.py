@@ -112,7 +112,7 @@ def table(rows: dict) -> str:
     """One line per row: s/step (compiled steps), first step, the first step line after launch, eager steps while the
     compiled code was built and when it took over, peak memory, MFU; then its phases."""
     phases = ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor")
-    lines = ["| row | exit | s/step | first step s | first step line s | eager steps (s/step) | takeover s | peak GiB | "
+    lines = ["| row | exit | s/step | first step s (compiling) | first step line s | eager steps (s/step) | takeover s | peak GiB | "
              "actor MFU | " + " | ".join(phases) + " |",
              "|" + "---|" * (9 + len(phases))]
     for name, r in rows.items():
@@ -120,7 +120,9 @@ def table(rows: dict) -> str:
         timing = r.get("timing_s") or {}
         eager = f"{r.get('eager_steps')} ({r.get('eager_s_per_step')})" if r.get("eager_steps") else r.get("eager_steps")
         takeover = ", ".join(str(t) for t in r.get("compile_takeover_s") or []) or "-"
-        lines.append(f"| {name} | {r.get('exit', r.get('skipped'))} | {r.get('s_per_step')} | {r.get('first_step_s')} | "
+        compiling = r.get("first_step_compile_s")
+        first = r.get("first_step_s") if compiling is None else f"{r.get('first_step_s')} ({compiling:.1f})"
+        lines.append(f"| {name} | {r.get('exit', r.get('skipped'))} | {r.get('s_per_step')} | {first} | "
                      f"{r.get('cold_start_to_first_step_s')} | {eager} | {takeover} | "
                      f"{(r.get('memory_gb') or {}).get('perf/max_memory_allocated_gb')}"
                      f" | {'-' if mfu is None else f'{100 * mfu:.1f}%'} | " + " | ".join(str(timing.get(p)) for p in phases)

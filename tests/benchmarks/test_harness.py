@@ -33,7 +33,9 @@ def test_s_per_step_counts_compiled_steps_only(tmp_path):
     s = summarize(run)
     assert (s["s_per_step"], s["eager_steps"], s["eager_s_per_step"], s["first_step_s"]) == (4.0, 2, 1.5, 1.0)
     plain = summarize(_log(tmp_path / "plain.jsonl", [{}, {}, {}]))   # nothing compiled beside: steps 2+
-    assert (plain["s_per_step"], plain["eager_steps"]) == (2.5, 0)
+    assert (plain["s_per_step"], plain["eager_steps"], plain["first_step_compile_s"]) == (2.5, 0, None)
+    compiling = summarize(_log(tmp_path / "sync.jsonl", [{"perf/compile_s": 0.75}, {"perf/compile_s": 0.0}]))
+    assert compiling["first_step_compile_s"] == 0.75   # the first step's compile seconds, as the trainer logged them
 
 
 def test_the_first_step_carries_the_startup_breakdown_and_mfu_is_a_median(tmp_path):

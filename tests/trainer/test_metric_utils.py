@@ -92,3 +92,12 @@ def test_rollout_moe_load_balance_numbers_and_interval():
     assert out["rollout/moe/routed_expert_assignments"] == 8 and out["rollout/moe/max_vio/max"] == 0.5
     assert acc.total_assignments() == 0
     assert infer_moe_num_experts({"model_type": "qwen3_moe", "num_local_experts": 4}) is None
+
+
+def test_step_compile_summary_is_the_min_of_compiled_passes_and_the_sum_of_their_compile_seconds():
+    from verl.trainer.ppo.ray_trainer import _compiled_layers
+
+    metrics = {"perf/compiled_layers/generate_sequences": 1.0, "perf/compiled_layers/update_actor": 0.0,
+               "perf/compile_s/generate_sequences": 12.5, "perf/compile_s/update_actor": 30.25}
+    assert _compiled_layers(metrics) == {"perf/compiled_layers": 0.0, "perf/compile_s": 42.75}
+    assert _compiled_layers({"actor/pg_loss": 1.0}) == {}

@@ -186,3 +186,17 @@ def test_synchronous_runs_compiled_from_the_first_call():
     with compiler.pass_("score") as info, torch.no_grad():
         fn(Block(), torch.randn(2, 4, 16))
     assert info.compiled is True and backend.threads == {threading.get_ident()} and not compiler.building
+
+
+def test_a_pass_counts_the_seconds_torch_compile_ran_in_it():
+    """perf/compile_s/<pass> (verl/utils/compile_clock.py): the pass that compiles reports its compile's wall
+    time, a later pass running the same compiled code reports none; synchronous mode, as a run's default."""
+    compiler = BesideCompiler("synchronous")
+    fn = compiler.function("block", _run, torch.compile(_run, backend=Counting(), dynamic=True))
+    block, x = Block(), torch.randn(3, 5, 16)
+    seconds = []
+    for _ in range(2):
+        with compiler.pass_("score") as info, torch.no_grad():
+            fn(block, x)
+        seconds.append(info.compile_s)
+    assert seconds[0] > 0.01 and seconds[1] == 0.0

@@ -62,7 +62,8 @@ def _step(worker) -> dict:
     update = worker.update_actor(data).meta_info["metrics"]
     metrics.update(update)
     return {"responses": gen.batch["responses"], "old": old.batch["old_log_probs"], "ref": data.batch.get("ref_log_prob"),
-            "update": update, "compiled": [metrics.get(f"perf/compiled_layers/{p}") for p in PASSES]}
+            "update": update, "compiled": [metrics.get(f"perf/compiled_layers/{p}") for p in PASSES],
+            "compile_s": [metrics.get(f"perf/compile_s/{p}") for p in PASSES]}
 
 
 def test_background_warmup_goes_from_eager_to_compiled_with_equal_results(tmp_path, monkeypatch, dynamo_cache):
@@ -73,7 +74,7 @@ def test_background_warmup_goes_from_eager_to_compiled_with_equal_results(tmp_pa
                                      rollout=dataclasses.replace(plain.rollout, compile_backend="eager"))
     eager, beside = _worker(model_dir, plain), _worker(model_dir, background)
     assert eager._compiler is None and beside._compiler.mode == "background"
-    seen = []
+    seen, compile_s = [], []
     for _ in range(3):
         a, b = _step(eager), _step(beside)
         assert torch.equal(b["responses"], a["responses"])
@@ -82,10 +83,14 @@ def test_background_warmup_goes_from_eager_to_compiled_with_equal_results(tmp_pa
         torch.testing.assert_close(b["ref"][mask], a["ref"][mask], atol=1e-5, rtol=1e-5)
         for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss"):
             assert b["update"][key] == pytest.approx(a["update"][key], rel=1e-5, abs=1e-7), key
-        assert a["compiled"] == [None] * 4   # nothing compiled: no pass reports
+        assert a["compiled"] == a["compile_s"] == [None] * 4   # nothing compiled: no pass reports
         seen.append(b["compiled"])
+        compile_s.append(b["compile_s"])
         assert beside._compiler.wait_built(60)   # the test waits; a run goes on eagerly until the build is done
     assert seen == [[0.0] * 4, [1.0] * 4, [1.0] * 4]
+    # every pass reports the seconds torch.compile ran during it; once the compiled code runs, nothing compiles
+    assert all(s is not None and s >= 0 for step in compile_s for s in step)
+    assert compile_s[2] == [0.0] * 4
     # built from the first step's calls: the decode step (no grad), the layers and log-prob kernels
     assert beside.rollout._step.kinds and beside.actor._kernels.lse.kinds
     assert beside._compiler.takeover_s is not None and beside._compiler.failed is None

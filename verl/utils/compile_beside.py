@@ -28,6 +28,8 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from verl.utils import compile_clock
+
 logger = logging.getLogger(__name__)
 
 MODES = ("background", "synchronous")
@@ -72,9 +74,11 @@ def building_beside() -> bool:
 
 
 class PassInfo:
-    """Whether a pass ran compiled code: True, False, or None when it called no switchable function."""
+    """Whether a pass ran compiled code (True, False, or None when it called no switchable function), and
+    the seconds torch.compile ran during it (verl/utils/compile_clock.py; None where not counted)."""
 
     compiled: bool | None = None
+    compile_s: float | None = None
 
 
 class _Example:
@@ -216,6 +220,7 @@ class BesideCompiler:
             if outer:
                 self._begin(name)
                 self._info = PassInfo()
+                compiling_before = compile_clock.seconds() if compile_clock.install() else None
             info = self._info
             self._depth += 1
             try:
@@ -225,6 +230,8 @@ class BesideCompiler:
                 if outer:
                     self._seen.add(name)
                     self._info = None
+                    if compiling_before is not None:
+                        info.compile_s = compile_clock.seconds() - compiling_before
 
     def _begin(self, name: str) -> None:
         if self.compiled or self._gave_up:

@@ -308,8 +308,12 @@ def _compile_pass(compiler: BesideCompiler | None, name: str):
 
 def _compiled_metric(info: PassInfo, name: str) -> dict:
     """perf/compiled_layers/<pass>: 1 where the pass ran compiled code, 0 where it ran eager code still
-    being built (the trainer's perf/compiled_layers is their minimum over the step)."""
-    return {} if info.compiled is None else {f"perf/compiled_layers/{name}": float(info.compiled)}
+    being built (the trainer's perf/compiled_layers is their minimum over the step); perf/compile_s/<pass>:
+    seconds torch.compile ran during the pass (the trainer's perf/compile_s is their sum)."""
+    metrics = {} if info.compiled is None else {f"perf/compiled_layers/{name}": float(info.compiled)}
+    if info.compile_s is not None:
+        metrics[f"perf/compile_s/{name}"] = info.compile_s
+    return metrics
 
 
 def _same_row_count_on_every_rank(sample: dict) -> dict:

@@ -172,10 +172,15 @@ def _pop_metrics(output: DataProto) -> dict[str, float]:
 
 def _compiled_layers(metrics: dict) -> dict:
     """perf/compiled_layers: 1 where every worker pass of the step ran compiled code, 0 where one ran the
-    eager code while the compiled code was still being built (compat.compile_warmup=background); absent
-    where nothing is compiled."""
+    eager code while the compiled code was still being built (compat.compile_warmup=background);
+    perf/compile_s: the seconds torch.compile ran during the step's worker passes. Both absent where
+    nothing is compiled."""
     passes = [v for k, v in metrics.items() if k.startswith("perf/compiled_layers/")]
-    return {"perf/compiled_layers": float(min(passes))} if passes else {}
+    out = {"perf/compiled_layers": float(min(passes))} if passes else {}
+    compiling = [v for k, v in metrics.items() if k.startswith("perf/compile_s/")]
+    if compiling:
+        out["perf/compile_s"] = float(sum(compiling))
+    return out
 
 
 # Metrics that must stay finite. grad_norm is left out on purpose: with fp16 a dynamic loss scaler
