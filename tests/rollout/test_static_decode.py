@@ -853,3 +853,41 @@ def test_vl_graphs_and_compiled_step_equal_the_hf_forward(tmp_path):
 
     graphs, eager, hf = _vl_engines(tmp_path, device, plan, 24)
     assert torch.equal(graphs, eager) and torch.equal(graphs, hf)
+
+
+class SymbolicDims:
+    """torch.compile backend (no code generation) noting, per graph input, which dimensions compiled as symbols."""
+
+    def __init__(self):
+        self.inputs = []
+
+    def __call__(self, gm, example_inputs):
+        for node in gm.graph.find_nodes(op="placeholder"):
+            value = node.meta.get("example_value")
+            if isinstance(value, torch.Tensor):
+                self.inputs.append((node.name, tuple(isinstance(d, torch.SymInt) for d in value.shape), value.shape))
+        return gm.forward
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_compiled_decode_step_keeps_model_constants_out_of_its_symbols(fused):
+    """Rows, cache length and window vary between decoders and windows, so they compile as symbols; hidden size,
+    heads, head size and the fused weights' shapes are constants (a symbol per constant cost the step's compile
+    seconds of symbolic reasoning: docs/performance.md, "Why the code does it this way")."""
+    from verl.workers.rollout.static_decoder import StaticDecoder
+
+    torch._dynamo.reset()
+    model = _model("qwen2")
+    ids, mask, pos = _prompt_tensors()
+    seen = SymbolicDims()
+    with torch.no_grad():
+        decoder = StaticDecoder(model, len(PROMPTS), 14, 16, torch.float32, ids.device, compile_backend=seen, fused=fused)
+        decoder.decode(decoder.prefill(ids, mask, pos).argmax(-1), pos[:, -1] + 1, ids.shape[1])
+    dims = {name: symbolic for name, symbolic, _ in seen.inputs}
+    assert dims["l_x_"] == (True, False, False)                    # rows; one token; hidden size
+    assert dims["l_keys_"] == dims["l_values_"] == (True, False, True, False)   # rows, kv heads, slots, head size
+    assert dims["l_hidden_"][-1] and dims["l_hidden_"][0]          # the window and the rows
+    weights = [symbolic for name, symbolic, _ in seen.inputs if name.startswith("l_fused_")]
+    assert len(weights) == (3 if fused else 0) and not any(any(w) for w in weights)   # q/k/v weight and bias, gate/up
+    params = [symbolic for name, symbolic, _ in seen.inputs if "parameters" in name]
+    assert params and not any(any(p) for p in params)

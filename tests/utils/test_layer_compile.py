@@ -130,3 +130,25 @@ def test_a_vision_language_model_compiles_its_decoder_layers_and_leaves_the_visi
     assert compile_decoder_layers(model, backend="aot_eager") == model.config.text_config.num_hidden_layers
     compiled = {type(m).__name__ for m in model.modules() if "forward" in vars(m)}   # forward replaced per instance
     assert compiled == {"Qwen2_5_VLDecoderLayer"}
+
+
+def test_compiled_layers_keep_the_hidden_and_head_size_out_of_their_symbols(model_dir):
+    """Rows and width vary between micro-batches and compile as symbols; the layer input's hidden size and the
+    rotary tables' head size are model constants and compile as constants (see `_static_feature_dims`)."""
+    torch._dynamo.reset()
+    symbolic = {}
+
+    def backend(gm, example_inputs):
+        for node in gm.graph.find_nodes(op="placeholder"):
+            value = node.meta.get("example_value")
+            if isinstance(value, torch.Tensor) and "parameters" not in node.name:
+                symbolic[node.name] = tuple(isinstance(d, torch.SymInt) for d in value.shape)
+        return gm.forward
+
+    model = _load(model_dir, backend).eval()
+    with torch.no_grad():
+        model(**_batch(3, 64, seed=0), use_cache=False)
+    hidden = [s for name, s in symbolic.items() if name.startswith("l_args_0")]
+    tables = [s for name, s in symbolic.items() if "position_embeddings" in name]
+    assert hidden == [(True, True, False)]             # rows, width; hidden size
+    assert len(tables) == 2 and all(not s[-1] for s in tables), symbolic   # cos and sin: head size constant

@@ -124,9 +124,10 @@ def _copy(value: Any) -> Any:
     out = value.detach().clone()
     if value.requires_grad:
         out.requires_grad_(True)
-    marks = getattr(value, "_dynamo_dynamic_indices", None)   # torch._dynamo.mark_dynamic's, kept
-    if marks is not None:
-        out._dynamo_dynamic_indices = set(marks)
+    # torch._dynamo.mark_dynamic's and mark_static's marks, kept: dynamo guards on whether a tensor carries any
+    for name, marks in vars(value).items():
+        if name.startswith("_dynamo"):
+            setattr(out, name, set(marks) if isinstance(marks, (set, frozenset)) else marks)
     return out
 
 

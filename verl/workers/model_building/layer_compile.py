@@ -105,10 +105,23 @@ def _run(forward: Callable, layer: torch.nn.Module, *args, **kwargs):
     return forward(layer, *args, **kwargs)
 
 
+def _static_feature_dims(args: tuple, kwargs: dict) -> None:
+    """Mark the hidden size of the layer's input and the head size of its rotary tables as constants: shapes
+    compile symbolic (`dynamic=True`), and a symbol for a model constant costs symbolic reasoning at every op
+    that reads it. Only the token (and row) dimensions vary between calls. Read by dynamo only when it compiles."""
+    hidden = args[0] if args else kwargs.get("hidden_states")
+    if isinstance(hidden, torch.Tensor):
+        torch._dynamo.mark_static(hidden, hidden.dim() - 1)
+    for table in kwargs.get("position_embeddings") or ():
+        if isinstance(table, torch.Tensor):
+            torch._dynamo.mark_static(table, table.dim() - 1)
+
+
 def _compile_forward(layer: torch.nn.Module, compiled: Callable) -> None:
     def forward(*args, **kwargs):
         if kwargs.get("use_cache") or any(kwargs.get(k) is not None for k in _CACHE_KWARGS):
             return type(layer).forward(layer, *args, **kwargs)
+        _static_feature_dims(args, kwargs)
         plain, wrapped = _plain_forward(type(layer))
         if wrapped and layer.gradient_checkpointing and layer.training and torch.is_grad_enabled():
             return layer._gradient_checkpointing_func(functools.partial(compiled, plain, layer, **kwargs), *args)

@@ -159,6 +159,10 @@ class StaticDecoder:
         self._compiled = bool(compile_backend) or step is not None
         # per layer (q/k/v weight, its bias or None, gate/up weight) side by side, in the activations' dtype, or None
         self.fused = [fuse_projections(layer, dtype) for layer in self.layers] if fused else [None] * len(self.layers)
+        for t in self.keys + self.values:
+            _static_dims(t, 1, 3)   # kv heads and head size; rows and cache length vary between decoders
+        for t in (t for f in self.fused if f is not None for t in f if t is not None):
+            _static_dims(t, *range(t.dim()))
         self._layer_step = step or (_compiled_layer_step(compile_backend) if compile_backend else decode_layer)
 
     # ------------------------------------------------------------------ passes
@@ -222,9 +226,10 @@ class StaticDecoder:
         if self._compiled:  # the window is a symbol from the first compile on, not one graph per window
             torch._dynamo.mark_dynamic(hidden, 3)
         x = self.embed(self.token)
+        if self._compiled:
+            _static_dims(x, 1, 2)
         for layer, keys, values, fused in zip(self.layers, self.keys, self.values, self.fused):
-            x = self._layer_step(layer, x, cos, sin, hidden, keys, values, self.slot, self.head_dim, self.scaling,
-                                 fused)
+            x = self._layer_step(layer, x, cos, sin, hidden, keys, values, self.slot, fused)
         logits = self.head(self.norm(x[:, -1]))
         return logits if out is None else out.copy_(logits)
 
@@ -302,6 +307,14 @@ class StaticDecoder:
         return attn.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
 
 
+def _static_dims(tensor: torch.Tensor, *dims: int) -> None:
+    """Model constants (hidden size, heads, head size, weight shapes) compile as constants into the decode step,
+    whose shapes are otherwise symbolic: each symbol costs symbolic reasoning at every op that reads it
+    (docs/performance.md, "Why the code does it this way"). A mark read only when dynamo compiles."""
+    for dim in dims:
+        torch._dynamo.mark_static(tensor, dim)
+
+
 def _project(attn, h, cos, sin, head_dim, cache_dtype, qkv=None):
     """Queries, keys and values (batch, heads, length, head_dim), rotated; keys/values in the cache's dtype.
     `qkv`: (weight, bias) of the three projections side by side (`fuse_projections`), one matmul for all."""
@@ -321,8 +334,7 @@ def _project(attn, h, cos, sin, head_dim, cache_dtype, qkv=None):
     return q, k, v.transpose(1, 2).to(cache_dtype)
 
 
-def decode_layer(layer, x, cos, sin, hidden, keys, values, slot, head_dim: int, scaling: float,
-                 fused=None) -> torch.Tensor:
+def decode_layer(layer, x, cos, sin, hidden, keys, values, slot, fused=None) -> torch.Tensor:
     """One decoder layer for one new token per row: write its key/value to cache `slot`, attend over
     the cache's leading window (as many slots as `hidden`, which masks padding and unwritten slots),
     then the MLP. A plain function of its inputs, so one compiled graph serves every layer of the
@@ -333,6 +345,10 @@ def decode_layer(layer, x, cos, sin, hidden, keys, values, slot, head_dim: int, 
     instead, a compiled step writes the mutated view back in full on every call, several times slower
     at long windows (docs/performance.md, "Why the code does it this way")."""
     attn = layer.self_attn
+    # read from the module, not passed in: module constants stay constants in the compiled graph, where an
+    # int argument would be a symbol (shapes are symbolic) and every reshape by it a symbolic expression
+    head_dim = attn.head_dim
+    scaling = getattr(attn, "scaling", head_dim ** -0.5)
     batch = x.shape[0]
     q, k, v = _project(attn, layer.input_layernorm(x), cos, sin, head_dim, keys.dtype,
                        None if fused is None else fused[:2])
