@@ -248,7 +248,7 @@ class _PlannedModel:
             raise NotImplementedError(f"{self.name}: a 4-bit base (actor_rollout_ref.model.load_in_4bit) runs on one "
                                       "device, unwrapped; this plan wraps the model in FSDP2 (more than one device "
                                       "or offload). Use one GPU without offload, or load_in_4bit=false.")
-        return fsdp_utils.shard_model(
+        module = fsdp_utils.shard_model(
             module,
             param_dtype=self.param_dtype,
             compute_dtype=self.compute_dtype,
@@ -258,6 +258,9 @@ class _PlannedModel:
             device_type=self.device_type,
             reshard_after_forward=plan.reshard_after_forward,
         )
+        if compile_layers:
+            layer_compile.trace_as_plain_modules(module)
+        return module
 
     def place_optimizer(self, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
         """With the plan's optimizer offload, the state is on `device` only during each optimizer step;

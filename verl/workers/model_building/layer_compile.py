@@ -117,6 +117,26 @@ def _static_feature_dims(args: tuple, kwargs: dict) -> None:
             torch._dynamo.mark_static(table, table.dim() - 1)
 
 
+def trace_as_plain_modules(model: torch.nn.Module) -> int:
+    """After FSDP2 has sharded `model`: let dynamo trace its compiled layers as it traces unwrapped modules;
+    the number of layers.
+
+    FSDP2 marks every module it manages (`_is_fsdp_managed_module`) so that dynamo can trace its hooks inside a
+    compiled region. Here the hooks run outside the compiled forward, and the mark only changes how dynamo reads
+    the modules: with symbolic shapes, int attributes of marked modules (a layer's `head_dim`,
+    `num_key_value_groups`) become symbols, where an unmarked module's are constants, and every reshape by such a
+    symbol is symbolic reasoning at compile time (on the CPU, 106 symbolic guards against 1 for one layer)."""
+    layers = [m for m in model.modules() if getattr(m.forward, _COMPILED_MARK, False)]
+    for layer in layers:
+        for module in layer.modules():
+            if getattr(module, "_is_fsdp_managed_module", False):
+                module._is_fsdp_managed_module = False
+    return len(layers)
+
+
+_COMPILED_MARK = "_verl_compiled_forward"
+
+
 def _compile_forward(layer: torch.nn.Module, compiled: Callable) -> None:
     def forward(*args, **kwargs):
         if kwargs.get("use_cache") or any(kwargs.get(k) is not None for k in _CACHE_KWARGS):
@@ -127,4 +147,5 @@ def _compile_forward(layer: torch.nn.Module, compiled: Callable) -> None:
             return layer._gradient_checkpointing_func(functools.partial(compiled, plain, layer, **kwargs), *args)
         return compiled(plain, layer, *args, **kwargs)
 
+    setattr(forward, _COMPILED_MARK, True)
     layer.forward = forward

@@ -315,15 +315,16 @@ def _static_dims(tensor: torch.Tensor, *dims: int) -> None:
         torch._dynamo.mark_static(tensor, dim)
 
 
-def _project(attn, h, cos, sin, head_dim, cache_dtype, qkv=None):
+def _project(attn, h, cos, sin, head_dim, cache_dtype, qkv=None, kv_width=None):
     """Queries, keys and values (batch, heads, length, head_dim), rotated; keys/values in the cache's dtype.
-    `qkv`: (weight, bias) of the three projections side by side (`fuse_projections`), one matmul for all."""
+    `qkv`: (weight, bias) of the three projections side by side (`fuse_projections`), one matmul for all, whose
+    last `2 * kv_width` output features are the keys' and values'."""
     batch, length, _ = h.shape
     if qkv is None:
         q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
     else:
-        kv = attn.k_proj.out_features
-        q, k, v = F.linear(h, *qkv).split([attn.q_proj.out_features, kv, kv], dim=-1)
+        q_width = qkv[0].shape[0] - 2 * kv_width
+        q, k, v = F.linear(h, *qkv).split([q_width, kv_width, kv_width], dim=-1)
     q = q.reshape(batch, length, -1, head_dim)
     k = k.reshape(batch, length, -1, head_dim)
     v = v.reshape(batch, length, -1, head_dim)
@@ -345,19 +346,19 @@ def decode_layer(layer, x, cos, sin, hidden, keys, values, slot, fused=None) -> 
     instead, a compiled step writes the mutated view back in full on every call, several times slower
     at long windows (docs/performance.md, "Why the code does it this way")."""
     attn = layer.self_attn
-    # read from the module, not passed in: module constants stay constants in the compiled graph, where an
-    # int argument would be a symbol (shapes are symbolic) and every reshape by it a symbolic expression
-    head_dim = attn.head_dim
+    # Sizes come from the cache's constant dimensions (see `_static_dims`), not from int arguments or module
+    # attributes: with symbolic shapes an int argument is a symbol, and so is an int attribute of a module
+    # FSDP2 manages; every reshape by a symbol is then a symbolic expression to reason about.
+    kv_heads, head_dim = keys.shape[1], keys.shape[-1]
     scaling = getattr(attn, "scaling", head_dim ** -0.5)
     batch = x.shape[0]
     q, k, v = _project(attn, layer.input_layernorm(x), cos, sin, head_dim, keys.dtype,
-                       None if fused is None else fused[:2])
+                       None if fused is None else fused[:2], kv_width=kv_heads * head_dim)
     keys[:, :, slot] = k
     values[:, :, slot] = v
     window = hidden.shape[-1]
     keys, values = keys[:, :, :window], values[:, :, :window]
     # query heads grouped by their shared KV head (head h reads KV head h // groups): no repeated cache copy
-    kv_heads = keys.shape[1]
     qg = q.reshape(batch, kv_heads, -1, head_dim)
     scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * scaling
     weights = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1).to(values.dtype)
