@@ -125,7 +125,7 @@ def trace_as_plain_modules(model: torch.nn.Module) -> int:
     compiled region. Here the hooks run outside the compiled forward, and the mark only changes how dynamo reads
     the modules: with symbolic shapes, int attributes of marked modules (a layer's `head_dim`,
     `num_key_value_groups`) become symbols, where an unmarked module's are constants, and every reshape by such a
-    symbol is symbolic reasoning at compile time (on the CPU, 106 symbolic guards against 1 for one layer)."""
+    symbol is symbolic reasoning at compile time (docs/performance.md, "Why the code does it this way")."""
     layers = [m for m in model.modules() if getattr(m.forward, _COMPILED_MARK, False)]
     for layer in layers:
         for module in layer.modules():
