@@ -383,6 +383,10 @@ def test_compiled_layers_under_fsdp2_mixed_precision_and_autocast_match_eager(mo
     mb = compiled.update_actor(_with_old_log_probs(compiled, ppo_batch())).meta_info["metrics"]
     for key in ("actor/pg_loss", "actor/grad_norm"):
         assert mb[key] == pytest.approx(ma[key], rel=1e-5, abs=1e-7), key
+    # a second step (FSDP2 has resharded and gathered the layers again) runs the graphs it compiled: none more
+    graphs = counters["stats"]["unique_graphs"]
+    compiled.update_actor(_with_old_log_probs(compiled, ppo_batch()))
+    assert counters["stats"]["unique_graphs"] == graphs
 
 
 def test_planned_torch_compile_compiles_the_critic_layers_with_equal_results(model_dir, monkeypatch, dynamo_cache):
