@@ -38,14 +38,15 @@ def install() -> bool:
     global _installed
     try:
         from torch._dynamo.callback import callback_handler
-    except ImportError:
+
+        with _lock:
+            if _start not in callback_handler.start_callbacks:
+                callback_handler.register_start_callback(_start)
+            if _end not in callback_handler.end_callbacks:
+                callback_handler.register_end_callback(_end)
+            _installed = True
+    except (ImportError, AttributeError):   # a torch without (these) compile callbacks: nothing is counted
         return False
-    with _lock:
-        if _start not in callback_handler.start_callbacks:
-            callback_handler.register_start_callback(_start)
-        if _end not in callback_handler.end_callbacks:
-            callback_handler.register_end_callback(_end)
-        _installed = True
     return True
 
 
