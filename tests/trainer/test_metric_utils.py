@@ -95,9 +95,9 @@ def test_rollout_moe_load_balance_numbers_and_interval():
 
 
 def test_step_compile_summary_is_the_min_of_compiled_passes_and_the_sum_of_their_compile_seconds():
-    from verl.trainer.ppo.ray_trainer import _compiled_layers
+    from verl.trainer.ppo.ray_trainer import _compile_summary
 
     metrics = {"perf/compiled_layers/generate_sequences": 1.0, "perf/compiled_layers/update_actor": 0.0,
                "perf/compile_s/generate_sequences": 12.5, "perf/compile_s/update_actor": 30.25}
-    assert _compiled_layers(metrics) == {"perf/compiled_layers": 0.0, "perf/compile_s": 42.75}
-    assert _compiled_layers({"actor/pg_loss": 1.0}) == {}
+    assert _compile_summary(metrics) == {"perf/compiled_layers": 0.0, "perf/compile_s": 42.75}
+    assert _compile_summary({"actor/pg_loss": 1.0}) == {}

@@ -15,7 +15,6 @@ import time
 _lock = threading.Lock()
 _total = 0.0
 _started: float | None = None
-_installed = False
 
 
 def _start(*_args) -> None:
@@ -35,7 +34,6 @@ def _end(*_args) -> None:
 def install() -> bool:
     """Register the clock with dynamo (again after `torch._dynamo.reset()`, which drops every callback);
     False where this torch has no compile callbacks. Cheap enough to call at every pass."""
-    global _installed
     try:
         from torch._dynamo.callback import callback_handler
 
@@ -44,15 +42,12 @@ def install() -> bool:
                 callback_handler.register_start_callback(_start)
             if _end not in callback_handler.end_callbacks:
                 callback_handler.register_end_callback(_end)
-            _installed = True
     except (ImportError, AttributeError):   # a torch without (these) compile callbacks: nothing is counted
         return False
     return True
 
 
-def seconds() -> float | None:
-    """Compile seconds so far (a compile under way counts up to now); None before `install`."""
+def seconds() -> float:
+    """Compile seconds counted so far (a compile under way counts up to now); only compiles after `install`."""
     with _lock:
-        if not _installed:
-            return None
         return _total + (time.monotonic() - _started if _started is not None else 0.0)

@@ -170,7 +170,7 @@ def _pop_metrics(output: DataProto) -> dict[str, float]:
     return reduce_metrics(output.meta_info.pop("metrics", {}) or {})
 
 
-def _compiled_layers(metrics: dict) -> dict:
+def _compile_summary(metrics: dict) -> dict:
     """perf/compiled_layers: 1 where every worker pass of the step ran compiled code, 0 where one ran the
     eager code while the compiled code was still being built (compat.compile_warmup=background);
     perf/compile_s: the seconds torch.compile ran during the step's worker passes. Both absent where
@@ -451,7 +451,7 @@ class RayPPOTrainer:
                     startup_metrics = {}  # the first step's record carries the start-up breakdown
                     with marked_timer("step", timing_raw):
                         batch = self._train_step(batch_dict, metrics, timing_raw)
-                    metrics.update(_compiled_layers(metrics))
+                    metrics.update(_compile_summary(metrics))
                     if config.trainer.test_freq > 0 and (is_last_step or self.global_steps % config.trainer.test_freq == 0):
                         with marked_timer("testing", timing_raw):
                             metrics.update(self._validate())
