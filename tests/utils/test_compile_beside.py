@@ -200,3 +200,33 @@ def test_a_pass_counts_the_seconds_torch_compile_ran_in_it():
             fn(block, x)
         seconds.append(info.compile_s)
     assert seconds[0] > 0.01 and seconds[1] == 0.0
+
+
+def test_the_training_thread_gets_the_interpreter_back_quickly_while_a_side_thread_builds():
+    """torch drops the GIL around each operator and the side thread's compile takes it; the switch interval
+    bounds how long the training thread then waits for it, after every operator. It is short while a side
+    thread builds and the interpreter's own again once the compiled code took over."""
+    import sys
+
+    from verl.utils import compile_beside
+
+    before, short = sys.getswitchinterval(), compile_beside.BUILDING_SWITCH_INTERVAL
+    assert before > short
+    seen = []
+
+    def slow(gm, example_inputs):   # the build's compile, observing the interval it runs under
+        seen.append(sys.getswitchinterval())
+        return gm.forward
+
+    compiler = BesideCompiler("background")
+    fn = compiler.function("block", _run, torch.compile(_run, backend=slow, dynamic=True))
+    block = Block()
+    x = torch.randn(2, 4, 16)
+    with compiler.pass_("score"), torch.no_grad():
+        fn(block, x)
+        assert sys.getswitchinterval() == pytest.approx(short)
+    assert compiler.wait_built(60)
+    with compiler.pass_("score") as second, torch.no_grad():
+        fn(block, x)
+    assert second.compiled is True and seen == [pytest.approx(short)]
+    assert sys.getswitchinterval() == before and not building_beside()

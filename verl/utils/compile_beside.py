@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -37,9 +38,17 @@ MODES = ("background", "synchronous")
 # with and without autocast); a bound keeps an unexpected variety from holding many input copies
 MAX_KINDS = 4
 
+# The interpreter's thread switch interval while a side thread builds. torch releases the GIL around each
+# operator call and the compile, Python from end to end, takes it meanwhile; the training thread then waits
+# a whole interval (5 ms by default) to get it back after every operator, and an eager step of thousands of
+# operators crawls. At this interval it waits microseconds; the compile pays with more frequent switches
+# (docs/performance.md has both sides' figures).
+BUILDING_SWITCH_INTERVAL = 2e-5
+
 _building_lock = threading.Lock()
 _building = 0   # side threads of this process still building
 _builders: set[int] = set()   # their thread ids
+_switch_interval = None   # the interpreter's own, kept while side threads build
 
 
 def _own_compile_flag() -> None:
@@ -64,6 +73,23 @@ def _own_compile_flag() -> None:
 
     compile_session._beside = True
     torch.compiler._compile_session_context = compile_session
+
+
+def _builder_started() -> None:
+    global _building, _switch_interval
+    with _building_lock:
+        if _building == 0:
+            _switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_interval, BUILDING_SWITCH_INTERVAL))
+        _building += 1
+
+
+def _builder_ended() -> None:
+    global _building
+    with _building_lock:
+        _building -= 1
+        if _building == 0:
+            sys.setswitchinterval(_switch_interval)
 
 
 def building_beside() -> bool:
@@ -261,22 +287,19 @@ class BesideCompiler:
             info.compiled = self.compiled if info.compiled is None else info.compiled and self.compiled
 
     def _submit(self, fn: Switchable, example: _Example) -> None:
-        global _building
         with self._state:
             if self.failed is not None:
                 return
             self._pending += 1
             if self._thread is None:
                 _own_compile_flag()
-                with _building_lock:
-                    _building += 1
+                _builder_started()
                 self._thread = threading.Thread(target=self._build, name="verl-compile-beside", daemon=True)
                 self._thread.start()
         self._queue.put((fn, example))
 
     def _build(self) -> None:
         """The side thread: each recorded call run through the compiled function, in order."""
-        global _building
         _builders.add(threading.get_ident())
         try:
             while (item := self._queue.get()) is not None:
@@ -295,8 +318,7 @@ class BesideCompiler:
                         self._pending -= 1
         finally:
             _builders.discard(threading.get_ident())
-            with _building_lock:
-                _building -= 1
+            _builder_ended()
 
     def _stop(self) -> None:
         if self._thread is not None:
