@@ -91,6 +91,8 @@ def test_background_warmup_goes_from_eager_to_compiled_with_equal_results(tmp_pa
     # every pass reports the seconds torch.compile ran during it; once the compiled code runs, nothing compiles
     assert all(s is not None and s >= 0 for step in compile_s for s in step)
     assert compile_s[2] == [0.0] * 4
+    # nothing compiles while the first step runs: the side thread starts once its passes have all run
+    assert compile_s[0] == [0.0] * 4
     # built from the first step's calls: the decode step (no grad), the layers and log-prob kernels
     assert beside.rollout._step.kinds and beside.actor._kernels.lse.kinds
     assert beside._compiler.takeover_s is not None and beside._compiler.failed is None

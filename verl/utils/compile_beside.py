@@ -7,6 +7,8 @@ Here the first passes run the eager functions instead, and the eager calls hand 
 inputs (one per kind of call: grad mode, autocast, the ranks and dtypes of the tensors) to a side
 thread, which calls the compiled function on them, with a backward where the call was
 differentiable, so that tracing and code generation are finished by the time the compiled code runs.
+The side thread starts once every pass of the first step has run: the first step runs alone, as fast
+as eager code runs (a one-step run compiles nothing), and every kind of call is known by then.
 
 Eager and compiled code never mix within a pass: calls read which one to run from a flag that only
 changes where a pass begins (`pass_`, under a lock, never inside another pass). The flag turns to
@@ -263,8 +265,9 @@ class BesideCompiler:
     def _begin(self, name: str) -> None:
         if self.compiled or self._gave_up:
             return
-        if name in self._seen:
+        if name in self._seen and self.recording:
             self.recording = False     # every pass of a step has run once: no new kind to wait for
+            self._start_building()
         with self._state:
             code = -1 if self.failed is not None else int(not self.recording and self._pending == 0)
         if self._agree is not None:
@@ -291,12 +294,17 @@ class BesideCompiler:
             if self.failed is not None:
                 return
             self._pending += 1
-            if self._thread is None:
-                _own_compile_flag()
-                _builder_started()
-                self._thread = threading.Thread(target=self._build, name="verl-compile-beside", daemon=True)
-                self._thread.start()
         self._queue.put((fn, example))
+
+    def _start_building(self) -> None:
+        """Start the side thread on the queued calls (once)."""
+        with self._state:
+            if self._thread is not None or self._pending == 0 or self.failed is not None:
+                return
+            _own_compile_flag()
+            _builder_started()
+            self._thread = threading.Thread(target=self._build, name="verl-compile-beside", daemon=True)
+            self._thread.start()
 
     def _build(self) -> None:
         """The side thread: each recorded call run through the compiled function, in order."""
@@ -326,7 +334,9 @@ class BesideCompiler:
             self._thread.join()
 
     def wait_built(self, timeout: float | None = None) -> bool:
-        """Block until the queued work is built or has failed; False on failure or timeout (tests)."""
+        """Build the queued calls now if the side thread has not started, and block until they are built or
+        the build failed; False on failure or timeout (tests)."""
+        self._start_building()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._state:
