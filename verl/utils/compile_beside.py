@@ -43,8 +43,7 @@ MAX_KINDS = 4
 # The interpreter's thread switch interval while a side thread builds. torch releases the GIL around each
 # operator call and the compile, Python from end to end, takes it meanwhile; the training thread then waits
 # a whole interval (5 ms by default) to get it back after every operator, and an eager step of thousands of
-# operators crawls. At this interval it waits microseconds; the compile pays with more frequent switches
-# (docs/performance.md has both sides' figures).
+# operators crawls. At this interval it waits tens of microseconds; the compile pays for the extra switches.
 BUILDING_SWITCH_INTERVAL = 2e-5
 
 _building_lock = threading.Lock()

@@ -1,16 +1,17 @@
 """When the compiled code is built (`compat.compile_warmup`) and where it is kept (`compat.compile_cache_dir`).
 
-The plan's torch_compile compiles the decoder layers, the log-prob kernels and the rollout's decode
-step; built before the first step, that is most of a fresh machine's first minute. By default it is built
-there (`synchronous`), as torch.compile does by itself: the alternative, `background`, runs the first steps
-eagerly while a side thread builds the compiled code (verl/utils/compile_beside.py), which takes over where
-a pass begins (on every rank at the same pass), but the side thread and the eager steps share one
-interpreter, and on a fresh machine the first step came later that way than after compiling first
-(docs/performance.md, "Compile off the critical path"). `background` is the user's to ask for; it is
-refused where the eager first steps would not fit (eager layers keep more for backward than compiled
-ones: the memory model's `compiled_layers`) or where a layer runs collectives inside its compiled region
-(Ulysses' all-to-all attention). `off` compiles nothing. Either way inductor's cache is kept per torch
-version and device, so a second run on the machine loads the generated code instead of generating it.
+The plan's torch_compile compiles the decoder layers, the log-prob kernels and the rollout's decode step;
+built before the first step, that is most of a fresh machine's first minute. By default it is built there
+(`synchronous`), as torch.compile does by itself. The alternative, `background`, runs the first step eagerly
+and alone, then builds the compiled code on a side thread beside the next eager steps
+(verl/utils/compile_beside.py), switching to it where a pass begins (on every rank at the same pass); the
+side thread and the eager steps share one interpreter, so those steps run slower than eager code alone
+(docs/performance.md, "Compile off the critical path", has what each mode measured). `background` is the
+user's to ask for; it is refused where the eager first steps would not fit (eager layers keep more for
+backward than compiled ones: the memory model's `compiled_layers`) or where a layer runs collectives inside
+its compiled region (Ulysses' all-to-all attention). `off` compiles nothing. Either way inductor's cache is
+kept per torch version and device, so a second run on the machine loads the generated code instead of
+generating it.
 """
 from __future__ import annotations
 
@@ -62,8 +63,8 @@ def decide_compile_warmup(decider: Decider, config: Any, torch_compile: bool, ro
                              "actor_rollout_ref.actor.use_torch_compile=true asks for compiled code")
     if asked != "background":
         return decider.note("compile_warmup", "synchronous", ("set by the user: " if asked == "synchronous" else "")
-                            + "compiled before the first step (eager steps beside a compiling thread share its "
-                            "interpreter and start later)")
+                            + "compiled before the first step, so every step runs compiled code (`background` would "
+                            "run the first step eagerly and build beside the next ones)")
     blocker = _background_blocker(decider, roles, eager_required_gb)
     if blocker is not None:
         return decider.adapt("compile_warmup", key, "background", "synchronous", blocker)
