@@ -1,6 +1,6 @@
 """compat.compile_warmup and compat.compile_cache_dir: the plan's choice per case, each with its reason.
 
-synchronous wherever compiled code is planned (it started sooner than eager steps beside a compiling thread);
+synchronous wherever compiled code is planned (the default: compiled code from the first step on);
 background when the user asks and the eager first steps fit, refused (adapted, or an error under compat.strict)
 for Ulysses and where the eager steps would not fit; off where nothing is compiled. The cache folder is
 per torch version and device unless the user names one.

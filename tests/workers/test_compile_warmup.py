@@ -16,8 +16,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from worker_setup import PROMPT_LEN, actor_rollout_ref_config, cpu_plan, ppo_batch, tiny_model  # noqa: E402
+from worker_setup import PROMPT_LEN, RESPONSE_LEN, actor_rollout_ref_config, cpu_plan, ppo_batch, tiny_model  # noqa: E402
 
+from torch.utils._pytree import tree_flatten  # noqa: E402
+
+from verl.compat.planning.memory import GiB, Workload, estimate_memory  # noqa: E402
+from verl.compat.planning.model_spec import ModelSpec  # noqa: E402
 from verl.protocol import DataProto  # noqa: E402
 from verl.workers.fsdp_workers import ActorRolloutRefWorker  # noqa: E402
 from verl.workers.model_building import layer_compile  # noqa: E402
@@ -39,18 +43,18 @@ def _worker(model_dir, plan, role="actor_rollout_ref"):
     return worker
 
 
-def _prompts() -> DataProto:
+def _prompts(sample: bool = False) -> DataProto:
     data = ppo_batch(batch_size=4)
     prompts = DataProto.from_dict({k: data.batch[k][:, :PROMPT_LEN] for k in ("input_ids", "attention_mask",
                                                                              "position_ids")})
-    prompts.meta_info["do_sample"] = False
+    prompts.meta_info["do_sample"] = sample
     return prompts
 
 
-def _step(worker) -> dict:
-    """One step's passes: greedy responses, log-probs, reference log-probs, update metrics, and whether
-    each pass ran compiled code."""
-    gen = worker.generate_sequences(_prompts())
+def _step(worker, sample: bool = False) -> dict:
+    """One step's passes: greedy (or sampled) responses, log-probs, reference log-probs, update metrics, and
+    whether each pass ran compiled code."""
+    gen = worker.generate_sequences(_prompts(sample))
     data = ppo_batch()
     old = worker.compute_log_prob(data)
     data.batch["old_log_probs"] = old.batch["old_log_probs"]
@@ -99,6 +103,32 @@ def test_background_warmup_goes_from_eager_to_compiled_with_equal_results(tmp_pa
     for pa, pb in zip(eager.actor_module.parameters(), beside.actor_module.parameters()):
         torch.testing.assert_close(pb, pa, atol=1e-6, rtol=1e-5)
 
+
+
+def test_the_plan_counts_the_input_copies_the_side_thread_waits_on(tmp_path, monkeypatch, dynamo_cache):
+    """From the first step's calls until the build starts, the side thread's copies of one call's inputs per kind
+    of call (the decode step's cache and layer, the sampler's logits, each pass's layer and hidden states, the
+    log-prob kernels' chunks) stay on the device. The memory model's eager check for `background` counts them
+    (`memory.beside_copies`): within 5% of what the real worker holds after a sampled first step."""
+    monkeypatch.setattr(layer_compile, "BACKEND", "eager")
+    model_dir = tiny_model(str(tmp_path / "tiny"))
+    plain = cpu_plan(model_dir)
+    background = dataclasses.replace(plain, torch_compile=True, compile_warmup="background",
+                                     rollout=dataclasses.replace(plain.rollout, compile_backend="eager"))
+    worker = _worker(model_dir, background)
+    _step(worker, sample=True)
+    queued = [example for _, example in list(worker._compiler._queue.queue)]
+    leaves = [leaf for e in queued for leaf in tree_flatten((e.args, e.kwargs))[0]]
+    tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+    tensors += [t for m in leaves if isinstance(m, torch.nn.Module) for t in (*m.parameters(), *m.buffers())]
+    held = sum(t.numel() * t.element_size() for t in tensors)
+    rows = _prompts().batch["input_ids"].shape[0]
+    estimate = estimate_memory(ModelSpec.from_pretrained(model_dir), Workload(PROMPT_LEN, RESPONSE_LEN, rows),
+                               background.actor, background.rollout, None, background.ref, device_memory_gb=20,
+                               backend="cpu", beside=True)
+    predicted = {phase.terms["compile.beside copies"] * GiB for phase in estimate.phases.values()}
+    assert len(predicted) == 1 and held > 0
+    assert predicted.pop() == pytest.approx(held, rel=0.05)
 
 
 class ThreadsOfCompiles:

@@ -68,8 +68,9 @@ def decide_compile_warmup(decider: Decider, config: Any, torch_compile: bool, ro
     blocker = _background_blocker(decider, roles, eager_required_gb)
     if blocker is not None:
         return decider.adapt("compile_warmup", key, "background", "synchronous", blocker)
-    return decider.note("compile_warmup", "background", "set by the user: the first steps run eagerly while a side "
-                        "thread builds the compiled code, which takes over at the start of a pass once built")
+    return decider.note("compile_warmup", "background", "set by the user: the first step runs eagerly and alone, "
+                        "then a side thread builds the compiled code beside the next eager steps; it takes over at the "
+                        "start of a pass once built")
 
 
 def _background_blocker(decider: Decider, roles: dict, eager_required_gb: Callable[[], float | None]) -> str | None:
@@ -78,5 +79,5 @@ def _background_blocker(decider: Decider, roles: dict, eager_required_gb: Callab
     need = eager_required_gb()
     if need is not None and need > decider.profile.memory_gb:
         return (f"eager first steps would need {need:.1f} GiB of {decider.profile.memory_gb:.1f} (eager layers keep "
-                "more for backward than compiled ones)")
+                "more for backward than compiled ones, and the side thread's copies of their inputs wait for the build)")
     return None

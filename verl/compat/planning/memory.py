@@ -780,18 +780,45 @@ def _roles(model: ModelSpec, critic_model: ModelSpec, actor: RolePlan, critic: R
     return roles
 
 
+def beside_copies(step: _Step) -> float:
+    """Bytes of the input copies `compile_warmup=background` keeps for its side thread (verl/utils/compile_beside.py):
+    one call's inputs per kind of call of each compiled function, all held from the first step until the build
+    uses them. Per function, its largest inputs: the decode step, one layer's keys and values at the engine's
+    chunk and the layer's weights (and their fused copy); the sampler, a chunk's logits and float32 draws; the
+    decoder layers, a layer's weights and one micro-batch's hidden states and rotary tables per pass (log-probs,
+    reference, update); the log-prob kernels, five chunks of logits (log-sum-exp with and without the update,
+    entropy, the gradient's input and output)."""
+    spec, work, rollout, actor = step.model, step.workload, step.rollout, step.roles["actor"]
+    c = BYTES[actor.plan.compute_dtype]
+    layer = sum(i * o for i, o in spec.linear_shapes())
+    total = 0.0
+    if rollout.compile_backend and rollout.name != "vllm" and work.generates:
+        r = BYTES[rollout.dtype]
+        rows = min(work.rollout_batch_per_gpu, rollout.micro_batch_size or work.rollout_batch_per_gpu)
+        keys_values = 2 * rows * spec.num_kv_heads * spec.head_dim * (work.seq_len + 1) * r
+        total += keys_values + layer * r * (2 if rollout.fused_projections else 1) + rows * spec.vocab_size * (r + 4)
+    rows = micro_batch_rows(actor.plan, work, "actor", forward=True)
+    passes = 2 + ("ref" in step.roles)
+    per_token = (spec.hidden_size + 2 * spec.head_dim) * c   # hidden states, rotary cos and sin
+    total += passes * (layer * BYTES[gather_dtype(actor.plan)] + rows * work.seq_len * per_token)
+    chunk = min(rows * (work.response_length + 1), LOGPROB_CHUNK_ROWS)   # a padded row's outputs: response + 1
+    return total + 5 * chunk * spec.vocab_size * c
+
+
 def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollout: RolloutPlan,
                     critic: RolePlan | None = None, ref: RolePlan | None = None, *,
                     device_memory_gb: float, backend: str = "cuda", fragmentation: float = 0.05,
                     critic_model: ModelSpec | None = None, compiled_layers: bool = False,
                     ref_in_actor: bool = False, reward_model: RolePlan | None = None,
-                    reward_model_spec: ModelSpec | None = None, reward_seq_len: int | None = None) -> MemoryEstimate:
+                    reward_model_spec: ModelSpec | None = None, reward_seq_len: int | None = None,
+                    beside: bool = False) -> MemoryEstimate:
     """Peak allocated memory of each phase of one PPO step on one device (GiB), the generation phases
     only where `workload.generates`; `compiled_layers`:
     the plan's torch_compile compiles the decoder layers (they keep less for backward); `ref_in_actor`:
     the reference log-probs are a forward of the LoRA actor with its adapters disabled; `reward_model`
     (with its model's spec): a `reward_model` phase scoring sequences of `reward_seq_len` tokens (default:
-    prompt + response), its weights resident in the other phases unless offloaded."""
+    prompt + response), its weights resident in the other phases unless offloaded; `beside`: the first steps run
+    eagerly with the side thread's input copies held in every phase (`beside_copies`)."""
     cmodel = critic_model or model
     rm = None
     if reward_model is not None and reward_model_spec is not None:
@@ -808,6 +835,10 @@ def estimate_memory(model: ModelSpec, workload: Workload, actor: RolePlan, rollo
     phases.update({f"{name}_update": _update_phase(step, name) for name in ("actor", "critic") if name in step.roles})
     if rm is not None:
         phases[REWARD_MODEL] = _reward_model_phase(step)
+    if beside:
+        copies = beside_copies(step)
+        for terms in phases.values():
+            terms["compile.beside copies"] = copies
     in_gib = {label: PhaseMemory(label, {k: v / GiB for k, v in terms.items()}) for label, terms in phases.items()}
     context = 0.0 if backend == "cpu" else CUDA_CONTEXT_GB
     return MemoryEstimate(phases=in_gib, context_gb=context, fragmentation=fragmentation)

@@ -557,7 +557,7 @@ def _with_compile_warmup(decider: _Decider, config: Any, plan: Plan, inputs: Fit
         return estimate_memory(inputs.model, inputs.workload, plan.actor, plan.rollout, plan.critic, plan.ref,
                                device_memory_gb=decider.profile.memory_gb, backend=decider.profile.backend,
                                fragmentation=inputs.margin, compiled_layers=False,
-                               ref_in_actor=inputs.ref_in_actor).required_gb
+                               ref_in_actor=inputs.ref_in_actor, beside=True).required_gb
 
     return replace(plan, compile_warmup=decide_compile_warmup(decider, config, plan.torch_compile, roles,
                                                               eager_required_gb))
