@@ -311,6 +311,40 @@ def test_no_graph_is_recorded_while_compiled_code_is_built_beside(monkeypatch):
         assert bool(recorded) is not building
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_background_warmup_records_eager_graphs_first_then_builds_then_replays_compiled_ones(monkeypatch):
+    """compat.compile_warmup=background on a GPU (verl/utils/compile_beside.py): the first generate call decodes
+    the eager step in CUDA graphs (nothing builds yet), the second starts the side thread and decodes without
+    recording, the third records the compiled step; every call's greedy tokens equal the plain engine's."""
+    from verl.utils.compile_beside import BesideCompiler
+    from verl.workers.rollout import static_decoder
+
+    torch._dynamo.reset()
+    device = torch.device("cuda", torch.cuda.current_device())
+    model = _model().to(device)
+    plan = _plan(model, "h200", dtype="float32", micro_batch_size=5)
+    assert plan.rollout.cuda_graphs and plan.rollout.compile_backend
+    batch = _batch(PROMPTS * 3, 9, [VOCAB + 1]).to(device)
+    expected = HFRollout(model, _rollout_config(8, do_sample=False), plan=None).generate_sequences(batch)
+    recorded = []
+    record = static_decoder.StaticDecoder._record
+    monkeypatch.setattr(static_decoder.StaticDecoder, "_record",
+                        lambda self, window: recorded.append(window) or record(self, window))
+    compiler = BesideCompiler("background")
+    rollout = HFRollout(model, _rollout_config(8, do_sample=False), plan=plan, compiler=compiler)
+    per_call = []
+    for call in range(3):
+        recorded.clear()
+        with compiler.pass_("gen") as info:
+            out = rollout.generate_sequences(batch)
+            per_call.append((info.compiled, compiler.building, bool(recorded)))
+        assert torch.equal(out.batch["responses"], expected.batch["responses"]), call
+        if call == 1:
+            assert compiler.wait_built(120)
+    assert per_call == [(False, False, True), (False, True, False), (True, False, True)]
+
+
 # ---------------------------------------------------------------- the compiled decode step
 
 
