@@ -1,9 +1,11 @@
 """One rank of the world-size comparison in test_fsdp_workers.py (launched as a plain process).
 
-Usage: RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. python dist_runner.py MODEL_DIR OUT_JSON [dynamic]
+Usage: RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. python dist_runner.py MODEL_DIR OUT_JSON [dynamic|background]
 Runs compute_log_prob and update_actor on this rank's share of a fixed batch; writes the metrics.
 `dynamic`: token-budgeted micro-batches, with rows that give the two ranks different micro-batch counts.
+`background`: steps under compile_warmup=background until compiled code has run two steps (`run_background`).
 """
+import dataclasses
 import json
 import os
 import sys
@@ -47,8 +49,37 @@ def run(model_dir: str, dynamic: bool = False) -> dict:
     return {"log_probs": log_probs.tolist(), "metrics": {k: metrics[k] for k in keep}}
 
 
+def run_background(model_dir: str, steps: int | None = None, limit: int = 60) -> dict:
+    """Steps (log-probs, then an update) under compile_warmup=background, the layers compiled with torch.compile's
+    "eager" backend; `steps` of them, else until compiled code has run for two steps (at most `limit`). Per step:
+    this rank's log-probs, its grad norm and whether each pass ran compiled code. `steps` with an unchanged plan
+    (nothing compiled) gives the eager reference."""
+    from verl.workers.model_building import layer_compile
+
+    torch.set_num_threads(1)
+    layer_compile.BACKEND = "eager"
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    plan = cpu_plan(model_dir)
+    if steps is None:
+        plan = dataclasses.replace(plan, torch_compile=True, compile_warmup="background")
+    worker = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir, ppo_mini_batch_size=4), role="actor", plan=plan)
+    worker.init_model()
+    data = ppo_batch(batch_size=8).chunk(world)[rank]
+    out = {"log_probs": [], "grad_norm": [], "compiled": []}
+    while len(out["compiled"]) < (steps or limit) and (steps or out["compiled"][-2:] != [[1.0, 1.0]] * 2):
+        old = worker.compute_log_prob(data)
+        data.batch["old_log_probs"] = old.batch["old_log_probs"]
+        metrics = worker.update_actor(data).meta_info["metrics"]
+        out["log_probs"].append(old.batch["old_log_probs"].tolist())
+        out["grad_norm"].append(metrics["actor/grad_norm"])
+        out["compiled"].append([old.meta_info["metrics"].get("perf/compiled_layers/old_log_prob"),
+                                metrics.get("perf/compiled_layers/update_actor")])
+    return out
+
+
 if __name__ == "__main__":
-    result = run(sys.argv[1], dynamic=len(sys.argv) > 3 and sys.argv[3] == "dynamic")
+    mode = sys.argv[3] if len(sys.argv) > 3 else ""
+    result = run_background(sys.argv[1]) if mode == "background" else run(sys.argv[1], dynamic=mode == "dynamic")
     with open(sys.argv[2], "w") as f:
         json.dump(result, f)
     close_process_group()

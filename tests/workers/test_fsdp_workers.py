@@ -285,6 +285,23 @@ def test_world_size_two_matches_world_size_one(model_dir, tmp_path):
     assert len(single["metrics"]["actor/grad_norm"]) == 2   # ppo_epochs=2 over one mini-batch
 
 
+def test_ranks_switch_to_the_compiled_layers_at_the_same_pass(model_dir, tmp_path):
+    """compile_warmup=background on 2 gloo ranks, each with its own side thread: the ranks agree at every pass
+    boundary (the minimum of their build states), so every pass runs eager code on both or compiled code on
+    both, and the results stay world size 1's eager ones (log-probs 1e-6/1e-5, grad norms rel 1e-5)."""
+    from dist_runner import run_background
+
+    pair = _run_ranks(model_dir, tmp_path, 2, "background")
+    flags = [rank["compiled"] for rank in pair]
+    assert flags[0] == flags[1]
+    assert flags[0][0] == [0.0, 0.0] and flags[0][-2:] == [[1.0, 1.0]] * 2   # eager first, compiled at the end
+    single = run_background(model_dir, steps=len(flags[0]))
+    for step, (a, b, ref) in enumerate(zip(pair[0]["log_probs"], pair[1]["log_probs"], single["log_probs"])):
+        torch.testing.assert_close(torch.tensor(a + b), torch.tensor(ref), atol=1e-6, rtol=1e-5, msg=f"step {step}")
+    for rank in pair:
+        assert sum(rank["grad_norm"], []) == pytest.approx(sum(single["grad_norm"], []), rel=1e-5)
+
+
 def test_token_budgets_agree_on_micro_batch_counts_across_ranks(model_dir, tmp_path):
     """Rank 0's short rows fit 2 to a micro-batch, rank 1's need 1 each: without agreeing on the count the
     ranks' FSDP collectives would not match (hang). With it, 2 ranks give ws=1's numbers (rel 1e-5)."""
