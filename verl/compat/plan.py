@@ -96,8 +96,8 @@ class Plan:
     # the reference policy is the LoRA actor with its adapters disabled (no second model; `ref` is None)
     ref_in_actor: bool = False
     reward_model: RolePlan | None = None   # the sequence-classification reward model (verl/compat/planning/reward_model.py)
-    # when torch_compile's code is built (verl/compat/planning/compile.py): "background" (first steps eager,
-    # compiled code built beside them), "synchronous" (before the first step) or "off" (nothing compiled)
+    # when torch_compile's code is built (verl/compat/planning/compile.py): "background" (the first step eager,
+    # the compiled code built beside the next eager ones), "synchronous" (before the first step) or "off"
     compile_warmup: str = "synchronous"
     compile_cache_dir: str | None = None   # inductor's cache folder (None: torch's default)
     generates: bool = True   # False: the run samples nothing (SFT); `rollout` is then unused and not printed
