@@ -152,13 +152,15 @@ def run_setting(profile: str, name: str, model: str, args, work: Path,
     dims = spec["tiny"] if args.tiny else spec["shape"]
     overrides = stock_overrides(dims, profile, model) + [f"{ARR}.rollout.n={spec['n']}", *spec["algo"], *args.override,
                                                           *variant[1]]
+    if args.eos_share > 0:
+        overrides.append(f"{ARR}.rollout.ignore_eos=False")
     clock = time.perf_counter()
     w = build_workers(overrides)
     build_s = time.perf_counter() - clock
     real = None if args.prompt_tokens == "full" else tuple(int(x) for x in args.prompt_tokens.split(":"))
     if args.tiny and real is not None:
         real = (max(1, dims["prompt"] // 4), dims["prompt"])
-    step = StepPhases(w, prompt=dims["prompt"], real_prompt=real)
+    step = StepPhases(w, prompt=dims["prompt"], real_prompt=real, eos_share=args.eos_share)
     available = step.available()
     wanted = [p for p in (args.phases.split(",") if args.phases else PHASES) if p in available]
     device = w.device
@@ -199,7 +201,8 @@ def run_setting(profile: str, name: str, model: str, args, work: Path,
         entry.update(wall_s=round(statistics.median(runs[phase]), 4), wall_s_runs=[round(t, 4) for t in runs[phase]],
                      first_s=round(first[phase], 4), profiled=dict(summary, what=part))
         if phase == "generate_sequences":   # the rollout engine's speed: new tokens per second of the whole phase
-            entry["tokens_per_s"] = round(w.rows * dims["response"] / entry["wall_s"], 1)
+            tokens = int(step.batch.batch["response_mask"].sum())   # of the last timed pass
+            entry.update(tokens_per_s=round(tokens / entry["wall_s"], 1), response_tokens_mean=round(tokens / w.rows, 1))
         lines += [f"\n--- {phase}: wall {entry['wall_s']:.3f} s (median of {len(runs[phase])}); profiled {part}: "
                   f"wall {summary['wall_s']:.3f} s", table, format_summary(summary)]
     return row, "\n".join(lines)
@@ -240,6 +243,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-decode-steps", type=int, default=32,
                     help="new tokens of the profiled generate (0: the whole response length)")
     ap.add_argument("--prompt-tokens", default="48:128", help="LO:HI real prompt tokens per row, or 'full'")
+    ap.add_argument("--eos-share", type=float, default=0.0,
+                    help="responses end at any of this share of the token ids (0: every response runs to full length)")
     ap.add_argument("--variant", action="append", type=parse_variant, metavar="NAME=KEY=VALUE[,KEY=VALUE]",
                     help="every case once per variant with these overrides (NAME= is the plan as it is)")
     args = ap.parse_args(argv)

@@ -141,6 +141,7 @@ class StepPhases:
     real_prompt: tuple[int, int] | None = None
     rows: int | None = None
     decode_steps: int | None = None
+    eos_share: float = 0.0   # > 0: every (1 / share)-th token id ends a response (see generate_sequences)
     seed: int = 3
     batch: Any = field(default=None, init=False)
     metrics: dict = field(default_factory=dict, init=False)     # each phase's last meta_info["metrics"]
@@ -157,6 +158,8 @@ class StepPhases:
 
     def generate_sequences(self):
         p = prompts(self.w.rows, self.prompt, self.w.vocab, seed=self.seed, real=self.real_prompt)
+        if self.eos_share > 0:   # a random-weight model samples near-uniformly: lengths about geometric, mean 1/share
+            p.meta_info["eos_token_id"] = list(range(0, self.w.vocab, round(1 / self.eos_share)))
         if self.decode_steps is not None:
             p.meta_info["response_length"] = self.decode_steps
             return self.w.actor.generate_sequences(p)

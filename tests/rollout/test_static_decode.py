@@ -711,6 +711,159 @@ def test_sampling_stream_continues_from_the_last_eos(monkeypatch):
     assert not torch.equal(outs[16]["responses"][:2], outs[16]["responses"][2:])  # the stream moved on
 
 
+# ---------------------------------------------------------------- finished rows leave the decoder
+
+# eight prompts whose greedy continuations (no EOS) first hit token 10 or 43 after 3, 3, 6, 3, never, 11, 4 and 9
+# tokens: under EOS {10, 43} half the rows have finished at the check after step 3, seven of eight after step 15
+MORE_PROMPTS = PROMPTS + [[7, 7, 7], [60, 2, 19, 44, 31, 5, 9], [14, 27], [50, 1, 36, 8]]
+
+
+def _spy_rows(monkeypatch):
+    """The decoder's row count at every decode step."""
+    from verl.workers.rollout.static_decoder import StaticDecoder
+
+    rows = []
+    step = StaticDecoder._step
+
+    def spy(self, window, out=None):
+        rows.append(self.rows)
+        return step(self, window, out)
+
+    monkeypatch.setattr(StaticDecoder, "_step", spy)
+    return rows
+
+
+def test_finished_rows_leave_the_decoder_and_change_no_greedy_token(monkeypatch):
+    """Two chunks of the eight prompts (one decoder, 30 new tokens each). With finished rows leaving, the
+    decoder runs 8 rows, then 4 once half have finished (the check after step 3), then 1 (after step 15:
+    the row that never emits EOS), the second chunk starting again from all 8; every output tensor equals
+    the one of all rows decoding to the end, and `generate`'s."""
+    from verl.workers.rollout import hf_rollout
+
+    model = _model()
+    eos = [10, 43]
+    batch = _batch(MORE_PROMPTS * 2, 9, eos)
+    rows = _spy_rows(monkeypatch)
+    outs, seen = {}, {}
+    for leave in (True, False):
+        monkeypatch.setattr(hf_rollout, "LEAVE_WHEN_HALF_FINISHED", leave)
+        rows.clear()
+        engine = HFRollout(model, _rollout_config(30, do_sample=False, micro_batch_size=8),
+                           plan=_plan(model, micro_batch_size=8))
+        outs[leave], seen[leave] = engine.generate_sequences(batch).batch, list(rows)
+    for key in outs[False].keys():
+        assert torch.equal(outs[True][key], outs[False][key]), key
+    assert seen[False] == [8] * 29 * 2
+    assert seen[True] == ([8] * 3 + [4] * 12 + [1] * 14) * 2   # 29 decode steps a chunk
+    assert torch.equal(outs[True]["responses"], _generate_hf(model, batch, 30, eos, do_sample=False))
+
+
+def test_rows_left_running_sample_from_their_own_distribution(monkeypatch):
+    """3000 rows, two prompts of different lengths taking turns, sampled (temperature 1.3, top-k 40) in the
+    plan's chunks; EOS is the first tokens likeliest over both prompts (~60% of the first token's mass), so
+    after the first token each chunk's decoder keeps half its rows, the running ones first, their caches
+    and positions moved. For every row still running, its second token against the float64 distribution
+    after its own prompt and first token (randomised probability integral transform): the transforms are
+    uniform (Kolmogorov-Smirnov distance under 1.63 / sqrt(n), the 1% level); a row decoded with another
+    row's cache or position would not be. The same seed gives the same tokens again."""
+    model = _model(seed=1)
+    n, sampling = 3000, dict(temperature=1.3, top_k=40, top_p=1.0)
+    prompts = [[7, 21, 3, 44], [9, 50]]
+    with torch.no_grad():
+        first = np.mean([_reference_distribution(model(input_ids=torch.tensor([p])).logits[0, -1].numpy(), **sampling)
+                         for p in prompts], axis=0)
+    order = np.argsort(-first)
+    eos = sorted(order[:np.searchsorted(np.cumsum(first[order]), 0.6) + 1].tolist())
+    batch = _batch(prompts * (n // 2), 5, eos)
+    rows = _spy_rows(monkeypatch)
+
+    def sample():
+        engine = HFRollout(model, _rollout_config(2, do_sample=True, seed=3, **sampling), plan=_plan(model))
+        return engine.generate_sequences(batch).batch["responses"]
+
+    out = sample()
+    chunk = _plan(model).rollout.micro_batch_size
+    sizes = [min(chunk, n - start) for start in range(0, n, chunk)]
+    assert len(sizes) > 1 and rows == [-(-size // 2) for size in sizes]   # one decode step a chunk, on half its rows
+    assert torch.equal(out, sample())
+    running = [(i % 2, *r) for i, r in enumerate(out.tolist()) if r[0] not in eos]
+    assert 0.3 * n < len(running) < 0.45 * n
+    prefixes = sorted({r[:2] for r in running})
+    with torch.no_grad():
+        second = {(p, t): _reference_distribution(model.double()(input_ids=torch.tensor([prompts[p] + [t]])).logits[
+            0, -1].numpy(), **sampling) for p, t in prefixes}
+    assert all(second[r[:2]][r[2]] > 0 for r in running)
+    draws = np.random.default_rng(0).random(len(running))
+    pit = np.sort([second[r[:2]][:r[2]].sum() + u * second[r[:2]][r[2]] for r, u in zip(running, draws)])
+    grid = np.arange(1, len(pit) + 1) / len(pit)
+    assert max(np.abs(grid - pit).max(), np.abs(grid - 1 / len(pit) - pit).max()) < 1.63 / np.sqrt(len(pit))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graphs_recorded_per_row_count_replay_as_eager_decoding():
+    """This GPU's plan (graphs; float32 for an exact comparison) on the two chunks of the test above: the
+    decoder records a graph per (rows, window) it reaches, 8, 4 and 1 rows, the second chunk replays the
+    first's, and greedy tokens equal eager decoding's and `generate`'s."""
+    from verl.workers.rollout import static_decoder
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    model = _model().to(device)
+    plan = _plan(model, "h200", dtype="float32", micro_batch_size=8)
+    assert plan.rollout.cuda_graphs
+    batch = _batch(MORE_PROMPTS * 2, 9, [10, 43]).to(device)
+    recorded = []
+    record = static_decoder.StaticDecoder._record
+
+    def spy(self, window):
+        recorded.append((self.rows, window))
+        return record(self, window)
+
+    static_decoder.StaticDecoder._record = spy
+    try:
+        out = HFRollout(model, _rollout_config(30, do_sample=False), plan=plan).generate_sequences(batch)
+    finally:
+        static_decoder.StaticDecoder._record = record
+    assert sorted({rows for rows, _ in recorded}) == [1, 4, 8]
+    assert len(recorded) == len(set(recorded))   # the second chunk recorded nothing new
+    eager = HFRollout(model, _rollout_config(30, do_sample=False), plan=None)
+    assert torch.equal(out.batch["responses"].cpu(), eager.generate_sequences(batch).batch["responses"].cpu())
+    assert torch.equal(out.batch["responses"].cpu(), _generate_hf(model, batch, 30, [10, 43], do_sample=False).cpu())
+
+
+def test_kept_rows_decode_as_they_did_with_every_row_through_the_compiled_step():
+    """Decoder level: after three steps of six rows, rows 1, 2 and 4 stay; their logits at every later step
+    equal those of a decoder that kept all six (eager, 1e-5), through one compiled graph for every row
+    count (the kept rows are a view of the buffers' leading rows)."""
+    from torch._dynamo.testing import CompileCounter
+
+    from verl.workers.rollout.static_decoder import StaticDecoder
+
+    torch._dynamo.reset()
+    model = _model()
+    batch = _batch(MORE_PROMPTS[:6], 8, [VOCAB + 1])
+    ids, mask, pos = (batch.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
+    counter = CompileCounter()
+    keep = torch.tensor([1, 2, 4])
+    with torch.no_grad():
+        full, kept = (StaticDecoder(model, 6, 20, 22, torch.float32, ids.device, compile_backend=b)
+                      for b in (None, counter))
+        token = full.prefill(ids, mask, pos).argmax(-1)
+        kept.prefill(ids, mask, pos)
+        for step in range(10):
+            if step == 3:
+                kept.keep_rows(keep)
+                assert kept.rows == 3
+            expected = full.decode(token, pos[:, -1] + step + 1, 8 + step)
+            rows = keep if step >= 3 else torch.arange(6)
+            got = kept.decode(token[rows], pos[rows, -1] + step + 1, 8 + step)
+            torch.testing.assert_close(got, expected[rows], rtol=1e-5, atol=1e-5)
+            token = expected.argmax(-1)
+        assert counter.frame_count == 1
+        kept.prefill(ids, mask, pos)   # the next chunk has every row back
+        assert kept.rows == 6 and kept.decode(token, pos[:, -1] + 1, 8).shape == (6, VOCAB)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_windowed_graphs_and_compiled_step_equal_eager(monkeypatch):

@@ -13,9 +13,10 @@ A vision-language model with a Qwen2 text model (Qwen2-VL, Qwen2.5-VL) takes the
 prefill (pixels, multimodal positions) through the model's own forward, whose cache then seeds the
 decoder's (`StaticDecoder.load_prefix`); its generated tokens are text and decode like a text model's.
 
-Two things keep the static path's work to what the rows hold: a chunk's prompts lose the left-padding
-columns every row shares before prefill (see `trim_common_padding`), and the decoder attends over the
-filled part of its cache only. The EOS stop is asked every few steps, not every token (`eos_check_due`).
+Three things keep the static path's work to what the rows hold: a chunk's prompts lose the left-padding
+columns every row shares before prefill (see `trim_common_padding`), the decoder attends over the
+filled part of its cache only, and rows that have emitted EOS leave the decoder once they are half of
+it (`HFRollout._leave`). The EOS stop is asked every few steps, not every token (`eos_check_due`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from verl.workers.model_building.frozen_weights import compute_dtype_of
 from .base import BaseRollout, inner_module, output_tensors, special_tokens
 from .static_decoder import StaticDecoder, compiled_decode_step, static_decoding_unsupported
 
-__all__ = ["HFRollout", "SamplingParams", "candidate_logits", "eos_check_due", "filter_logits",
+__all__ = ["HFRollout", "SamplingParams", "candidate_logits", "eos_check_due", "filter_logits", "leave_due",
            "compiled_race", "race_winner", "rollout_autocast_dtype", "sample_next_token",
            "trim_common_padding"]
 
@@ -45,6 +46,10 @@ __all__ = ["HFRollout", "SamplingParams", "candidate_logits", "eos_check_due", "
 TRIM_MULTIPLE = 64
 # Beyond the first 16 steps, whether every row has finished is asked once per this many steps.
 EOS_CHECK_EVERY = 16
+# Finished rows leave the static decoder once at most half its rows run on (`HFRollout._leave`), asked on a
+# schedule of its own (`leave_due`), so that how often the EOS stop is asked changes no sampled token.
+LEAVE_WHEN_HALF_FINISHED = True
+LEAVE_CHECK_EVERY = 16
 
 
 @dataclass(frozen=True)
@@ -201,6 +206,19 @@ def trim_common_padding(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor
     return ids[:, width - keep:], mask[:, width - keep:], pos[..., width - keep:]  # pos: (batch, [4,] seq)
 
 
+def _due(step: int, every: int) -> bool:
+    n = step + 1
+    return n % every == 0 or n & (n - 1) == 0
+
+
+def leave_due(step: int) -> bool:
+    """Whether finished rows may leave the static decoder after decode step `step`: after steps 1, 2, 4, 8,
+    16 and every LEAVE_CHECK_EVERY-th (the EOS stop's default schedule, so no read from the device is added).
+    Rows that leave change which draws of the sampling stream the others take, so this schedule depends on
+    the step alone: the same seed gives the same tokens, however often the EOS stop is asked."""
+    return _due(step, LEAVE_CHECK_EVERY)
+
+
 def eos_check_due(step: int) -> bool:
     """Whether to ask, after decode step `step` (0-based), if every row has emitted EOS.
 
@@ -210,8 +228,7 @@ def eos_check_due(step: int) -> bool:
     the steps run past the last EOS only write padding, so the output does not change. The schedule
     depends on the step alone: every rank asks at the same steps, as lock-step decoding needs.
     """
-    n = step + 1
-    return n % EOS_CHECK_EVERY == 0 or n & (n - 1) == 0
+    return _due(step, EOS_CHECK_EVERY)
 
 
 def _cfg(config, key, default=None):
@@ -401,7 +418,7 @@ class HFRollout(BaseRollout):
         state = {"mask": mask, "cache": None}
         logits, state["cache"] = self._forward(ids, mask, pos, None, images)
 
-        def advance(token, step):
+        def advance(token, step, rows=None):   # rows: always None here (the HF cache keeps every row)
             state["mask"] = torch.cat([state["mask"], torch.ones_like(mask[:, :1])], dim=-1)
             logits, state["cache"] = self._forward(token.unsqueeze(-1), state["mask"], pos[..., -1:] + step + 1,
                                                    state["cache"])
@@ -411,7 +428,8 @@ class HFRollout(BaseRollout):
 
     def _static_passes(self, holder: list, ids, mask, pos, response_length, images: dict | None = None):
         """First logits and a next-step function over a StaticDecoder (kept in `holder` for equal chunks),
-        on the prompts without their common left padding.
+        on the prompts without their common left padding. The next-step function takes the batch's tokens
+        and `rows`: the batch rows still in the decoder (None: all), as `_leave` left them.
 
         With a VL model's (batch, 4, seq) positions the prefill is the model's own forward (`images` and
         the multimodal positions go in there) and its cache is copied into the decoder's. Each new token
@@ -439,7 +457,14 @@ class HFRollout(BaseRollout):
         else:
             last = pos[:, -1]
             logits = decoder.prefill(ids, mask, pos)
-        return logits, lambda token, step: decoder.decode(token, last + step + 1, prompt_length + step)
+
+        def advance(token, step, rows=None):
+            if rows is None:
+                return decoder.decode(token, last + step + 1, prompt_length + step)
+            return decoder.decode(token.index_select(0, rows), last.index_select(0, rows) + step + 1,
+                                  prompt_length + step)
+
+        return logits, advance
 
     def _generate(self, prompts: DataProto, params, response_length, eos_ids, pad_id, generator, holder) -> DataProto:
         """One chunk. `holder` is the static decoder slot, or None to run the HF forward."""
@@ -467,8 +492,12 @@ class HFRollout(BaseRollout):
             logits, advance = self._hf_passes(ids, mask, pos, images)
         else:
             logits, advance = self._static_passes(holder, ids, mask, pos, response_length, images)
+        leaving = holder is not None and LEAVE_WHEN_HALF_FINISHED
+        rows = None  # the batch rows the static decoder still runs, once finished ones have left it (None: all)
         for step in range(response_length):
             token = sample_next_token(logits, params, generator, self._race)
+            if rows is not None:
+                token = torch.full((batch_size,), pad_id, dtype=token.dtype, device=device).index_copy_(0, rows, token)
             token = torch.where(finished, torch.full_like(token, pad_id), token)
             responses[:, step] = token
             last_step = step + 1 == response_length
@@ -477,16 +506,19 @@ class HFRollout(BaseRollout):
                 finished |= torch.isin(token, eos)
                 if keep_states:
                     states.append(generator.get_state())
-                if last_step or eos_check_due(step):
-                    done = self._all_finished(finished, finish_step, lockstep)
+                leave = leaving and leave_due(step)
+                if last_step or leave or eos_check_due(step):
+                    done, running = self._all_finished(finished, finish_step, lockstep)
                     if done is not None:
                         if keep_states:
                             generator.set_state(states[done - since])
                         break
                     states, since = [], step + 1
+                    if leave:
+                        rows = self._leave(holder[1], finished, rows, running)
             if last_step:
                 break
-            logits = advance(token, step)
+            logits = advance(token, step, rows)
 
         tensors = output_tensors(ids, mask, pos, responses, eos_ids, ignore_eos)
         tensors = {k: v.to(out_device) for k, v in tensors.items()}
@@ -504,12 +536,30 @@ class HFRollout(BaseRollout):
         return int(count.item())
 
     @staticmethod
-    def _all_finished(finished: torch.Tensor, finish_step: torch.Tensor, lockstep: bool) -> int | None:
-        """The step at which the last row emitted EOS, or None while a row runs on; under sharded
-        weights, over every rank's rows (each rank must call it at the same steps)."""
-        running = torch.iinfo(torch.int64).max
-        last = torch.where(finished.all(), finish_step.max(), running).reshape(1)
+    def _all_finished(finished: torch.Tensor, finish_step: torch.Tensor, lockstep: bool) -> tuple[int | None, int]:
+        """(The step at which the last row emitted EOS, or None while a row runs on; under sharded weights,
+        over every rank's rows (each rank must call it at the same steps). How many of this rank's rows
+        run on.) One read from the device."""
+        unfinished = torch.iinfo(torch.int64).max
+        last = torch.where(finished.all(), finish_step.max(), unfinished).reshape(1)
         if lockstep:
             dist.all_reduce(last, op=dist.ReduceOp.MAX)
-        value = int(last.item())
-        return None if value == running else value
+        value, running = torch.cat([last, (~finished).sum().reshape(1)]).tolist()
+        return (None if value == unfinished else value), running
+
+    @staticmethod
+    def _leave(decoder: StaticDecoder, finished: torch.Tensor, rows: torch.Tensor | None, running: int):
+        """The batch rows to decode from here on (`rows` of `_generate`). When at most half the decoder's rows
+        still run, the finished ones leave it (`StaticDecoder.keep_rows`), down to the next count of the
+        halving sequence of the batch (batch, then each half rounded up) that holds the running rows,
+        finished rows filling the rest: so row counts, and the graphs recorded for each, are few and
+        repeat from chunk to chunk and call to call."""
+        count = decoder.rows
+        while running <= -(-count // 2) < count:
+            count = -(-count // 2)
+        if count == decoder.rows:
+            return rows
+        done = finished if rows is None else finished.index_select(0, rows)   # per decoder row
+        keep = torch.argsort(done.to(torch.int8), stable=True)[:count].sort().values   # running rows first
+        decoder.keep_rows(keep)
+        return keep if rows is None else rows.index_select(0, keep)

@@ -25,6 +25,11 @@ softmax), each too short to hide its launch even inside a CUDA graph. With `comp
 per-layer step is a `torch.compile`d function (module-level, layer passed in, so one compiled graph
 serves every layer) and its elementwise work is fused; the prefill stays eager (one pass per chunk).
 Each window size is its own shape, so with graphs each is recorded once, when decoding first reaches it.
+
+Rows that have finished can leave (`keep_rows`): the rows still wanted move to the front of every buffer
+and the steps run over that prefix only, so a finished row stops costing work. The buffers stay where
+they are (a prefix view is the compiled step's input, and each (rows, window) pair its own graph), so
+the next prefill takes every row back without allocating anything.
 """
 
 from __future__ import annotations
@@ -118,8 +123,8 @@ class StaticDecoder:
 
     `dtype` is the dtype activations come out in (the autocast dtype, else the weights'); the cache
     is kept in it. `positions` bounds the position ids used (prompt positions plus new tokens).
-    With `graphs`, the first decode step over each attention window (see `window`) is recorded as a
-    CUDA graph and every later step over that window replays it. With `compile_backend` (a
+    With `graphs`, the first decode step over each attention window (see `window`) and row count (see
+    `keep_rows`) is recorded as a CUDA graph and every later step over that window and rows replays it. With `compile_backend` (a
     torch.compile backend: a name such as "inductor", or a callable), the per-layer decode step is
     compiled with it (the first call compiles, for any shape and window). `step`, where given, stands
     for `decode_layer` (a BesideCompiler's switch between it and its compiled form). With `fused`, the
@@ -152,10 +157,13 @@ class StaticDecoder:
         self.token = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.position = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
+        self.batch = batch
+        self.rows = batch  # the leading rows of every buffer the steps run over (see keep_rows)
+        self._prefixes: dict[int, tuple[list, list]] = {}  # rows -> per layer (keys, values) views of them
         self.graphs = graphs
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}  # window -> its recorded step
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (rows, window) -> its recorded step
         self._pool = None  # one memory pool for every window's graph: they replay one at a time
-        self._graph_logits = None  # every graph writes its logits here (batch x vocab)
+        self._graph_logits = None  # every graph writes its logits into its rows of this (batch x vocab)
         self._compiled = bool(compile_backend) or step is not None
         # per layer (q/k/v weight, its bias or None, gate/up weight) side by side, in the activations' dtype, or None
         self.fused = [fuse_projections(layer, dtype) for layer in self.layers] if fused else [None] * len(self.layers)
@@ -171,6 +179,7 @@ class StaticDecoder:
         """Run the (left-padded) prompts, fill cache slots [0, P), return the last position's logits (in the
         head's output dtype: the sampler computes in float32 from them)."""
         length = ids.shape[1]
+        self.rows = self.batch
         self.key_valid[:, :length] = mask.bool()
         self.key_valid[:, length:] = True  # later slots are gated by the step's slot instead
         causal = torch.ones(length, length, dtype=torch.bool, device=ids.device).tril()
@@ -185,6 +194,7 @@ class StaticDecoder:
         (keys, values), rotated, (batch, kv_heads, P, head_dim), for the left-padded prompts that `mask`
         (batch, P) marks; they fill cache slots [0, P) as `prefill` would have."""
         length = mask.shape[1]
+        self.rows = self.batch
         self.key_valid[:, :length] = mask.bool()
         self.key_valid[:, length:] = True  # later slots are gated by the step's slot instead
         for (k, v), keys, values in zip(keys_values, self.keys, self.values, strict=True):
@@ -192,23 +202,33 @@ class StaticDecoder:
             values[:, :, :length] = v
 
     def decode(self, token: torch.Tensor, position: torch.Tensor, slot: int) -> torch.Tensor:
-        """One token per row at `position`, written to cache `slot`; returns logits (batch, vocab) in the head's
+        """One token per row at `position`, written to cache `slot`; returns logits (rows, vocab) in the head's
         output dtype (no float32 copy of them here: the sampler upcasts as it reads).
 
         With graphs, the returned tensor is the graphs' output buffer: read it before the next step."""
-        self.token.copy_(token.view(-1, 1))
-        self.position.copy_(position.view(-1, 1))
+        rows = self.rows
+        self.token[:rows].copy_(token.view(-1, 1))
+        self.position[:rows].copy_(position.view(-1, 1))
         self.slot.fill_(slot)
         window = self.window(slot)
         if not self.graphs:
             return self._step(window)
-        if window not in self._graphs:
+        if (rows, window) not in self._graphs:
             if building_beside():   # record once the side thread is done (see building_beside)
                 return self._step(window)
             if not self._record(window):
-                return self._graph_logits   # the warm-up computed this step and started a build
-        self._graphs[window].replay()
-        return self._graph_logits
+                return self._graph_logits[:rows]   # the warm-up computed this step and started a build
+        self._graphs[rows, window].replay()
+        return self._graph_logits[:rows]
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Go on with only the current rows `index` (ascending), in that order: their cache, padding
+        mask and step inputs move to the front of the buffers, and later steps run over those rows alone.
+        Costs one copy of the kept rows' cache, a layer at a time; the next prefill restores every row."""
+        count = index.numel()
+        for buffer in (*self.keys, *self.values, self.key_valid):
+            buffer[:count] = buffer.index_select(0, index)
+        self.rows = count
 
     def window(self, slot: int) -> int:
         """How many leading cache slots the step writing `slot` attends over: slots [0, slot] rounded
@@ -218,23 +238,40 @@ class StaticDecoder:
     # ------------------------------------------------------------------ internals
 
     def _step(self, window: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The decode step over cache slots [0, window); its logits, written into `out` if given."""
-        cos, sin = F.embedding(self.position, self.cos), F.embedding(self.position, self.sin)
+        """The decode step of the current rows over cache slots [0, window); its logits, written into `out`
+        if given."""
+        rows = self.rows
+        position = self.position[:rows]
+        cos, sin = F.embedding(position, self.cos), F.embedding(position, self.sin)
         cos, sin = cos[:, None], sin[:, None]
         # padding and unwritten slots
-        hidden = ~(self.key_valid[:, :window] & (self.slots[:window] <= self.slot))[:, None, None, :]
+        hidden = ~(self.key_valid[:rows, :window] & (self.slots[:window] <= self.slot))[:, None, None, :]
         if self._compiled:  # the window is a symbol from the first compile on, not one graph per window
             torch._dynamo.mark_dynamic(hidden, 3)
-        x = self.embed(self.token)
+        x = self.embed(self.token[:rows])
         if self._compiled:
             _static_dims(x, 1, 2)
-        for layer, keys, values, fused in zip(self.layers, self.keys, self.values, self.fused):
+        all_keys, all_values = self._prefix(rows)
+        for layer, keys, values, fused in zip(self.layers, all_keys, all_values, self.fused):
             x = self._layer_step(layer, x, cos, sin, hidden, keys, values, self.slot, fused)
         logits = self.head(self.norm(x[:, -1]))
         return logits if out is None else out.copy_(logits)
 
+    def _prefix(self, rows: int) -> tuple[list, list]:
+        """Every layer's keys and values of the first `rows` rows: the whole buffers, or views of their
+        leading rows, made once per row count and marked as the buffers are (a contiguous prefix, which
+        the compiled step takes as it takes a whole cache, without compiling again)."""
+        if rows == self.batch:
+            return self.keys, self.values
+        if rows not in self._prefixes:
+            views = ([k[:rows] for k in self.keys], [v[:rows] for v in self.values])
+            for t in views[0] + views[1]:
+                _static_dims(t, 1, 3)
+            self._prefixes[rows] = views
+        return self._prefixes[rows]
+
     def _record(self, window: int) -> bool:
-        """Capture `_step` over `window` as a CUDA graph. Warm-up runs on a side stream first, as capture
+        """Capture `_step` of the current rows over `window` as a CUDA graph. Warm-up runs on a side stream first, as capture
         requires; it computes the current step for real (its logits left in the logits buffer), and the
         replay that follows rewrites the same slot. Every window's graph shares one memory pool (only one
         replays at a time, and nothing a graph allocates outlives its replay) and writes one logits buffer
@@ -248,15 +285,16 @@ class StaticDecoder:
         side = _warmup_stream(self.keys[0].device)
         side.wait_stream(torch.cuda.current_stream())
         shapes = self._shapes(window)
+        rows = self.rows
         try:
             if self._graph_logits is None or shapes not in _warmed:
                 with torch.cuda.stream(side):
                     logits = self._step(window)
                 torch.cuda.current_stream().wait_stream(side)
                 if self._graph_logits is None:
-                    self._graph_logits = torch.empty_like(logits)
+                    self._graph_logits = logits.new_empty((self.batch, logits.shape[-1]))
                     self._pool = torch.cuda.graph_pool_handle()
-                self._graph_logits.copy_(logits)
+                self._graph_logits[:rows].copy_(logits)
                 del logits
                 if building_beside():
                     return False
@@ -267,14 +305,14 @@ class StaticDecoder:
             with torch.cuda.stream(side):
                 graph.capture_begin(pool=self._pool)
                 try:
-                    self._step(window, self._graph_logits)
+                    self._step(window, self._graph_logits[:rows])
                 finally:
                     graph.capture_end()
         except RuntimeError as e:
             raise RuntimeError(f"compiling or capturing the rollout decode step as a CUDA graph failed ({e}); set "
                                "actor_rollout_ref.rollout.enforce_eager=True to decode without graphs or compilation"
                                ) from e
-        self._graphs[window] = graph
+        self._graphs[rows, window] = graph
         _warmed.add(shapes)
         return True
 
@@ -285,8 +323,8 @@ class StaticDecoder:
         step = self._layer_step
         if hasattr(step, "owner"):   # a BesideCompiler's switch
             step = step.compiled if step.owner.compiled else step.eager
-        return (self.keys[0].device, tuple(self.keys[0].shape), window, self.keys[0].dtype, self.fused[0] is not None,
-                self.heads, id(step))
+        return (self.keys[0].device, tuple(self.keys[0].shape), self.rows, window, self.keys[0].dtype,
+                self.fused[0] is not None, self.heads, id(step))
 
     def _prefill(self, ids, cos, sin, mask) -> torch.Tensor:
         x = self.embed(ids)
