@@ -172,6 +172,17 @@ def test_torch_varlen_is_not_planned_for_float32_or_older_gpus_and_user_choices_
     assert plan.actor.attn_implementation == "sdpa" and any("torch_varlen" in w for w in plan.warnings)
 
 
+def test_a_setting_adapted_for_several_roles_is_named_once():
+    """actor_rollout_ref.model.use_remove_padding=True serves the actor and the reference: on the CPU both are
+    adapted, and the warning (logged at start-up) names the setting once."""
+    packed = config(8, 256, 256, 8, 1, 1, actor_rollout_ref__actor__use_kl_loss=True)
+    packed["actor_rollout_ref"]["model"]["use_remove_padding"] = True
+    plan = make_plan(get_profile("cpu"), packed, PLAIN, QWEN05)
+    assert plan.actor.use_remove_padding is False and plan.ref.use_remove_padding is False
+    named = [w for w in plan.warnings if w.startswith("actor_rollout_ref.model.use_remove_padding=True")]
+    assert len(named) == 1, plan.warnings
+
+
 def test_rocm_plan():
     plan = make_plan(get_profile("mi300x"), QUICKSTART, PLAIN, QWEN05)
     assert plan.actor.compute_dtype == "bfloat16" and plan.dist_backend == "cpu:gloo,cuda:nccl" and plan.device_type == "cuda"

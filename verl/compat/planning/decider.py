@@ -36,7 +36,8 @@ class Decider:
         msg = f"{setting}={asked} is not possible on {self.profile.name}: {why}; using {replacement} instead."
         if self.strict:
             raise PlanError(msg + " (compat.strict=true: change the setting or set compat.strict=false)")
-        self.warnings.append(msg)
+        if msg not in self.warnings:   # one setting adapted for several roles (a shared model key) is named once
+            self.warnings.append(msg)
         self.reasons[key] = f"adapted from {asked}: {why}"
         return replacement
 

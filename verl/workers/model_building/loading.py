@@ -143,12 +143,22 @@ def build_model(
         # A fresh score head would come up in the checkpoint's storage dtype; keep it in param dtype.
         model.to(torch_dtype(role_plan.param_dtype))
     if train and role_plan.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        _checkpoint_activations(model)
     # from_pretrained returns eval mode; a trained model starts in train mode, a frozen one without grads.
     model.train(train)
     if not train:
         model.requires_grad_(False)
     return model
+
+
+def _checkpoint_activations(model) -> None:
+    """Non-reentrant activation checkpointing, by the name this transformers gives it (later 5.x releases
+    renamed `gradient_checkpointing_enable`, warning at every call of the old name)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:
