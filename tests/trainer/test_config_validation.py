@@ -232,7 +232,7 @@ def test_hardware_keys_accept_auto_and_concrete_values(ppo):
 @pytest.mark.parametrize("override, fragment", [
     ("actor_rollout_ref.actor.fsdp_config.param_offload=maybe", "must be true, false or auto"),
     ("actor_rollout_ref.rollout.gpu_memory_utilization=1.5", "must be in (0, 1] or auto"),
-    ("actor_rollout_ref.rollout.name=sglang", "not supported by this fork"),
+    ("actor_rollout_ref.rollout.name=sglan", "Did you mean sglang?"),
     ("actor_rollout_ref.rollout.name=vlm", "Did you mean vllm?"),
     ("trainer.device=tpu", "trainer.device='tpu' is not one of"),
     ("compat.memory_margin=1.5", "compat.memory_margin=1.5 must be a fraction"),
@@ -243,6 +243,16 @@ def test_hardware_keys_accept_auto_and_concrete_values(ppo):
 ])
 def test_bad_values_say_what_is_allowed(ppo, override, fragment):
     assert fragment in errors_of(changed(ppo, override))
+
+
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+def test_upstream_engine_names_pass_to_the_planner(grpo, engine):
+    """An upstream script's `rollout.name=sglang` (here with its async mode and hermes multi-turn format) passes
+    the config check: the planner replaces the engine by one this verl ships and warns
+    (tests/compat/test_planner.py::test_an_unknown_engine_is_adapted_naming_the_engines_this_verl_ships)."""
+    cfg = changed(grpo, f"actor_rollout_ref.rollout.name={engine}", "actor_rollout_ref.rollout.mode=async",
+                  "actor_rollout_ref.rollout.multi_turn.format=hermes")
+    assert validate(cfg) == []
 
 
 def test_sampling_validation_needs_temperature(ppo):

@@ -290,7 +290,9 @@ UPSTREAM_ONLY_POLICY_LOSS_MODES = ("bypass_mode",)
 # estimator's value with the k2 gradient (a test keeps this list in step with core_algos).
 _KL_BASE = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 KL_ESTIMATORS = _KL_BASE + tuple(f"{name}+" for name in _KL_BASE)
-ROLLOUT_NAMES = ("auto", "hf", "vllm")
+# upstream's engine names; the planner replaces one this verl does not ship (sglang, trtllm) by its own
+# choice and says so, as it replaces vllm where vLLM cannot run
+ROLLOUT_NAMES = ("auto", "hf", "vllm", "sglang", "trtllm")
 DEVICES = ("auto", "cuda", "cpu")
 TRUNCATIONS = ("error", "left", "right", "middle")
 
@@ -489,8 +491,7 @@ def _check_choices(cfg, errors: list[str], warnings: list[str]) -> None:
                           + (f" Did you mean {near[0]}?" if near else ""))
     one_of("algorithm.kl_ctrl.type", ("fixed", "adaptive"))
     one_of("data.truncation", TRUNCATIONS)
-    one_of("actor_rollout_ref.rollout.name", ROLLOUT_NAMES,
-           extra=" (sglang and trtllm are not supported by this fork; auto picks vllm where it works).")
+    one_of("actor_rollout_ref.rollout.name", ROLLOUT_NAMES)
     one_of("trainer.device", DEVICES)
     for role in ("actor_rollout_ref.actor", "critic"):
         one_of(f"{role}.strategy", ("fsdp", "fsdp2"), extra=" This fork trains with FSDP only.")
