@@ -1,9 +1,11 @@
-"""Upstream's Hydra config groups, written from this verl's one packaged config.
+"""Upstream's Hydra config groups, written from this verl's packaged configs.
 
 `ppo_trainer.yaml` (over `upstream_inert.yaml`) is the single source of keys and defaults. Upstream 0.9.1 splits the
 same tree into groups (`actor/`, `rollout/`, `critic/`, ...) and checks in the composed result as
 `_generated_ppo_trainer.yaml`. This module writes those files from the packaged config, so user YAML that
 composes upstream's groups (or swaps one with `override`) loads here, and a test keeps them current:
+
+The SFT trainer's `engine/` and `optim/` groups come from `sft_trainer_engine.yaml` the same way.
 
     python -m verl.trainer.config.groups          # rewrite the group files
     python -m verl.trainer.config.groups --check  # exit 1 when one is stale
@@ -31,6 +33,10 @@ GROUP_FILES = {
     "distillation/distillation": "distillation",
     "transfer_queue/transfer_queue": "transfer_queue",
 }
+# the SFT trainer's groups (upstream's sft_trainer_engine.yaml composes `engine@engine: fsdp` and `optim@optim: fsdp`,
+# and its scripts name them: `engine=fsdp optim=fsdp`), written from sft_trainer_engine.yaml's own sections
+SFT_GROUP_FILES = {"engine/fsdp": "engine", "optim/fsdp": "optim"}
+SFT = "sft_trainer_engine"
 GENERATED = "_generated_ppo_trainer"
 _HEADER = ("# Written by `python -m verl.trainer.config.groups` from ppo_trainer.yaml and upstream_inert.yaml;\n"
            "# edit those and rerun it. {what}\n")
@@ -63,7 +69,24 @@ def rendered() -> dict[str, str]:
             files[f"{name}.yaml"] = _HEADER.format(what=f"The `{section}` section.") + body
     files[f"{GENERATED}.yaml"] = (_HEADER.format(what="The whole composed config, for reference (upstream's layout).")
                                   + OmegaConf.to_yaml(config))
+    sft = sft_sections()
+    for name, section in SFT_GROUP_FILES.items():
+        files[f"{name}.yaml"] = (_SFT_HEADER.format(what=f"The SFT trainer's `{section}` section.")
+                                 + OmegaConf.to_yaml(OmegaConf.select(sft, section)))
     return files
+
+
+_SFT_HEADER = ("# Written by `python -m verl.trainer.config.groups` from sft_trainer_engine.yaml; edit that and rerun it.\n"
+               "# {what}\n")
+
+
+def sft_sections():
+    """sft_trainer_engine.yaml's own sections (its defaults list, which composes these groups, left out)."""
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.load(CONFIG_DIR / f"{SFT}.yaml")
+    config.pop("defaults", None)
+    return config
 
 
 def main(argv=None) -> int:
