@@ -16,12 +16,14 @@ from conftest import REPO_ROOT
 from test_sft_then_grpo import _rows
 
 
-def _sft(module: str, model, root, name: str, ranks: int, steps: int = 2, *extra: str) -> tuple[dict, str]:
-    """Run an SFT entry point on root/train.parquet: ({step: metrics} of its file log root/<name>.jsonl, stdout)."""
+def _sft(module: str, model, root, name: str, ranks: int, steps: int = 2, *extra: str,
+         launcher: tuple = ()) -> tuple[dict, str]:
+    """Run an SFT entry point on root/train.parquet (after `launcher`'s arguments, e.g. torchrun's): ({step:
+    metrics} of its file log root/<name>.jsonl, stdout)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["VERL_FILE_LOGGER_PATH"] = str(root / f"{name}.jsonl")
     proc = subprocess.run([
-        sys.executable, "-m", module, f"model.path={model}", f"data.train_files={root / 'train.parquet'}",
+        sys.executable, *launcher, "-m", module, f"model.path={model}", f"data.train_files={root / 'train.parquet'}",
         "data.train_batch_size=8", "data.micro_batch_size_per_gpu=2", "data.max_length=128", "optim.lr=1e-2",
         f"trainer.total_training_steps={steps}", "trainer.logger=[console,file]", f"trainer.n_gpus_per_node={ranks}",
         f"trainer.default_local_dir={root / name}", "checkpoint.save_contents=[model,optimizer,extra]",
@@ -49,3 +51,23 @@ def test_two_ray_ranks_match_one_process(copy_task, tmp_path):
         "extra_state_world_size_2_rank_0.pt", "extra_state_world_size_2_rank_1.pt", "fsdp_config.json", "huggingface",
         "model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt", "optim_world_size_2_rank_0.pt",
         "optim_world_size_2_rank_1.pt"]
+
+
+def test_torchrun_ranks_follow_the_launcher_with_upstreams_overrides(copy_task, tmp_path):
+    """`torchrun --nproc_per_node=2 -m verl.trainer.sft_trainer` as upstream's SFT scripts run it: trainer.n_gpus_per_node
+    left at 1 (the plan follows torchrun's two ranks), `engine=fsdp optim=fsdp` group choices, validation and
+    saving `after_each_epoch`. Losses and gradient norms equal one process's (1e-4); the epoch's last step
+    validates and saves a two-rank checkpoint."""
+    model = copy_task[0]
+    pd.DataFrame({"messages": _rows(16)}).to_parquet(tmp_path / "train.parquet")
+    one, _ = _sft("verl.trainer.sft_trainer", model, tmp_path, "one", 1)
+    upstream = ("engine=fsdp", "optim=fsdp", f"data.val_files={tmp_path / 'train.parquet'}", "data.use_dynamic_bsz=False",
+                "trainer.test_freq=after_each_epoch", "trainer.save_freq=after_each_epoch")
+    two, out = _sft("verl.trainer.sft_trainer", model, tmp_path, "torchrun", 1, 2, *upstream,
+                    launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"))
+    assert sorted(one) == sorted(two) == [1, 2]
+    for step in (1, 2):
+        for key in ("train/loss", "train/grad_norm", "train/global_tokens"):
+            assert two[step][key] == pytest.approx(one[step][key], rel=1e-4), (step, key)
+    assert "val/loss" in two[2] and "val/loss" not in two[1]   # 16 rows, batches of 8: the epoch ends at step 2
+    assert "model_world_size_2_rank_1.pt" in os.listdir(tmp_path / "torchrun" / "global_step_2")

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from verl.trainer import config_check
 from verl.trainer.config import AlgoConfig
-from verl.trainer.config.groups import GROUP_FILES, composed, main as write_groups, sft_sections
+from verl.trainer.config.groups import GROUP_FILES, composed, main as write_groups
 from verl.utils.config import omega_conf_to_dataclass
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,15 +107,3 @@ def test_a_group_the_config_does_not_have_is_named():
     else:
         raise AssertionError("an unknown group was accepted")
 
-
-def test_sft_composes_upstreams_engine_and_optim_groups():
-    """sft_trainer_engine composes engine/fsdp and optim/fsdp (written from its own sections): the composed config
-    equals the file's sections, and upstream's `engine=fsdp optim=fsdp` select the groups, after which their keys
-    take overrides (before the groups existed, `optim=fsdp` replaced the section by a string)."""
-    with initialize_config_module("verl.trainer.config", version_base=None):
-        plain = compose("sft_trainer_engine")
-        chosen = compose("sft_trainer_engine", overrides=["engine=fsdp", "optim=fsdp", "optim.lr=1e-5",
-                                                          "optim.betas=[0.9,0.95]", "engine.strategy=fsdp"])
-    assert OmegaConf.to_container(plain) == OmegaConf.to_container(sft_sections())
-    assert chosen.optim.lr == 1e-5 and list(chosen.optim.betas) == [0.9, 0.95] and chosen.engine.strategy == "fsdp"
-    assert chosen.model == plain.model and chosen.data == plain.data

@@ -26,6 +26,8 @@ import torch.distributed as dist
 from verl.utils.checkpoint.checkpoint_manager import STEP_PREFIX, step_of, tracked_step, write_tracker
 
 CONFIG_ERROR_EXIT = 2
+# upstream's word for trainer.test_freq / save_freq: once per epoch
+EVERY_EPOCH = "after_each_epoch"
 # feature switches of upstream's SFT config this build does not implement: (key, is on, feature)
 _UNSUPPORTED = (
     ("model.use_liger", bool, "Liger kernels"),
@@ -41,6 +43,10 @@ def config_problems(config) -> list[str]:
 
     problems = [f"{key}={OmegaConf.select(config, key)!r} asks for {what}, which this build's SFT trainer does not "
                 "implement; remove the override" for key, on, what in _UNSUPPORTED if on(OmegaConf.select(config, key))]
+    for key in ("trainer.test_freq", "trainer.save_freq"):
+        value = OmegaConf.select(config, key)
+        if value != EVERY_EPOCH and not (isinstance(value, int) and not isinstance(value, bool)):
+            problems.append(f"{key}={value!r}: a number of steps (-1 for never) or {EVERY_EPOCH}")
     if config.trainer.resume_mode not in ("auto", "disable", "resume_path"):
         problems.append(f"trainer.resume_mode={config.trainer.resume_mode!r}; use auto, disable or resume_path")
     if config.trainer.resume_mode == "resume_path" and not config.trainer.resume_from_path:
@@ -284,7 +290,8 @@ class SFTTrainer:
         tracking = Tracking(trainer.project_name, trainer.experiment_name, trainer.logger,
                             OmegaConf.to_container(self.config, resolve=True)) if self.rank == 0 else None
         metrics: dict[str, float] = {}
-        test_freq, save_freq = int(trainer.test_freq), int(trainer.save_freq)
+        test_freq, save_freq = (self.steps_per_epoch if value == EVERY_EPOCH else int(value)
+                                for value in (trainer.test_freq, trainer.save_freq))
         for step in range(self._resume() + 1, self.total_steps + 1):
             start = time.perf_counter()
             metrics = self.train_step(self._rows_of_step(step))
@@ -332,7 +339,27 @@ def fit_rank(config, plan, device_index: int | None = None) -> dict[str, float]:
 
 def run_sft(config) -> dict[str, float]:
     """Check, plan, train; returns the last step's metrics."""
+    follow_launcher(config)
     return fit_rank(config, checked_plan(config))
+
+
+def follow_launcher(config) -> None:
+    """Under torchrun the ranks are the launcher's: its WORLD_SIZE and LOCAL_WORLD_SIZE become
+    `trainer.nnodes` x `trainer.n_gpus_per_node` (upstream's torchrun scripts leave those at 1), so the plan
+    shards for the processes that actually run. Rank 0 says so when the config named other numbers."""
+    if "WORLD_SIZE" not in os.environ:
+        return
+    world = int(os.environ["WORLD_SIZE"])
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    nodes = max(world // per_node, 1)
+    trainer = config.trainer
+    asked = (trainer.get("n_gpus_per_node", 1), trainer.get("nnodes", 1))
+    if asked == (per_node, nodes):
+        return
+    if int(os.environ.get("RANK", 0)) == 0 and asked != (1, 1):
+        print(f"verl: torchrun started {world} ranks ({nodes} node(s) x {per_node}); trainer.nnodes x "
+              f"trainer.n_gpus_per_node ({asked[1]} x {asked[0]}) follow it", file=sys.stderr, flush=True)
+    trainer.n_gpus_per_node, trainer.nnodes = per_node, nodes
 
 
 def main() -> None:
