@@ -183,6 +183,22 @@ def test_a_setting_adapted_for_several_roles_is_named_once():
     assert len(named) == 1, plan.warnings
 
 
+def test_upstream_kernel_library_switches_are_said_not_refused():
+    """Upstream's qwen3-1.7b example asks for `use_liger` and `use_fused_kernels`: the plan warns once that Liger is not
+    used (and why), notes what replaces the fused kernels, and plans as without them; compat.strict refuses."""
+    asked = config(8, 256, 256, 8, 1, 1, actor_rollout_ref__actor__use_kl_loss=True,
+                   actor_rollout_ref__model__use_liger=True, actor_rollout_ref__model__use_fused_kernels=True)
+    plan = make_plan(get_profile("h200"), asked, PLAIN, QWEN05)
+    liger = [w for w in plan.warnings if w.startswith("actor_rollout_ref.model.use_liger=True")]
+    assert len(liger) == 1 and "inductor fuses" in liger[0]
+    assert "float32 chunks" in plan.reasons["actor.use_fused_kernels"]
+    plain = make_plan(get_profile("h200"), config(8, 256, 256, 8, 1, 1, actor_rollout_ref__actor__use_kl_loss=True),
+                      PLAIN, QWEN05)
+    assert plan.actor == plain.actor and plan.rollout == plain.rollout
+    with pytest.raises(PlanError, match="use_liger"):
+        make_plan(get_profile("h200"), {**asked, "compat": {"strict": True, "memory_margin": 0.1}}, PLAIN, QWEN05)
+
+
 def test_rocm_plan():
     plan = make_plan(get_profile("mi300x"), QUICKSTART, PLAIN, QWEN05)
     assert plan.actor.compute_dtype == "bfloat16" and plan.dist_backend == "cpu:gloo,cuda:nccl" and plan.device_type == "cuda"

@@ -642,7 +642,6 @@ def _bool_or_auto(cfg, path: str, errors: list[str]) -> None:
 _UNSUPPORTED = (
     ("actor_rollout_ref.model.lora.rank", lambda v: isinstance(v, int) and v > 0,
      "Megatron's LoRA block (FSDP LoRA: actor_rollout_ref.model.lora_rank)"),
-    ("actor_rollout_ref.model.use_liger", bool, "Liger kernels"),
     ("trainer.v1.trainer_mode", lambda v: v != "sync", "asynchronous trainers"),
 )
 _SWITCH_LEAF = re.compile(r"^(enable|enabled|enable_.*)$")

@@ -30,7 +30,6 @@ CONFIG_ERROR_EXIT = 2
 EVERY_EPOCH = "after_each_epoch"
 # feature switches of upstream's SFT config this build does not implement: (key, is on, feature)
 _UNSUPPORTED = (
-    ("model.use_liger", bool, "Liger kernels"),
     ("model.enable_activation_offload", bool, "activation offload"),
     ("engine.ulysses_sequence_parallel_size", lambda v: v not in (None, 1), "Ulysses sequence parallelism"),
     ("data.custom_cls.path", bool, "a custom SFT dataset class"),

@@ -125,10 +125,25 @@ def _decide_role(decider: _Decider, config: Any, role_config: _RoleConfig, compu
     else:
         rmpad = decider.note(f"{n}.use_remove_padding", bool(rmpad_asked), "set by the user")
 
+    _decide_kernel_libraries(decider, config, role_config)
     return RolePlan(param_dtype=param, compute_dtype=compute, attn_implementation=attn,
                     use_remove_padding=rmpad, gradient_checkpointing=False, param_offload=False,
                     optimizer_offload=False, sequence_parallel_size=_decide_ulysses(decider, config, role_config),
                     **numerics)
+
+
+def _decide_kernel_libraries(decider: _Decider, config: Any, role_config: _RoleConfig) -> None:
+    """Upstream's `model.use_liger` / `model.use_fused_kernels` (asked in its example scripts) name kernels for
+    jobs this verl does its own way: said, and `use_liger` adapted, so the scripts run rather than stop."""
+    model = role_config.model_prefix
+    if _flag(_first(config, f"{model}.use_liger")) is True:
+        decider.adapt(f"{role_config.name}.use_liger", f"{model}.use_liger", True, False,
+                      "Liger kernels are not wired in; where the plan compiles the decoder layers (torch_compile), "
+                      "inductor fuses their norms, rotary and SwiGLU, and log-probs come from float32 chunks")
+    if _flag(_first(config, f"{model}.use_fused_kernels")) is True:
+        decider.note(f"{role_config.name}.use_fused_kernels", False,
+                     "log-probs and entropy come from float32 chunks over the vocabulary (the memory the fused "
+                     "kernels save), never from the whole logits")
 
 
 def _check_ulysses_heads(roles: dict[str, RolePlan], model: ModelSpec | None) -> None:

@@ -28,6 +28,8 @@ _KEYS = {
     "model.target_modules": "actor_rollout_ref.model.target_modules",
     "model.exclude_modules": "actor_rollout_ref.model.exclude_modules",
     "model.lora_adapter_path": "actor_rollout_ref.model.lora_adapter_path",
+    "model.use_liger": "actor_rollout_ref.model.use_liger",
+    "model.use_fused_kernels": "actor_rollout_ref.model.use_fused_kernels",
     "engine.dtype": "actor_rollout_ref.actor.fsdp_config.dtype",
     "engine.model_dtype": "actor_rollout_ref.actor.fsdp_config.model_dtype",
     "engine.param_offload": "actor_rollout_ref.actor.fsdp_config.param_offload",
