@@ -71,3 +71,21 @@ def test_torchrun_ranks_follow_the_launcher_with_upstreams_overrides(copy_task, 
             assert two[step][key] == pytest.approx(one[step][key], rel=1e-4), (step, key)
     assert "val/loss" in two[2] and "val/loss" not in two[1]   # 16 rows, batches of 8: the epoch ends at step 2
     assert "model_world_size_2_rank_1.pt" in os.listdir(tmp_path / "torchrun" / "global_step_2")
+
+
+def test_ulysses_ranks_split_each_sequence_and_train_as_one_process(copy_task, tmp_path):
+    """engine.ulysses_sequence_parallel_size=2 on two torchrun ranks (one Ulysses group: both ranks take every row
+    and half of each sequence, attention exchanged all-to-all), gradient checkpointing on (its recompute runs in
+    the split layout): losses, gradient norms, token counts and the validation loss equal one process's (1e-4)."""
+    model = copy_task[0]
+    pd.DataFrame({"messages": _rows(16)}).to_parquet(tmp_path / "train.parquet")
+    common = (f"data.val_files={tmp_path / 'train.parquet'}", "trainer.test_freq=2", "model.enable_gradient_checkpointing=True")
+    one, _ = _sft("verl.trainer.sft_trainer", model, tmp_path, "one", 1, 2, *common)
+    split, out = _sft("verl.trainer.sft_trainer", model, tmp_path, "sp", 1, 2, *common,
+                      "engine.ulysses_sequence_parallel_size=2",
+                      launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"))
+    assert "sequence split over 2 ranks (Ulysses)" in out
+    for step in (1, 2):
+        for key in ("train/loss", "train/grad_norm", "train/global_tokens"):
+            assert split[step][key] == pytest.approx(one[step][key], rel=1e-4), (step, key)
+    assert split[2]["val/loss"] == pytest.approx(one[2]["val/loss"], rel=1e-4)

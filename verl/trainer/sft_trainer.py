@@ -14,6 +14,7 @@ alone as `lora_adapter/` for main_ppo's `actor_rollout_ref.model.lora_adapter_pa
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -23,15 +24,16 @@ import time
 import torch
 import torch.distributed as dist
 
+from verl.utils import ulysses
 from verl.utils.checkpoint.checkpoint_manager import STEP_PREFIX, step_of, tracked_step, write_tracker
 
 CONFIG_ERROR_EXIT = 2
+SP_KEY = "engine.ulysses_sequence_parallel_size"
 # upstream's word for trainer.test_freq / save_freq: once per epoch
 EVERY_EPOCH = "after_each_epoch"
 # feature switches of upstream's SFT config this build does not implement: (key, is on, feature)
 _UNSUPPORTED = (
     ("model.enable_activation_offload", bool, "activation offload"),
-    ("engine.ulysses_sequence_parallel_size", lambda v: v not in (None, 1), "Ulysses sequence parallelism"),
     ("data.custom_cls.path", bool, "a custom SFT dataset class"),
     ("trainer.default_hdfs_dir", bool, "copying checkpoints to HDFS"),
 )
@@ -91,6 +93,11 @@ class SFTTrainer:
         index = int(os.environ.get("LOCAL_RANK", 0)) if device_index is None else device_index
         self.device = apply_in_process(self.plan, index)
         self.rank, self.world = fsdp_utils.init_distributed(self.plan.dist_backend)
+        # Ulysses: groups of `sp` consecutive ranks share rows and split each sequence (verl/utils/ulysses.py)
+        self.sp_group = ulysses.sequence_parallel_group(self.plan.actor.sequence_parallel_size, SP_KEY)
+        self.sp = ulysses.group_size(self.sp_group)
+        self.dp_rank, self.dp_world = self.rank // self.sp, self.world // self.sp
+        self._shard = None   # the last split forward's layout, re-entered for its backward
         self._build_data()
         self._build_model()
 
@@ -116,8 +123,9 @@ class SFTTrainer:
         if any(problems):
             raise ValueError("; ".join(p for p in problems if p))
         self.batch_size = int(data.train_batch_size)
-        if self.batch_size % self.world:
-            raise ValueError(f"data.train_batch_size={self.batch_size} does not split evenly over {self.world} ranks")
+        if self.batch_size % self.dp_world:
+            raise ValueError(f"data.train_batch_size={self.batch_size} does not split evenly over {self.dp_world} "
+                             f"data-parallel ranks ({self.world} ranks / {SP_KEY}={self.sp})")
         self.steps_per_epoch = len(self.train_set) // self.batch_size
         if self.steps_per_epoch == 0:
             raise ValueError(f"data.train_files has {len(self.train_set)} conversations, fewer than "
@@ -143,6 +151,7 @@ class SFTTrainer:
         elif model_cfg.get("lora_adapter_path"):
             raise ValueError("model.lora_adapter_path is set but model.lora_rank is 0: set model.lora_rank to the "
                              "adapter's rank to continue training it")
+        ulysses.install(module, self.sp, SP_KEY)
         self.module = self.planned.shard(module, compile_layers=self.plan.torch_compile)
         optim = OmegaConf.to_container(self.config.optim, resolve=True)
         optim["total_training_steps"] = self.total_steps
@@ -151,7 +160,8 @@ class SFTTrainer:
         self.checkpoints = _checkpoint_manager(self.planned, self.module, self.optimizer, self.scheduler,
                                                self.tokenizer, self.config.get("checkpoint"))
         self.micro = role.micro_batch_size_per_gpu or 1
-        self.token_budget = role.max_token_len_per_gpu if role.use_dynamic_bsz else None
+        # a rank of a Ulysses group holds 1/sp of each sequence: its micro-batches may hold sp times the tokens
+        self.token_budget = role.max_token_len_per_gpu * self.sp if role.use_dynamic_bsz else None
 
     # ------------------------------------------------------------------ the loss
 
@@ -159,20 +169,31 @@ class SFTTrainer:
         return [dataset[i] for i in indices]
 
     def _nll(self, rows: list[dict]) -> tuple[torch.Tensor, int]:
-        """Summed negative log-likelihood (float32) of the trained tokens of `rows`, and their count."""
+        """Summed negative log-likelihood (float32) of the trained tokens of `rows`, and their count; under
+        Ulysses, of this rank's slice of the sequence (the group's slices partition the rows' tokens)."""
         from verl.utils.dataset.multiturn_sft_dataset import collate_sft
         from verl.utils.torch_functional import logprobs_from_logits
 
         batch = {k: v.to(self.device) for k, v in collate_sft(rows, self.pad_id).items()}
-        with self.planned.precision.autocast():
-            logits = self.module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                 position_ids=batch["position_ids"], use_cache=False).logits
+        ids, mask, positions = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
         # position t predicts token t + 1: labels and mask shifted left by one (the last position predicts
         # nothing). Shifting them rather than slicing the logits keeps the (rows, tokens, vocab) logits whole,
         # so neither the forward nor the backward makes another vocabulary-wide copy.
-        labels = batch["input_ids"].roll(-1, dims=1)
-        target = (batch["loss_mask"] * batch["attention_mask"]).roll(-1, dims=1).float()
+        labels = ids.roll(-1, dims=1)
+        target = (batch["loss_mask"] * mask).roll(-1, dims=1).float()
         target[:, -1] = 0
+        if self.sp_group is None:
+            with self.planned.precision.autocast():
+                logits = self.module(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+        else:   # padded on the right to a multiple of sp; padding is masked and trains nothing
+            ids, mask, positions, labels, target = (ulysses.pad_to_multiple(t, 1, self.sp)
+                                                    for t in (ids, mask, positions, labels, target))
+            self._shard = ulysses.sharded(self.sp_group, attention_mask=mask)
+            with self._shard, self.planned.precision.autocast():
+                logits = self.module(input_ids=ulysses.local_slice(ids, 1, self.sp_group), attention_mask=None,
+                                     position_ids=ulysses.local_slice(positions, 1, self.sp_group),
+                                     use_cache=False).logits
+            labels, target = (ulysses.local_slice(t, 1, self.sp_group) for t in (labels, target))
         logp = logprobs_from_logits(logits, labels)
         return -(logp * target).sum(), int(target.sum().item())
 
@@ -193,13 +214,16 @@ class SFTTrainer:
 
         self._guard(rows)
         self.module.train()
-        tokens = max(self._global(self._tokens(rows)), 1.0)
+        # the ranks of a Ulysses group hold the same rows: each token counted once
+        tokens = max(self._global(self._tokens(rows)) / self.sp, 1.0)
         total = 0.0
         for part in micro_batches(rows, self.micro, self.token_budget):
             nll, _ = self._nll(part)
             loss = nll / tokens * self.world
             scaler = self.planned.precision.scaler
-            (scaler.scale(loss) if scaler is not None else loss).backward()
+            # gradient checkpointing recomputes layers inside backward: in the split forward's layout
+            with self._shard if self.sp_group is not None else contextlib.nullcontext():
+                (scaler.scale(loss) if scaler is not None else loss).backward()
             total += float(loss.detach()) / self.world
         grad_norm, stepped = optimizer_step(self.optimizer, self.module.parameters(),
                                             self.config.optim.get("clip_grad"), self.planned.precision.scaler)
@@ -227,7 +251,7 @@ class SFTTrainer:
     def validate(self) -> float:
         """Token-mean negative log-likelihood of the validation set (over all ranks)."""
         self.module.eval()
-        indices = list(range(self.rank, len(self.val_set), self.world))
+        indices = list(range(self.dp_rank, len(self.val_set), self.dp_world))
         nll, count = 0.0, 0
         for part in micro_batches(self._batch_rows(self.val_set, indices), self.micro, self.token_budget):
             value, n = self._nll(part)
@@ -244,7 +268,7 @@ class SFTTrainer:
         """This rank's rows of global step `step` (1-based): the same on every run with the same seed."""
         epoch, within = divmod(step - 1, self.steps_per_epoch)
         batch = self._order(epoch)[within * self.batch_size:(within + 1) * self.batch_size]
-        return self._batch_rows(self.train_set, batch[self.rank::self.world])
+        return self._batch_rows(self.train_set, batch[self.dp_rank::self.dp_world])
 
     def _resume(self) -> int:
         trainer = self.config.trainer

@@ -36,6 +36,7 @@ _KEYS = {
     "engine.optimizer_offload": "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
     "engine.reshard_after_forward": "actor_rollout_ref.actor.fsdp_config.reshard_after_forward",
     "engine.use_torch_compile": "actor_rollout_ref.actor.use_torch_compile",
+    "engine.ulysses_sequence_parallel_size": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
     "data.micro_batch_size_per_gpu": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
     "data.use_dynamic_bsz": "actor_rollout_ref.actor.use_dynamic_bsz",
     "data.max_token_len_per_gpu": "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
