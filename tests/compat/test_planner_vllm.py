@@ -56,6 +56,18 @@ def test_cpu_without_vllm_keeps_the_built_in_engine():
     assert plan.rollout.name == "hf" and any("rollout.name" in w for w in plan.warnings)
 
 
+def test_more_than_one_rank_keeps_the_built_in_engine():
+    """The vLLM engine runs on one rank only (it refuses a larger process group when the workers start): with two
+    ranks `auto` plans the built-in engine and says why, and an explicit `vllm` is adapted with a warning."""
+    two = config("auto")
+    two["trainer"]["n_gpus_per_node"] = 2
+    plan = make_plan(get_profile("h100"), two, WITH_VLLM, TINY)
+    assert plan.rollout.name == "hf" and "one rank only" in plan.reasons["rollout.name"]
+    two["actor_rollout_ref"]["rollout"]["name"] = "vllm"
+    plan = make_plan(get_profile("h100"), two, WITH_VLLM, TINY)
+    assert plan.rollout.name == "hf" and any("one rank only" in w for w in plan.warnings)
+
+
 def test_gpu_vllm_sleeps_during_training_unless_told_not_to():
     plan = make_plan(get_profile("h100"), config("vllm"), WITH_VLLM, TINY)
     assert plan.rollout.name == "vllm" and plan.rollout.free_cache_engine and not plan.rollout.enforce_eager

