@@ -347,3 +347,11 @@ def test_concurrent_runs_get_their_own_hydra_output_folders(tmp_path):
     for folder in dirs:
         assert folder.startswith(str(tmp_path / "outputs")) and os.path.isfile(os.path.join(folder, ".hydra",
                                                                                                 "config.yaml"))
+
+
+def test_limit_images_is_a_rollout_key_as_in_upstreams_rollout_config():
+    """Upstream's RolloutConfig has `limit_images` (its YAML leaves it out, scripts add it with +): here it is a key,
+    read by the vLLM engine as `limit_mm_per_prompt`, so both spellings pass without an "unread key" warning."""
+    for arg in ("actor_rollout_ref.rollout.limit_images=2", "+actor_rollout_ref.rollout.limit_images=2"):
+        args, warnings = config_check.check_overrides([arg])
+        assert warnings == [] and load_config([arg], check=False).actor_rollout_ref.rollout.limit_images == 2

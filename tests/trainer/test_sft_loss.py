@@ -14,7 +14,7 @@ def test_nll_of_the_trained_tokens_matches_a_float64_reference():
                                          num_attention_heads=4, num_key_value_heads=2)).eval()
     rows = [{"input_ids": torch.tensor([3, 7, 9, 11, 4, 5]), "loss_mask": torch.tensor([0, 0, 0, 1, 1, 1])},
             {"input_ids": torch.tensor([8, 2, 6]), "loss_mask": torch.tensor([0, 1, 1])}]   # right-padded by 3
-    trainer = SimpleNamespace(module=model, device=torch.device("cpu"), pad_id=0,
+    trainer = SimpleNamespace(module=model, device=torch.device("cpu"), pad_id=0, sp_group=None,
                               planned=SimpleNamespace(precision=SimpleNamespace(autocast=contextlib.nullcontext)))
     nll, count = SFTTrainer._nll(trainer, rows)
 
