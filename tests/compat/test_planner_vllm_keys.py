@@ -35,7 +35,7 @@ def test_changed_vllm_keys_are_named_once_when_the_built_in_engine_runs():
 
 @pytest.mark.parametrize("overrides,device,software", [
     ([], "cpu", CPU),                                                          # nothing changed
-    ([f"{R}.max_num_seqs=64", f"{R}.name=vllm"], "h100", WITH_VLLM),           # vLLM runs and reads them
+    ([f"{R}.max_num_seqs=64", f"{R}.name=vllm", "trainer.n_gpus_per_node=1"], "h100", WITH_VLLM),  # vLLM reads them
 ])
 def test_no_warning_when_nothing_is_ignored(overrides, device, software):
     assert _vllm_warnings(_plan(overrides, device, software)) == []
