@@ -159,6 +159,7 @@ class StaticDecoder:
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
         self.batch = batch
         self.rows = batch  # the leading rows of every buffer the steps run over (see keep_rows)
+        self.filled = 0    # cache slots written so far: [0, filled)
         self._prefixes: dict[int, tuple[list, list]] = {}  # rows -> per layer (keys, values) views of them
         self.graphs = graphs
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (rows, window) -> its recorded step
@@ -179,7 +180,7 @@ class StaticDecoder:
         """Run the (left-padded) prompts, fill cache slots [0, P), return the last position's logits (in the
         head's output dtype: the sampler computes in float32 from them)."""
         length = ids.shape[1]
-        self.rows = self.batch
+        self.rows, self.filled = self.batch, length
         self.key_valid[:, :length] = mask.bool()
         self.key_valid[:, length:] = True  # later slots are gated by the step's slot instead
         causal = torch.ones(length, length, dtype=torch.bool, device=ids.device).tril()
@@ -194,7 +195,7 @@ class StaticDecoder:
         (keys, values), rotated, (batch, kv_heads, P, head_dim), for the left-padded prompts that `mask`
         (batch, P) marks; they fill cache slots [0, P) as `prefill` would have."""
         length = mask.shape[1]
-        self.rows = self.batch
+        self.rows, self.filled = self.batch, length
         self.key_valid[:, :length] = mask.bool()
         self.key_valid[:, length:] = True  # later slots are gated by the step's slot instead
         for (k, v), keys, values in zip(keys_values, self.keys, self.values, strict=True):
@@ -210,6 +211,7 @@ class StaticDecoder:
         self.token[:rows].copy_(token.view(-1, 1))
         self.position[:rows].copy_(position.view(-1, 1))
         self.slot.fill_(slot)
+        self.filled = slot + 1
         window = self.window(slot)
         if not self.graphs:
             return self._step(window)
@@ -222,12 +224,13 @@ class StaticDecoder:
         return self._graph_logits[:rows]
 
     def keep_rows(self, index: torch.Tensor) -> None:
-        """Go on with only the current rows `index` (ascending), in that order: their cache, padding
-        mask and step inputs move to the front of the buffers, and later steps run over those rows alone.
-        Costs one copy of the kept rows' cache, a layer at a time; the next prefill restores every row."""
-        count = index.numel()
-        for buffer in (*self.keys, *self.values, self.key_valid):
-            buffer[:count] = buffer.index_select(0, index)
+        """Go on with only the current rows `index` (ascending), in that order: their cache and padding
+        mask move to the front of the buffers, and later steps run over those rows alone. Costs one copy of
+        the kept rows' written cache slots, a layer at a time; the next prefill restores every row."""
+        count, written = index.numel(), slice(0, self.filled)
+        for buffer in (*self.keys, *self.values):
+            buffer[:count, :, written] = buffer[:, :, written].index_select(0, index)
+        self.key_valid[:count] = self.key_valid.index_select(0, index)
         self.rows = count
 
     def window(self, slot: int) -> int:
