@@ -124,11 +124,12 @@ class StaticDecoder:
     `dtype` is the dtype activations come out in (the autocast dtype, else the weights'); the cache
     is kept in it. `positions` bounds the position ids used (prompt positions plus new tokens).
     With `graphs`, the first decode step over each attention window (see `window`) and row count (see
-    `keep_rows`) is recorded as a CUDA graph and every later step over that window and rows replays it. With `compile_backend` (a
-    torch.compile backend: a name such as "inductor", or a callable), the per-layer decode step is
-    compiled with it (the first call compiles, for any shape and window). `step`, where given, stands
-    for `decode_layer` (a BesideCompiler's switch between it and its compiled form). With `fused`, the
-    decode step reads each layer's q/k/v and gate/up from copies side by side (`fuse_projections`).
+    `keep_rows`) is recorded as a CUDA graph and every later step over that window and rows replays it.
+    With `compile_backend` (a torch.compile backend: a name such as "inductor", or a callable), the
+    per-layer decode step is compiled with it (the first call compiles, for any shape and window). `step`,
+    where given, stands for `decode_layer` (a BesideCompiler's switch between it and its compiled form).
+    With `fused`, the decode step reads each layer's q/k/v and gate/up from copies side by side
+    (`fuse_projections`).
     """
 
     def __init__(self, inner: nn.Module, batch: int, max_len: int, positions: int, dtype: torch.dtype,
@@ -274,12 +275,12 @@ class StaticDecoder:
         return self._prefixes[rows]
 
     def _record(self, window: int) -> bool:
-        """Capture `_step` of the current rows over `window` as a CUDA graph. Warm-up runs on a side stream first, as capture
-        requires; it computes the current step for real (its logits left in the logits buffer), and the
-        replay that follows rewrites the same slot. Every window's graph shares one memory pool (only one
-        replays at a time, and nothing a graph allocates outlives its replay) and writes one logits buffer
-        (read before the next step). Not recorded (False) when the warm-up's first call of a compiled
-        step started building it beside (verl/utils/compile_beside.py).
+        """Capture `_step` of the current rows over `window` as a CUDA graph. Warm-up runs on a side stream
+        first, as capture requires; it computes the current step for real (its logits left in the logits
+        buffer), and the replay that follows rewrites the same slot. Every graph shares one memory pool (only
+        one replays at a time, and nothing a graph allocates outlives its replay) and writes its rows of one
+        logits buffer (read before the next step). Not recorded (False) when the warm-up's first call of a
+        compiled step started building it beside (verl/utils/compile_beside.py).
 
         The warm-up is skipped for a window this process has already run with the same shapes and step
         code (`_warmed`), except for a decoder's first recording, which makes its logits buffer: every
