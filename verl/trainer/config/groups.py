@@ -3,9 +3,8 @@
 `ppo_trainer.yaml` (over `upstream_inert.yaml`) is the single source of keys and defaults. Upstream 0.9.1 splits the
 same tree into groups (`actor/`, `rollout/`, `critic/`, ...) and checks in the composed result as
 `_generated_ppo_trainer.yaml`. This module writes those files from the packaged config, so user YAML that
-composes upstream's groups (or swaps one with `override`) loads here, and a test keeps them current:
-
-The SFT trainer's `engine/` and `optim/` groups come from `sft_trainer_engine.yaml` the same way.
+composes upstream's groups (or swaps one with `override`) loads here. The SFT trainer's `engine/` and `optim/`
+groups come from `sft_trainer_engine.yaml` the same way. A test keeps them all current:
 
     python -m verl.trainer.config.groups          # rewrite the group files
     python -m verl.trainer.config.groups --check  # exit 1 when one is stale
