@@ -163,10 +163,16 @@ def test_prompt_counts_are_kept_for_the_next_run_over_the_same_inputs(tokenizer,
     assert renders(RLHFDataset(parquet, tokenizer, config())) == 1
 
 
-def test_filter_drops_overlong_prompts(tokenizer, parquet):
+def test_filter_drops_overlong_prompts(tokenizer, parquet, capsys):
     dataset = RLHFDataset(parquet, tokenizer, config(filter_overlong_prompts=True))
     assert len(dataset) == 2
     assert [dataset[i]["index"] for i in range(2)] == [0, 2]
+    # the load line says what removed the rows: the sample limit and the length filter each with their count
+    RLHFDataset(parquet, tokenizer, config(filter_overlong_prompts=True, shuffle=False), max_samples=2)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("(1 prompts over 32 tokens dropped)") and lines[0].startswith("RLHFDataset: 2 of 3 rows")
+    assert lines[1].endswith("(the first 2 kept (data.train_max_samples / val_max_samples); 1 prompts over 32 tokens "
+                             "dropped)") and lines[1].startswith("RLHFDataset: 1 of 3 rows")
 
 
 def test_error_after_filtering_names_the_original_row(tokenizer, tmp_path):

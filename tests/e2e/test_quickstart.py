@@ -20,6 +20,8 @@ writes from ../shared/data/gsm8k; batches and lengths are CPU-sized, the data se
 (data.train_max_samples / val_max_samples), and trainer.total_training_steps=2. Checkpoints (saved at the
 last step, as upstream does with save_freq > 0) go to a temporary trainer.default_local_dir.
 """
+import json
+
 from conftest import console_metrics, run_main_ppo
 from hub_cache import add_to_hub_cache, offline_env
 
@@ -111,10 +113,24 @@ def test_ppo_quickstart_command(gsm8k_data, gsm8k_model, tmp_path):
 
 
 def test_grpo_quickstart_command(gsm8k_data, gsm8k_model, tmp_path):
+    """GRPO with KL loss; upstream's `trainer.rollout_data_dir` / `validation_data_dir` write each step's samples
+    as <step>.jsonl (prompt and response decoded, ground truth, summed score, step)."""
     overrides = quickstart_command(gsm8k_data, gsm8k_model, tmp_path) + [
         "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.use_kl_loss=True",
+        f"trainer.rollout_data_dir={tmp_path / 'rollouts'}", f"trainer.validation_data_dir={tmp_path / 'validation'}",
     ]
     proc, _ = run_main_ppo(overrides)
     steps = check_run(proc, expect_critic=False)
     assert "actor/kl_loss" in steps[1] and "timing_s/ref" in steps[1]
     assert "each holding roles: actor_rollout_ref\n" in proc.stdout  # no critic role in the worker processes
+    assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == ["1.jsonl", "2.jsonl"]
+    for step in (1, 2):
+        rows = [json.loads(line) for line in (tmp_path / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
+        assert len(rows) == 16 and {r["step"] for r in rows} == {step}   # 4 prompts x 4 samples
+        assert {"input", "output", "gts", "score"} <= set(rows[0]) and all(r["gts"] for r in rows)
+        assert "Let's think step by step" in rows[0]["input"] and rows[0]["input"] == rows[3]["input"]
+        mean = sum(r["score"] for r in rows) / len(rows)
+        assert abs(mean - steps[step]["critic/score/mean"]) < 1e-3 and "timing_s/dump_rollout_generations" in steps[step]
+    [val] = (tmp_path / "validation").iterdir()   # validation runs once, at the last step
+    rows = [json.loads(line) for line in val.read_text().splitlines()]
+    assert val.name == "2.jsonl" and len(rows) == 4 and {r["step"] for r in rows} == {2}

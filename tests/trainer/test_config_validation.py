@@ -255,6 +255,17 @@ def test_upstream_engine_names_pass_to_the_planner(grpo, engine):
     assert validate(cfg) == []
 
 
+def test_upstream_keys_this_trainer_does_not_apply_are_said(ppo):
+    """Rollout correction, over-sampling and logger tables exist in this config tree (upstream's trainer reads them)
+    but this trainer does not apply them: a changed value is a start-up warning naming the key, defaults are silent."""
+    warnings = validate(changed(ppo, "algorithm.rollout_correction.rollout_is=token", "trainer.log_val_generations=10",
+                                "algorithm.rollout_correction.bypass_mode=true"))
+    said = [w.split("=")[0] for w in warnings if "has no effect here" in w]
+    assert said == ["algorithm.rollout_correction.rollout_is", "algorithm.rollout_correction.bypass_mode",
+                    "trainer.log_val_generations"]
+    assert not [w for w in validate(ppo) if "has no effect here" in w]
+
+
 def test_sampling_validation_needs_temperature(ppo):
     msg = errors_of(changed(ppo, "actor_rollout_ref.rollout.val_kwargs.do_sample=true"))
     assert "val_kwargs.temperature > 0" in msg

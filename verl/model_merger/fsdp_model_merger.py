@@ -128,8 +128,9 @@ class FSDPModelMerger:
         for name in os.listdir(source):
             if not _WEIGHT_FILE.search(name) and name != "config.json" and os.path.isfile(os.path.join(source, name)):
                 shutil.copy2(os.path.join(source, name), os.path.join(target, name))
+        count = len(state)   # counted first: save_pretrained empties the dict it is given
         model.save_pretrained(target, state_dict=state)
-        print(f"verl.model_merger: wrote {type(model).__name__} ({len(state)} tensors) to {target}")
+        print(f"verl.model_merger: wrote {type(model).__name__} ({count} tensors) to {target}")
         if self.adapter is not None:
             folder = self.adapter.save(os.path.join(target, lora_merge.ADAPTER_FOLDER))
             print(f"verl.model_merger: wrote the LoRA adapter (merged into the weights above) to {folder}")

@@ -645,6 +645,14 @@ _UNSUPPORTED = (
     ("trainer.v1.trainer_mode", lambda v: v != "sync", "asynchronous trainers"),
 )
 _SWITCH_LEAF = re.compile(r"^(enable|enabled|enable_.*)$")
+# Keys of this verl's own tree that upstream's trainer reads and this one does not apply: a changed value is
+# said at start-up (prefix of the keys, why).
+_NOT_APPLIED = (
+    ("algorithm.rollout_correction.", "the trainer computes no rollout-correction weights, the old log-probs are "
+                                      "always the actor's (docs/upstream/compatibility.md)"),
+    ("actor_rollout_ref.rollout.over_sample_rate", "every rollout waits for all of its sequences"),
+    ("trainer.log_val_generations", "validation samples go to trainer.validation_data_dir, not to a logger table"),
+)
 
 
 def _check_unsupported(cfg, errors: list[str], warnings: list[str]) -> None:
@@ -653,6 +661,13 @@ def _check_unsupported(cfg, errors: list[str], warnings: list[str]) -> None:
         if is_on(value):
             errors.append(f"{path}={value!r} asks for {what}, which this fork does not implement; "
                           f"remove the override.")
+    base = base_config()
+    for prefix, why in _NOT_APPLIED:
+        for path in (p for p in all_paths() if p == prefix or (prefix.endswith(".") and p.startswith(prefix))):
+            default, value = OmegaConf.select(base, path), _get(cfg, path)
+            if not isinstance(default, (DictConfig, ListConfig)) and value != default:
+                warnings.append(f"{path}={value!r} is accepted for compatibility with upstream but has no effect "
+                                f"here: {why}.")
     inert = inert_config()
     for path in sorted(_inert_paths()):
         default = OmegaConf.select(inert, path)

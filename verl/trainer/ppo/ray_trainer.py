@@ -28,7 +28,7 @@ from verl.single_controller.ray import (
     ResourcePoolManager,
     create_colocated_worker_cls,
 )
-from verl.trainer.ppo import core_algos
+from verl.trainer.ppo import core_algos, generation_dump
 from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
 from verl.trainer.ppo.core_algos import AdvantageEstimator, agg_loss
 from verl.trainer.ppo.metric_utils import (
@@ -640,6 +640,12 @@ class RayPPOTrainer:
                 config=config.algorithm,
             )
 
+        folder = config.trainer.get("rollout_data_dir")
+        if folder:
+            with marked_timer("dump_rollout_generations", timing_raw):
+                columns = generation_dump.samples(self.tokenizer, batch, reward_tensor.sum(-1).tolist())
+                generation_dump.dump(folder, self.global_steps, columns, reward_extra_info)
+
         # 7. critic update
         if self.use_critic:
             with marked_timer("update_critic", timing_raw):
@@ -719,6 +725,8 @@ class RayPPOTrainer:
         reward_fn = self.val_reward_fn or self.reward_fn
         data_sources, uids, scores = [], [], []
         extra_infos: dict[str, list] = {}
+        dump_to = self.config.trainer.get("validation_data_dir")
+        dumped: dict[str, list] = {}
         progress = tqdm(total=len(self.val_dataset) * val_n, desc="Validation", unit="seq")
         peaks = []  # the workers' allocator peak per generate call, to check the plan's validation phase
         for batch_dict in self.val_dataloader:
@@ -740,6 +748,9 @@ class RayPPOTrainer:
             batch = batch.union(outputs[0] if len(outputs) == 1 else DataProto.concat(outputs))
 
             reward_tensor, reward_extra_info = compute_reward(self._with_rm_scores(batch), reward_fn)
+            if dump_to:
+                for key, values in generation_dump.samples(self.tokenizer, batch, reward_tensor.sum(-1).tolist()).items():
+                    dumped.setdefault(key, []).extend(values)
             scores.extend(reward_tensor.sum(-1).tolist())
             for key, values in reward_extra_info.items():
                 extra_infos.setdefault(key, []).extend(np.asarray(values).tolist())
@@ -747,6 +758,8 @@ class RayPPOTrainer:
             data_sources.extend(batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch))).tolist())
 
         progress.close()
+        if dump_to:
+            generation_dump.dump(dump_to, self.global_steps, dumped, extra_infos)
         infos = {"reward": scores}
         infos.update({k: v for k, v in extra_infos.items() if len(v) == len(scores) and k != "reward"})
         results = process_validation_metrics(data_sources, uids, infos)

@@ -127,8 +127,11 @@ class RLHFDataset(Dataset):
             raise ValueError(f"data files {self.data_files} have incompatible columns: {err}") from err
         self._origin = np.concatenate(origins)  # (file number, row within that file) of every row
         total = self.table.num_rows
+        notes = []
 
         if 0 < max_samples < total:
+            notes.append(f"{'a random' if config.get('shuffle', False) else 'the first'} {max_samples} kept "
+                         "(data.train_max_samples / val_max_samples)")
             if config.get("shuffle", False):
                 keep = np.random.default_rng(config.get("seed")).choice(total, size=max_samples, replace=False)
             else:
@@ -137,11 +140,11 @@ class RLHFDataset(Dataset):
         if self.processor is not None:
             self.check_images()
         if self.filter_overlong_prompts:
+            kept = len(self)
             self._select(np.flatnonzero(self._prompt_lengths() <= self.max_prompt_length))
-        print(
-            f"RLHFDataset: {len(self)} of {total} rows from {self.data_files}"
-            + (f" (prompts over {self.max_prompt_length} tokens dropped)" if self.filter_overlong_prompts else "")
-        )
+            notes.append(f"{kept - len(self)} prompts over {self.max_prompt_length} tokens dropped")
+        print(f"RLHFDataset: {len(self)} of {total} rows from {self.data_files}"
+              + (f" ({'; '.join(notes)})" if notes else ""))
 
     def check_prompt_lengths(self) -> None:
         """Raise if a prompt is over data.max_prompt_length while neither filtering nor truncation is on.
