@@ -355,3 +355,9 @@ def test_limit_images_is_a_rollout_key_as_in_upstreams_rollout_config():
     for arg in ("actor_rollout_ref.rollout.limit_images=2", "+actor_rollout_ref.rollout.limit_images=2"):
         args, warnings = config_check.check_overrides([arg])
         assert warnings == [] and load_config([arg], check=False).actor_rollout_ref.rollout.limit_images == 2
+
+
+def test_an_unknown_key_under_an_empty_section_says_how_to_add_it():
+    message = config_check.unknown_key_message("actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space", "4")
+    assert "'actor_rollout_ref.rollout.engine_kwargs.vllm' holds no keys by default." in message
+    assert "write +actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=..." in message and "Keys under" not in message

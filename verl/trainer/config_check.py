@@ -168,7 +168,8 @@ def unknown_key_message(path: str, value: str | None = None, added: bool = False
     else:
         found, node, prefix = _lookup(path)
         if prefix and isinstance(node, DictConfig):
-            msg.append(f"Keys under '{prefix}': {', '.join(map(str, node.keys()))}")
+            keys = ", ".join(map(str, node.keys()))
+            msg.append(f"Keys under '{prefix}': {keys}" if keys else f"'{prefix}' holds no keys by default.")
     if not added:
         msg.append("To add a key that is not in the config on purpose, write +" + path + "=...")
     return "\n".join(msg)
