@@ -163,7 +163,12 @@ def test_unknown_adv_estimator(ppo):
 
 
 def test_upstream_only_adv_estimator_says_not_implemented(ppo):
-    assert "does not implement" in errors_of(changed(ppo, "algorithm.adv_estimator=gdpo"))
+    assert "does not implement" in errors_of(changed(ppo, "algorithm.adv_estimator=optimal_token_baseline"))
+
+
+def test_gdpo_needs_its_reward_keys(ppo):
+    assert "needs algorithm.gdpo_reward_keys" in errors_of(changed(ppo, "algorithm.adv_estimator=gdpo"))
+    assert validate(changed(ppo, "algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[a,b]")) == []
 
 
 def test_adv_estimator_list_matches_core_algos():

@@ -281,8 +281,8 @@ LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-tok
 # Advantage estimators this fork implements (verl.trainer.ppo.core_algos registry; a test keeps the
 # two in step) and upstream ones it does not.
 ADV_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo", "remax", "opo",
-                  "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized")
-UPSTREAM_ONLY_ADV_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline", "gdpo")
+                  "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized", "gdpo")
+UPSTREAM_ONLY_ADV_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
 # actor.policy_loss.loss_mode values (the core_algos policy-loss registry; a test keeps the two in step).
 POLICY_LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo", "dppo_tv",
                      "dppo_kl", "dro")
@@ -472,9 +472,10 @@ def _check_choices(cfg, errors: list[str], warnings: list[str]) -> None:
 
     implemented("algorithm.adv_estimator", ADV_ESTIMATORS, UPSTREAM_ONLY_ADV_ESTIMATORS, "estimator", why={
         "optimal_token_baseline": " (core_algos.compute_optimal_token_baseline_advantage exists, but the actor does "
-                                  "not compute the per-token sum of squared probabilities it needs)",
-        "gdpo": " (core_algos.compute_gdpo_outcome_advantage exists, but the trainer does not hand estimators the "
-                "per-component reward columns it needs)"})
+                                  "not compute the per-token sum of squared probabilities it needs)"})
+    if _get(cfg, "algorithm.adv_estimator") == "gdpo" and not _get(cfg, "algorithm.gdpo_reward_keys"):
+        errors.append("algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys: the reward components your "
+                      "compute_score returns in its dict, e.g. +algorithm.gdpo_reward_keys=[format_reward,accuracy_reward]")
     implemented("actor_rollout_ref.actor.policy_loss.loss_mode", POLICY_LOSS_MODES, UPSTREAM_ONLY_POLICY_LOSS_MODES,
                 "policy loss")
     beta = _get(cfg, "actor_rollout_ref.actor.policy_loss.dro_beta")

@@ -88,6 +88,7 @@ class AdvantageEstimator(str, Enum):
     GPG = "gpg"
     RLOO_VECTORIZED = "rloo_vectorized"
     GRPO_VECTORIZED = "grpo_vectorized"
+    GDPO = "gdpo"
 
 
 ADV_ESTIMATOR_REGISTRY: dict[str, Callable] = {}
@@ -412,6 +413,7 @@ def compute_remax_outcome_advantage(token_level_rewards: torch.Tensor, reward_ba
     return advantages, returns
 
 
+@register_adv_est(AdvantageEstimator.GDPO)
 def compute_gdpo_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray,
                                    epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True, config=None,
                                    non_tensor_batch: dict | None = None, batch: dict | None = None,
@@ -421,9 +423,7 @@ def compute_gdpo_outcome_advantage(token_level_rewards: torch.Tensor, response_m
     the batch's response tokens. The components are the per-sample columns `config.gdpo_reward_keys` names in
     `non_tensor_batch` (what a reward function returns besides "score"), placed on each response's last token;
     without config and batches, the token-level rewards are the one component. Returns (advantages, advantages).
-
-    Not a registered estimator here: the trainer hands estimators neither the batches nor those keys, so
-    `algorithm.adv_estimator=gdpo` is refused by the config check."""
+    The trainer hands it the batch's tensors and columns (`ray_trainer.compute_advantage`)."""
     components, weights = [token_level_rewards], None
     if config is not None and non_tensor_batch is not None and batch is not None:
         keys = _cfg(config, "gdpo_reward_keys", None)

@@ -10,6 +10,7 @@ only counts devices through the resource pool.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import uuid
@@ -135,12 +136,15 @@ def compute_advantage(
             norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
         )
     else:
+        estimator = core_algos.get_adv_estimator_fn(adv_estimator)
         kwargs = {"token_level_rewards": rewards, "response_mask": mask, "config": config}
+        if {"non_tensor_batch", "batch"} <= set(inspect.signature(estimator).parameters):
+            kwargs.update(non_tensor_batch=data.non_tensor_batch, batch=data.batch)   # e.g. GDPO's reward columns
         if "uid" in data.non_tensor_batch:
             kwargs["index"] = data.non_tensor_batch["uid"]
         if "reward_baselines" in data.batch:
             kwargs["reward_baselines"] = data.batch["reward_baselines"]
-        advantages, returns = core_algos.get_adv_estimator_fn(adv_estimator)(**kwargs)
+        advantages, returns = estimator(**kwargs)
 
     data.batch["advantages"] = advantages
     data.batch["returns"] = returns
@@ -639,6 +643,13 @@ class RayPPOTrainer:
                 norm_adv_by_std_in_grpo=config.algorithm.get("norm_adv_by_std_in_grpo", True),
                 config=config.algorithm,
             )
+
+        if config.algorithm.adv_estimator == "gdpo":   # each reward component's spread, as upstream logs it
+            for key in config.algorithm.get("gdpo_reward_keys") or []:
+                values = np.asarray(reward_extra_info.get(key, []), dtype=np.float64)
+                if values.size:
+                    metrics.update({f"gdpo/{key}/{name}": float(fn(values)) for name, fn in
+                                    (("mean", np.mean), ("std", np.std), ("max", np.max), ("min", np.min))})
 
         folder = config.trainer.get("rollout_data_dir")
         if folder:
