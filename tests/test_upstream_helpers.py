@@ -68,7 +68,7 @@ def test_algo_config_from_the_composed_config():
     algo = omega_conf_to_dataclass(cfg.algorithm, AlgoConfig)
     assert isinstance(algo, BaseConfig) and isinstance(algo.kl_ctrl, KLControlConfig)
     assert algo.adv_estimator == "grpo" and algo["kl_ctrl"]["kl_coef"] == 0.01 and algo.get("missing", 7) == 7
-    assert algo.filter_groups["enable"] is False and "gamma" in list(algo) and len(algo) == 12
+    assert algo.filter_groups["enable"] is False and "gamma" in list(algo) and len(algo) == 14
     with pytest.raises(FrozenInstanceError):
         algo.gamma = 0.5
     assert omega_conf_to_dataclass({}, KLControlConfig) == KLControlConfig()

@@ -36,7 +36,7 @@ def test_components_are_normalised_apart_then_summed_and_whitened():
     expected = torch.tensor([[(per_row[i] - mean) / (var + 1e-8) ** 0.5 if t < n else 0.0 for t in range(4)]
                              for i, n in enumerate(lengths)])
     assert torch.allclose(adv, expected, atol=1e-5) and adv is ret
-    assert ADV_ESTIMATOR_REGISTRY["gdpo"] is compute_gdpo_outcome_advantage   # the trainer runs it (tests/e2e/test_gdpo.py)
+    assert ADV_ESTIMATOR_REGISTRY["gdpo"] is compute_gdpo_outcome_advantage   # the trainer runs it (tests/e2e/test_gdpo_e2e.py)
 
 
 def test_missing_keys_say_what_to_return():
