@@ -14,7 +14,7 @@ import numpy as np
 
 def samples(tokenizer, batch, scores) -> dict[str, list]:
     """The decoded prompts, responses, ground truths and scores of a generated batch (DataProto)."""
-    gts = [(row or {}).get("ground_truth") if isinstance(row, dict) else None
+    gts = [row.get("ground_truth") if isinstance(row, dict) else None
            for row in batch.non_tensor_batch.get("reward_model", [None] * len(batch))]
     return {"input": tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True),
             "output": tokenizer.batch_decode(batch.batch["responses"], skip_special_tokens=True),

@@ -759,10 +759,11 @@ class RayPPOTrainer:
             batch = batch.union(outputs[0] if len(outputs) == 1 else DataProto.concat(outputs))
 
             reward_tensor, reward_extra_info = compute_reward(self._with_rm_scores(batch), reward_fn)
+            batch_scores = reward_tensor.sum(-1).tolist()
             if dump_to:
-                for key, values in generation_dump.samples(self.tokenizer, batch, reward_tensor.sum(-1).tolist()).items():
+                for key, values in generation_dump.samples(self.tokenizer, batch, batch_scores).items():
                     dumped.setdefault(key, []).extend(values)
-            scores.extend(reward_tensor.sum(-1).tolist())
+            scores.extend(batch_scores)
             for key, values in reward_extra_info.items():
                 extra_infos.setdefault(key, []).extend(np.asarray(values).tolist())
             uids.extend(batch.non_tensor_batch["uid"].tolist())
